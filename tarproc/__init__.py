@@ -1,0 +1,52 @@
+"""tarproc: Unix-style tools and a streaming core for sharded tar datasets (WebDataset layout).
+
+The core never imports click; the commands in ``tarproc.cli`` are thin layers over it.
+
+>>> import tarproc
+>>> callable(tarproc.read_samples)
+True
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    CompressionError,
+    DuplicateError,
+    OptionError,
+    SampleError,
+    SinkError,
+    SourceError,
+    TarFormatError,
+    TarprocError,
+)
+from .samples import group_samples, read_samples, split_name
+from .shards import ShardInfo, ShardWriter, parse_size
+from .sinks import open_sink
+from .sources import expand_urls, open_source
+from .tario import ReadStats, TarWriter, iter_members
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompressionError",
+    "DuplicateError",
+    "OptionError",
+    "ReadStats",
+    "SampleError",
+    "ShardInfo",
+    "ShardWriter",
+    "SinkError",
+    "SourceError",
+    "TarFormatError",
+    "TarWriter",
+    "TarprocError",
+    "__version__",
+    "expand_urls",
+    "group_samples",
+    "iter_members",
+    "open_sink",
+    "open_source",
+    "parse_size",
+    "read_samples",
+    "split_name",
+]

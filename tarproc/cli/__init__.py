@@ -1,0 +1,10 @@
+"""The commands: one thin module each (parse options, call the core, format output).
+
+``COMMANDS`` maps each command name to ``module:attribute``; pyproject's console scripts, the
+``bin/`` shims and the generated reference in ``docs/`` all follow it.
+"""
+
+COMMANDS = {
+    "tarcat": "tarproc.cli.tarcat:main",
+    "tarsplit": "tarproc.cli.tarsplit:main",
+}

@@ -1,0 +1,253 @@
+"""What every command shares: option bundles, progress, and the one error/exit-status boundary.
+
+Exit statuses: 0 ok, 1 data error (``COMMAND: error: MESSAGE`` on one line), 2 usage error,
+130 Ctrl-C, 143 SIGTERM, 141 when the reader of stdout went away (``| head``), quietly.
+``--traceback`` shows the Python traceback of an error for debugging.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+import click
+
+from .. import __version__
+from ..errors import OptionError, TarprocError
+from ..samples import DUP_POLICIES, ON_ERROR_POLICIES
+from ..shards import parse_size
+from ..sinks import remove_live_temporaries
+from ..tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class Terminated(BaseException):
+    """Raised from the SIGTERM handler so that cleanup runs as for Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+class TarprocCommand(click.Command):
+    """A click command whose ``main`` is the single place that maps errors to messages and exits."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("context_settings", CONTEXT_SETTINGS)
+        super().__init__(*args, **kwargs)
+
+    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:  # type: ignore[override]
+        argv = list(sys.argv[1:] if args is None else args)
+        prog = prog_name or self.name or "tarproc"
+        show_traceback = "--traceback" in argv
+        status = 0
+        try:
+            if threading_main():
+                signal.signal(signal.SIGTERM, _on_sigterm)
+            super().main(args=argv, prog_name=prog, standalone_mode=False, **extra)
+        except click.exceptions.Exit as e:
+            status = e.exit_code
+        except click.UsageError as e:
+            e.show()
+            status = 2
+        except click.ClickException as e:
+            e.show()
+            status = e.exit_code
+        except (KeyboardInterrupt, click.Abort):
+            remove_live_temporaries()
+            _say(f"{prog}: interrupted")
+            status = 130
+        except Terminated:
+            remove_live_temporaries()
+            _say(f"{prog}: terminated")
+            status = 143
+        except BrokenPipeError:
+            # the reader of our stdout went away (e.g. '| head -c 100'): end quietly, like cat
+            remove_live_temporaries()
+            _silence_stdout()
+            status = 141
+        except OptionError as e:
+            if show_traceback:
+                traceback.print_exc()
+            _say(f"{prog}: error: {e}\nTry '{prog} --help' for help.")
+            status = 2
+        except TarprocError as e:
+            remove_live_temporaries()
+            if show_traceback:
+                traceback.print_exc()
+            _say(f"{prog}: error: {e}")
+            status = 1
+        except Exception as e:
+            remove_live_temporaries()
+            if show_traceback:
+                traceback.print_exc()
+            detail = str(e).splitlines()[0] if str(e) else ""
+            _say(f"{prog}: error: internal error: {type(e).__name__}: {detail} (run with --traceback for details)")
+            status = 1
+        sys.exit(status)
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null so the interpreter's final flush can't raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def warn(message: str) -> None:
+    """Diagnostics go to stderr, never stdout (stdout carries tar data)."""
+    _say(f"warning: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# option bundles
+
+
+class SizeParam(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except OptionError as e:
+            self.fail(str(e), param, ctx)
+
+
+SIZE = SizeParam()
+
+
+def input_options(f: F) -> F:
+    """INPUTS argument, -T lists and the reading policies shared by every reading command."""
+    options = [
+        click.argument("inputs", nargs=-1, metavar="[INPUTS]..."),
+        click.option("-T", "--files-from", "list_files", multiple=True, metavar="FILE",
+                     help="Read input URLs from FILE, one per line ('-' = stdin)."),
+        click.option("--on-error", type=click.Choice(ON_ERROR_POLICIES), default="fail", show_default=True,
+                     help="On a missing or damaged input: stop, or report it and go on with the next shard."),
+        click.option("--dup", type=click.Choice(DUP_POLICIES), default="error", show_default=True,
+                     help="A duplicate field or a key that reappears later in a shard: error, warn and drop, or drop."),
+        click.option("--max-member-size", type=SIZE, default=DEFAULT_MAX_MEMBER_SIZE, show_default="2GiB",
+                     help="Largest member accepted; a bigger one is an error naming it."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def writer_options(f: F) -> F:
+    """Metadata of written members; the defaults make output byte-identical for the same input."""
+    options = [
+        click.option("--force", is_flag=True, help="Write a tar stream even when stdout is a terminal."),
+        click.option("--mtime", type=int, default=None, metavar="SECONDS",
+                     help="mtime of written members [default: $SOURCE_DATE_EPOCH or 0; -1 = now]."),
+        click.option("--uid", type=int, default=0, show_default=True, help="Owner id of written members."),
+        click.option("--gid", type=int, default=0, show_default=True, help="Group id of written members."),
+        click.option("--uname", default="", help="Owner name of written members [default: empty]."),
+        click.option("--gname", default="", help="Group name of written members [default: empty]."),
+        click.option("--mode", default="644", show_default=True, metavar="OCTAL",
+                     help="Permission bits of written members."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def writer_kwargs(mtime: int | None, uid: int, gid: int, uname: str, gname: str, mode: str) -> dict[str, Any]:
+    try:
+        mode_bits = int(mode, 8)
+    except ValueError:
+        raise OptionError(f"bad --mode {mode!r}; expected octal digits like 644") from None
+    return {"mtime": mtime, "uid": uid, "gid": gid, "uname": uname, "gname": gname, "mode": mode_bits}
+
+
+def common_options(f: F) -> F:
+    """-q, --traceback and --version."""
+    options = [
+        click.option("-q", "--quiet", is_flag=True, help="No progress bar."),
+        click.option("--traceback", is_flag=True, help="Show the Python traceback of an error (for debugging)."),
+        click.version_option(__version__, "--version", message="%(prog)s (tarproc) %(version)s"),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def inputs_or_stdin(inputs: tuple[str, ...], list_files: tuple[str, ...]) -> list[str]:
+    """Expanded input URLs; none given means stdin."""
+    from ..sources import expand_urls
+
+    urls = expand_urls(inputs, list_files)
+    if not urls and not inputs and not list_files:
+        urls = ["-"]
+    if not urls:
+        raise OptionError("no inputs (the lists given are empty)")
+    if urls.count("-") > 1:
+        raise OptionError("stdin ('-') can be read only once")
+    return urls
+
+
+# ---------------------------------------------------------------------------------------------
+# progress and stats
+
+
+def progress(items: Iterable[T], quiet: bool, desc: str, unit: str = "sample") -> Iterator[T]:
+    """Yield ``items`` with a tqdm bar on stderr, only when stderr is a terminal and not quiet."""
+    enabled = not quiet and _stderr_is_terminal()
+    if not enabled:
+        yield from items
+        return
+    from tqdm import tqdm
+
+    with tqdm(items, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, miniters=100) as bar:
+        yield from bar
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return os.isatty(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def format_stats(prog: str, stats: ReadStats) -> str:
+    """The ``--stats`` report (stderr)."""
+    d = stats.as_dict()
+    lines = [
+        f"{prog}: shards {d['shards']} (failed {d['shards_failed']}), samples {d['samples']}, "
+        f"members {d['members']}, bytes {d['bytes']}",
+    ]
+    skipped = ", ".join(f"{k} {v}" for k, v in sorted(stats.skipped_entries.items())) or "none"
+    lines.append(f"{prog}: skipped entries: {skipped}; metadata members {stats.metadata}")
+    no_key = f"{stats.no_key_count}"
+    if stats.no_key:
+        no_key += " (e.g. " + ", ".join(repr(n) for n in stats.no_key[:3]) + ")"
+    lines.append(f"{prog}: names without a key: {no_key}; duplicates dropped: {stats.duplicates}")
+    for error in stats.errors:
+        lines.append(f"{prog}: skipped shard: {error}")
+    return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""tarsplit: read one tar stream and write it as shards of bounded size and sample count."""
+
+from __future__ import annotations
+
+import contextlib
+
+import click
+
+from ..samples import read_samples
+from ..shards import ShardInfo, ShardWriter
+from ..sinks import open_sink
+from ..tario import ReadStats
+from .common import (
+    SIZE,
+    TarprocCommand,
+    common_options,
+    format_stats,
+    input_options,
+    inputs_or_stdin,
+    progress,
+    warn,
+    writer_kwargs,
+    writer_options,
+)
+
+DEFAULT_MAXSIZE = 10**9
+
+EPILOG = """\b
+Examples:
+  tar -cf - --sort=name -C /data train | tarsplit -s 1e9 -o train-%06d.tar
+  tarcat big.tar | tarsplit -n 10000 -o s3://bucket/train --manifest train.jsonl
+  tarsplit -s 500MB -o out/val-%04d.tar.zst --post 'gsutil cp {} gs://bucket/val/' val.tar
+
+Without -s or -n, shards are limited to 1e9 bytes. With both, a shard closes at whichever comes
+first, and -v says which one closed each shard.
+"""
+
+
+@click.command("tarsplit", cls=TarprocCommand, epilog=EPILOG)
+@input_options
+@click.option("-o", "--output", required=True, metavar="PATTERN",
+              help="Shard names: a printf pattern (train-%06d.tar) or a prefix (train -> train-%06d.tar); "
+                   "any path or URL; compressed by suffix (.tar.gz, .tar.zst, .tar.xz, .tar.bz2).")
+@click.option("-s", "--maxsize", type=SIZE, default=None,
+              help="Close a shard before it would pass SIZE bytes of tar (headers and padding counted): "
+                   "1e9, 1G, 500MB, 64MiB.")
+@click.option("-n", "--maxcount", type=click.IntRange(min=1), default=None, help="Samples per shard at most.")
+@click.option("--start", type=click.IntRange(min=0), default=0, show_default=True, help="Number of the first shard.")
+@click.option("--maxshards", type=click.IntRange(min=1), default=None,
+              help="Write at most this many shards; more input is an error.")
+@click.option("--post", metavar="CMD",
+              help="Shell command run on each finished shard: '{}' is replaced by its path, else the path is appended.")
+@click.option("--manifest", metavar="FILE", help="Write one JSON line per shard: shard, samples, bytes, sha256...")
+@click.option("-v", "--verbose", is_flag=True, help="Report each shard on stderr, with the limit that closed it.")
+@click.option("--stats", "show_stats", is_flag=True, help="Report samples, members, bytes and skipped names on stderr.")
+@writer_options
+@common_options
+def main(
+    inputs: tuple[str, ...],
+    list_files: tuple[str, ...],
+    on_error: str,
+    dup: str,
+    max_member_size: int,
+    output: str,
+    maxsize: int | None,
+    maxcount: int | None,
+    start: int,
+    maxshards: int | None,
+    post: str | None,
+    manifest: str | None,
+    verbose: bool,
+    show_stats: bool,
+    force: bool,
+    mtime: int | None,
+    uid: int,
+    gid: int,
+    uname: str,
+    gname: str,
+    mode: str,
+    quiet: bool,
+    traceback: bool,
+) -> None:
+    """Split a tar stream into shards, never splitting a sample and never writing an empty shard.
+
+    Reads INPUTS (default stdin) like tarcat. Each shard is written under a temporary name and
+    renamed (or uploaded) only when complete.
+    """
+    urls = inputs_or_stdin(inputs, list_files)
+    options = writer_kwargs(mtime, uid, gid, uname, gname, mode)
+    if maxsize is None and maxcount is None:
+        maxsize = DEFAULT_MAXSIZE
+    stats = ReadStats()
+    manifest_lines: list[str] = []
+
+    def on_shard(info: ShardInfo) -> None:
+        manifest_lines.append(info.to_json())
+        if verbose:
+            click.echo(
+                f"tarsplit: wrote {info.shard}: {info.samples} samples, {info.bytes} bytes "
+                f"(closed by {info.closed_by})",
+                err=True,
+            )
+
+    source = read_samples(urls, on_error=on_error, dup=dup, max_member_size=max_member_size, stats=stats, warn=warn)
+    with contextlib.closing(source):
+        with ShardWriter(
+            output,
+            maxsize=maxsize,
+            maxcount=maxcount,
+            start=start,
+            maxshards=maxshards,
+            post=post,
+            on_shard=on_shard,
+            digest=manifest is not None,
+            writer_options=options,
+        ) as writer:
+            for sample in progress(source, quiet, "tarsplit"):
+                writer.write(sample)
+    if manifest is not None:
+        with open_sink(manifest, compression=None, force=True) as sink:
+            sink.write("".join(line + "\n" for line in manifest_lines).encode("utf-8"))
+    if verbose and not manifest_lines:
+        click.echo("tarsplit: no samples in the input; no shard written", err=True)
+    if show_stats:
+        click.echo(format_stats("tarsplit", stats), err=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(prog_name="tarsplit")

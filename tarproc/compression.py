@@ -1,0 +1,200 @@
+"""Compression: detect it by magic bytes when reading, choose it by suffix when writing.
+
+Readers are strict: a gzip member must end with its CRC and length trailer, a zstd frame must be
+complete, and so on; a stream that stops early raises ``CompressionError``. Multi-member gzip,
+multi-frame zstd and multi-stream bz2/xz are read to the end.
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import zlib
+from typing import IO, Any, Callable, Protocol
+
+from .errors import CompressionError
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+BZ2_MAGIC = b"BZh"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+
+# Compressed input is fed in pieces this big, so one read can never expand without bound.
+_FEED = 64 * 1024
+# Most output one decompress call may produce (zlib, bz2 and lzma honour it).
+_MAX_OUT = 4 * 1024 * 1024
+
+
+class Readable(Protocol):
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+def detect(head: bytes) -> str | None:
+    """Return 'gzip', 'zstd', 'bz2', 'xz' or None (plain) for the first bytes of a stream."""
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    if head.startswith(ZSTD_MAGIC):
+        return "zstd"
+    if head.startswith(BZ2_MAGIC) and len(head) >= 4 and head[3:4] in b"123456789":
+        return "bz2"
+    if head.startswith(XZ_MAGIC):
+        return "xz"
+    return None
+
+
+def _zstd_decompressor() -> Any:
+    try:
+        import zstandard
+    except ImportError as e:  # pragma: no cover - zstandard is a dependency
+        raise CompressionError("zstd input needs the 'zstandard' package") from e
+    return zstandard.ZstdDecompressor().decompressobj()
+
+
+_DECOMPRESSORS: dict[str, Callable[[], Any]] = {
+    "gzip": lambda: zlib.decompressobj(16 + zlib.MAX_WBITS),
+    "zstd": _zstd_decompressor,
+    "bz2": bz2.BZ2Decompressor,
+    "xz": lambda: lzma.LZMADecompressor(format=lzma.FORMAT_XZ),
+}
+
+
+class DecompressingReader:
+    """A file-like ``read(n)`` over a compressed stream, raising on damage or a missing end.
+
+    ``prefix`` holds bytes already read from ``raw`` (used for magic detection).
+    """
+
+    def __init__(self, raw: Readable, kind: str, prefix: bytes = b"", url: str | None = None) -> None:
+        self.raw = raw
+        self.kind = kind
+        self.url = url
+        self._new = _DECOMPRESSORS[kind]
+        self._dec = self._new()
+        self._started = False  # the current decompressor has been fed something
+        self._input = prefix  # compressed bytes not yet fed
+        self._out = b""
+        self._outpos = 0
+        self._raw_eof = False
+        self._eof = False
+
+    def _fail(self, what: str) -> CompressionError:
+        return CompressionError(f"{self.kind}: {what}", self.url)
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            parts = []
+            while True:
+                chunk = self.read(1 << 20)
+                if not chunk:
+                    return b"".join(parts)
+                parts.append(chunk)
+        if self._outpos >= len(self._out):
+            self._out = b""
+            self._outpos = 0
+            self._fill_nonempty()
+        start = self._outpos
+        end = min(start + n, len(self._out))
+        self._outpos = end
+        if start == 0 and end == len(self._out):
+            return self._out
+        return self._out[start:end]
+
+    def _fill_nonempty(self) -> None:
+        while not self._out and not self._eof:
+            self._fill_step()
+
+    def _fill_step(self) -> None:
+        """One feeding step; sets ``self._out`` when output is produced."""
+        if not self._input and not self._raw_eof:
+            self._input = self.raw.read(_FEED)
+            if not self._input:
+                self._raw_eof = True
+        dec = self._dec
+        if not self._input:
+            # bz2/xz may still hold output when the limit stopped them
+            if self.kind in ("bz2", "xz") and self._started and not dec.eof and not dec.needs_input:
+                self._out = self._decompress(b"")
+                return
+            if self._started and not dec.eof:
+                raise self._fail("compressed stream is truncated (missing its end)")
+            self._eof = True
+            return
+        if dec.eof:
+            if self.kind == "gzip":
+                # gzip allows zero padding after the last member
+                self._input = self._input.lstrip(b"\x00")
+                if not self._input:
+                    return
+            self._dec = self._new()
+            self._started = False
+        data, self._input = self._input, b""
+        self._started = True
+        self._out = self._decompress(data)
+
+    def _decompress(self, data: bytes) -> bytes:
+        dec = self._dec
+        try:
+            if self.kind == "zstd":
+                out = dec.decompress(data)
+            else:
+                out = dec.decompress(data, _MAX_OUT)
+        except Exception as e:  # zlib.error, OSError, LZMAError, EOFError, zstandard.ZstdError
+            raise self._fail(f"corrupt compressed data ({e})") from None
+        tail = getattr(dec, "unconsumed_tail", b"")
+        if tail:
+            self._input = tail + self._input
+        if dec.eof and dec.unused_data:
+            self._input = dec.unused_data + self._input
+        return bytes(out)
+
+    def close(self) -> None:
+        pass
+
+
+def compression_for_name(name: str) -> str | None:
+    """Compression chosen by an output name's suffix: .tgz/.tar.gz, .tar.zst, .tar.xz, .tar.bz2."""
+    lower = name.lower()
+    if lower.endswith((".tgz", ".gz")):
+        return "gzip"
+    if lower.endswith((".zst", ".zstd", ".tzst")):
+        return "zstd"
+    if lower.endswith((".xz", ".txz")):
+        return "xz"
+    if lower.endswith((".bz2", ".tbz2", ".tbz")):
+        return "bz2"
+    return None
+
+
+def _compressor(kind: str, level: int | None) -> Any:
+    if kind == "gzip":
+        # wbits 31 writes a gzip header with mtime 0 and no file name: byte-identical output
+        return zlib.compressobj(6 if level is None else level, zlib.DEFLATED, 31)
+    if kind == "zstd":
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=3 if level is None else level).compressobj()
+    if kind == "xz":
+        return lzma.LZMACompressor(format=lzma.FORMAT_XZ, preset=6 if level is None else level)
+    if kind == "bz2":
+        return bz2.BZ2Compressor(9 if level is None else level)
+    raise ValueError(f"unknown compression {kind!r}")
+
+
+class CompressingWriter:
+    """Write-through compressor: ``write`` compresses into ``raw``, ``finish`` writes the end."""
+
+    def __init__(self, raw: IO[bytes] | Any, kind: str, level: int | None = None) -> None:
+        self.raw = raw
+        self.kind = kind
+        self._comp = _compressor(kind, level)
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        out = self._comp.compress(data)
+        if out:
+            self.raw.write(out)
+        return len(data)
+
+    def finish(self) -> None:
+        out = self._comp.flush()
+        if out:
+            self.raw.write(out)

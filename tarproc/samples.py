@@ -1,0 +1,221 @@
+"""Samples: group tar members into dicts by key (the WebDataset convention).
+
+The key rule: key = directory part + basename up to the *first* dot of the basename; the field is
+everything after that dot, lower-cased (``dir.v2/img.seg.png`` -> key ``dir.v2/img``, field
+``seg.png``). A basename with no dot, or starting with a dot, has no key: such names are counted
+(``ReadStats.no_key_count``) and dropped. Members whose first path component looks like
+``__name__``, and fields named ``__name__``, are metadata and are skipped.
+
+In memory a sample carries ``__key__`` and ``__url__``; writers never write them as members.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Iterable, Iterator
+
+from .errors import DuplicateError, OptionError, TarprocError
+from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members, split_key
+
+Sample = dict[str, Any]
+DUP_POLICIES = ("error", "warn", "skip")
+ON_ERROR_POLICIES = ("fail", "skip-shard")
+_NO_KEY_EXAMPLES = 10
+
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """``(key, field)`` of a member name, or None when the name has no key.
+
+    >>> split_name("dir.v2/img.seg.PNG")
+    ('dir.v2/img', 'seg.png')
+    >>> split_name("README") is None, split_name("a/.hidden.txt") is None
+    (True, True)
+    """
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot <= slash + 1:
+        return None
+    return name[:dot], name[dot + 1 :].lower()
+
+
+def is_metadata_name(name: str) -> bool:
+    """True for ``__name__/...`` members and ``KEY.__field__`` names, which readers skip."""
+    first = name.split("/", 1)[0]
+    if len(first) > 4 and first.startswith("__") and first.split(".", 1)[0].endswith("__"):
+        return True
+    split = split_name(name)
+    return split is not None and split[1].startswith("__")
+
+
+def group_samples(
+    members: Iterable[tuple[str, bytes, int]],
+    url: str | None = None,
+    *,
+    dup: str = "error",
+    stats: ReadStats | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> Iterator[Sample]:
+    """Group ``(name, data, offset)`` members (as ``iter_members`` yields them) into sample dicts.
+
+    ``dup`` decides what happens with a field that occurs twice in a sample, or a key that
+    reappears after other keys (a tar not made with ``--sort=name``): ``"error"`` raises
+    ``DuplicateError`` naming both offsets; ``"warn"`` reports it through ``warn`` and drops the
+    duplicate; ``"skip"`` drops it silently (both count ``stats.duplicates``).
+    """
+    keyed = ((*split_key(name), data, offset) for name, data, offset in members)
+    return group_keyed(keyed, url, dup=dup, stats=stats, warn=warn)
+
+
+def group_keyed(
+    members: Iterable[tuple[str | None, str, bytes, int]],
+    url: str | None = None,
+    *,
+    dup: str = "error",
+    stats: ReadStats | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> Iterator[Sample]:
+    """``group_samples`` for ``(key, field, data, offset)`` members (``iter_keyed_members``)."""
+    if dup not in DUP_POLICIES:
+        raise OptionError(f"bad duplicate policy {dup!r}; use one of {', '.join(DUP_POLICIES)}")
+    if stats is None:
+        stats = ReadStats()
+    if warn is None:
+        warn = _warn_stderr
+    return _group(members, url, dup, stats, warn)
+
+
+def _group(
+    members: Iterable[tuple[str | None, str, bytes, int]],
+    url: str | None,
+    dup: str,
+    stats: ReadStats,
+    warn: Callable[[str], None],
+) -> Iterator[Sample]:
+    sample: Sample | None = None
+    offsets: dict[str, int] = {}  # field -> offset, for the current sample
+    key_offset: dict[str, int] = {}  # key -> offset of its first member, for this shard
+    cur_key: str | None = None
+    dropping = False  # dropping the members of a reappearing key
+
+    for key, field, data, offset in members:
+        if key == cur_key:
+            if dropping:
+                continue
+            assert sample is not None
+            if field in sample:
+                if field.startswith("__"):
+                    stats.metadata += 1
+                    continue
+                message = (
+                    f"duplicate field {field!r} in sample {key!r} (members at bytes {offsets[field]} and {offset})"
+                )
+                if dup == "error":
+                    raise DuplicateError(message, url, key)
+                stats.duplicates += 1
+                if dup == "warn":
+                    warn(f"{url}: {message}; keeping the first")
+                continue
+            if field.startswith("__"):
+                stats.metadata += 1
+                continue
+            sample[field] = data
+            offsets[field] = offset
+            continue
+        if key is None:
+            stats.no_key_count += 1
+            if len(stats.no_key) < _NO_KEY_EXAMPLES:
+                stats.no_key.append(field)
+            continue
+        if (key[0] == "_" or field.startswith("__")) and is_metadata_name(f"{key}.{field}"):
+            stats.metadata += 1
+            continue
+        # a new key
+        if sample is not None:
+            stats.samples += 1
+            yield sample
+            sample = None
+        cur_key = key
+        dropping = False
+        if key in key_offset:
+            message = (
+                f"key {key!r} reappears at byte {offset} after other keys (first seen at byte "
+                f"{key_offset[key]}); was the tar made without --sort=name?"
+            )
+            if dup == "error":
+                raise DuplicateError(message, url, key)
+            stats.duplicates += 1
+            if dup == "warn":
+                warn(f"{url}: {message}; dropping the later members")
+            dropping = True
+            continue
+        key_offset[key] = offset
+        sample = {"__key__": key, "__url__": url, field: data}
+        offsets = {field: offset}
+    if sample is not None:
+        stats.samples += 1
+        yield sample
+
+
+def _warn_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def read_samples(
+    urls: str | Iterable[str],
+    *,
+    on_error: str = "fail",
+    dup: str = "error",
+    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    stats: ReadStats | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> Iterator[Sample]:
+    """Read samples from one or more tar shards, in order.
+
+    ``urls`` is a URL or a list of them, each expanded like the commands' arguments (brace
+    lists, ``::`` joins; ``-`` is stdin; ``pipe:CMD``; paths; any fsspec URL). Compression is
+    detected from the data. ``on_error="skip-shard"`` reports a failing shard through ``warn``
+    and goes on with the next; the default ``"fail"`` raises. Grouping restarts at every shard.
+
+    >>> import io, tempfile, os
+    >>> from tarproc import TarWriter
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.tar")
+    >>> with open(path, "wb") as f, TarWriter(f) as w:
+    ...     w.write_sample({"__key__": "a", "txt": b"x", "cls": b"1"})
+    >>> [(s["__key__"], s["cls"]) for s in read_samples(path)]
+    [('a', b'1')]
+    """
+    from .sources import expand_urls, open_source
+
+    if dup not in DUP_POLICIES:
+        raise OptionError(f"bad duplicate policy {dup!r}; use one of {', '.join(DUP_POLICIES)}")
+    if on_error not in ON_ERROR_POLICIES:
+        raise OptionError(f"bad error policy {on_error!r}; use one of {', '.join(ON_ERROR_POLICIES)}")
+    if stats is None:
+        stats = ReadStats()
+    if warn is None:
+        warn = _warn_stderr
+    url_list = expand_urls([urls] if isinstance(urls, str) else urls)
+    for url in url_list:
+        try:
+            with open_source(url) as stream:
+                stats.shards += 1
+                members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats)
+                yield from _group(members, url, dup, stats, warn)
+        except TarprocError as e:
+            if on_error == "fail":
+                raise
+            stats.shards_failed += 1
+            stats.errors.append(str(e))
+            warn(f"{e}; skipping the rest of this shard")
+
+
+__all__ = [
+    "DUP_POLICIES",
+    "ON_ERROR_POLICIES",
+    "Sample",
+    "group_keyed",
+    "group_samples",
+    "is_metadata_name",
+    "read_samples",
+    "split_name",
+]

@@ -1,0 +1,204 @@
+"""Writing samples into shards: ``ShardWriter`` and size parsing.
+
+A shard is closed before a sample would take it past ``maxsize`` bytes (counting headers, padding
+and the end blocks, i.e. the tar bytes as written before compression) or past ``maxcount`` samples,
+unless the shard is still empty (a sample bigger than ``maxsize`` gets a shard of its own). A sample
+is never split across shards and no shard is ever empty. Every shard is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from .errors import OptionError, SinkError, TarprocError
+from .samples import Sample
+from .sinks import Sink, open_sink
+from .tario import TarWriter, encode_value, tar_end_size
+
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def parse_size(text: str | int | float) -> int:
+    """Parse a byte count: ``1e9``, ``1G``, ``500MB``, ``64MiB``, ``2GiB``, ``1048576``.
+
+    K/M/G/T are powers of 1000; Ki/Mi/Gi/Ti powers of 1024; a trailing B is optional.
+
+    >>> parse_size("1e9"), parse_size("500MB"), parse_size("2GiB")
+    (1000000000, 500000000, 2147483648)
+    """
+    if isinstance(text, (int, float)):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9.]+(?:[eE][0-9]+)?)\s*([kKmMgGtT][iI]?)?[bB]?\s*", text)
+    if not m:
+        raise OptionError(f"bad size {text!r}; expected e.g. 1e9, 1G, 500MB or 64MiB")
+    number = float(m.group(1))
+    unit = (m.group(2) or "").upper()
+    return int(number * _UNITS[unit])
+
+
+def shard_pattern(output: str) -> str:
+    """A printf pattern for shard names: ``output`` itself if it has a ``%``, else ``OUTPUT-%06d.tar``."""
+    pattern = output if "%" in output else output + "-%06d.tar"
+    try:
+        pattern % 0
+    except (TypeError, ValueError):
+        raise OptionError(f"bad shard name pattern {output!r}; expected one %d-style field, e.g. train-%06d.tar") from None
+    return pattern
+
+
+@dataclass
+class ShardInfo:
+    """What was written to one shard (one line of the manifest)."""
+
+    shard: str
+    samples: int
+    bytes: int  # bytes of the file as written (after compression)
+    tar_bytes: int  # uncompressed tar bytes
+    sha256: str | None
+    first_key: str
+    last_key: str
+    closed_by: str  # "maxsize", "maxcount" or "end"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=False)
+
+
+class ShardWriter:
+    """Write samples into numbered shards, closing each at ``maxsize`` bytes or ``maxcount`` samples.
+
+    ``on_shard`` is called with each finished shard's ``ShardInfo``; ``post`` is a shell command run
+    on each finished shard (``{}`` is replaced by its quoted URL, else the URL is appended), and a
+    failure stops writing with ``SinkError``.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> with ShardWriter(os.path.join(d, "s-%03d.tar"), maxcount=2) as w:
+    ...     for i in range(5):
+    ...         w.write({"__key__": f"k{i}", "txt": b"x"})
+    >>> sorted(os.listdir(d))
+    ['s-000.tar', 's-001.tar', 's-002.tar']
+    """
+
+    def __init__(
+        self,
+        pattern: str,
+        *,
+        maxsize: int | None = None,
+        maxcount: int | None = None,
+        start: int = 0,
+        maxshards: int | None = None,
+        post: str | None = None,
+        on_shard: Callable[[ShardInfo], None] | None = None,
+        digest: bool = False,
+        writer_options: dict[str, Any] | None = None,
+        compression: str | None = "auto",
+    ) -> None:
+        if maxsize is not None and maxsize <= 0:
+            raise OptionError("maxsize must be positive")
+        if maxcount is not None and maxcount <= 0:
+            raise OptionError("maxcount must be positive")
+        if maxshards is not None and maxshards <= 0:
+            raise OptionError("maxshards must be positive")
+        self.pattern = shard_pattern(pattern)
+        self.maxsize = maxsize
+        self.maxcount = maxcount
+        self.index = start
+        self.maxshards = maxshards
+        self.post = post
+        self.on_shard = on_shard
+        self.digest = digest
+        self.writer_options = writer_options or {}
+        self.compression = compression
+        self.shards: list[ShardInfo] = []
+        self._sink: Sink | None = None
+        self._tar: TarWriter | None = None
+        self._count = 0
+        self._first_key = ""
+        self._last_key = ""
+
+    def _open(self) -> None:
+        if self.maxshards is not None and len(self.shards) >= self.maxshards:
+            raise TarprocError(
+                f"input has more samples than {self.maxshards} shard(s) can hold (--maxshards); "
+                f"stopped before sample {self._pending_key!r}"
+            )
+        url = self.pattern % self.index
+        self.index += 1
+        self._sink = open_sink(url, compression=self.compression, digest=self.digest)
+        self._tar = TarWriter(self._sink, **self.writer_options)
+        self._count = 0
+
+    def _close(self, reason: str) -> None:
+        assert self._sink is not None and self._tar is not None
+        sink, tar = self._sink, self._tar
+        self._sink = self._tar = None
+        try:
+            tar.close()
+        except BaseException:
+            sink.abort()
+            raise
+        sink.commit()
+        info = ShardInfo(sink.url, self._count, sink.bytes, tar.offset, sink.sha256, self._first_key, self._last_key, reason)
+        self.shards.append(info)
+        if self.post:
+            self._run_post(info.shard)
+        if self.on_shard is not None:
+            self.on_shard(info)
+
+    def _run_post(self, url: str) -> None:
+        assert self.post is not None
+        quoted = shlex.quote(url)
+        cmd = self.post.replace("{}", quoted) if "{}" in self.post else f"{self.post} {quoted}"
+        status = subprocess.run(cmd, shell=True).returncode
+        if status != 0:
+            raise SinkError(f"--post command failed with status {status}: {cmd}", url)
+
+    def write(self, sample: Sample) -> None:
+        """Add one sample, opening and closing shards as the limits require."""
+        key = sample["__key__"]
+        fields = [(f, encode_value(sample[f], key, f)) for f in sorted(sample) if not f.startswith("__")]
+        size = sum(TarWriter.member_size(f"{key}.{f}", len(v)) for f, v in fields)
+        if self._tar is not None and self._count:
+            if self.maxcount is not None and self._count >= self.maxcount:
+                self._close("maxcount")
+            elif self.maxsize is not None and self._tar.offset + size + tar_end_size(self._tar.offset + size) > self.maxsize:
+                self._close("maxsize")
+        if self._tar is None:
+            self._pending_key = key
+            self._open()
+            self._first_key = key
+        assert self._tar is not None
+        try:
+            for f, v in fields:
+                self._tar.add(f"{key}.{f}", v)
+        except BaseException:
+            self.abort()
+            raise
+        self._count += 1
+        self._last_key = key
+
+    def close(self) -> list[ShardInfo]:
+        """Finish the last shard; returns the list of shards written."""
+        if self._tar is not None:
+            self._close("end")
+        return self.shards
+
+    def abort(self) -> None:
+        """Throw away the shard being written (finished shards stay)."""
+        if self._sink is not None:
+            self._sink.abort()
+        self._sink = self._tar = None
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -1,0 +1,312 @@
+"""Sinks: where tar streams are written, atomically.
+
+``open_sink(url)`` returns a ``Sink``: ``write`` bytes, then ``commit()`` to publish or ``abort()``
+to throw everything away. Nothing partial ever appears under the final name:
+
+- local paths are written as ``.NAME.tmp-XXXX`` in the same directory and renamed on commit;
+- fsspec URLs (``s3://``, ``gs://``, ``memory://``...) are written to a local temporary file and
+  uploaded only on commit;
+- ``-`` is stdout (refused when it is a terminal unless ``force``);
+- ``pipe:CMD`` feeds a shell command's stdin; on commit its exit status is checked (141, SIGPIPE,
+  is not an error). A pipe can't be atomic: what the command does with partial input is its own.
+
+Compression is chosen from the name: ``.tgz``/``.tar.gz``, ``.tar.zst``, ``.tar.xz``, ``.tar.bz2``.
+Used as a context manager a sink commits on success and aborts on any exception (Ctrl-C too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import IO, Any
+
+from .compression import CompressingWriter, compression_for_name
+from .errors import OptionError, SinkError
+from .sources import is_fsspec_url, local_path
+
+# temporaries created by this process and not yet committed or aborted; removed on exit paths
+_LIVE_TEMPS: set[str] = set()
+
+
+def stdout_is_terminal() -> bool:
+    """True when stdout is a terminal (tests monkeypatch this)."""
+    try:
+        return os.isatty(sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+class Sink:
+    """A byte sink with ``write``, ``commit`` and ``abort``; counts bytes and their sha256."""
+
+    def __init__(self, url: str, compression: str | None = None, level: int | None = None, digest: bool = False):
+        self.url = url
+        self.bytes = 0  # bytes written to the destination (after compression)
+        self._sha = hashlib.sha256() if digest else None
+        self._fh: Any = None
+        self._writer: Any = None  # either the counting raw writer or a compressor over it
+        self.compression = compression
+        self._level = level
+        self.done = False
+
+    def _start(self, fh: Any) -> None:
+        self._fh = fh
+        counted = _Counting(self)
+        self._writer = CompressingWriter(counted, self.compression, self._level) if self.compression else counted
+
+    @property
+    def sha256(self) -> str | None:
+        return self._sha.hexdigest() if self._sha is not None else None
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        return self._writer.write(data)  # type: ignore[no-any-return]
+
+    def _raw_write(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            self._fh.write(data)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise SinkError(f"write failed: {e.strerror or e}", self.url) from None
+        self.bytes += len(data)
+        if self._sha is not None:
+            self._sha.update(data)
+
+    def _finish_stream(self) -> None:
+        if isinstance(self._writer, CompressingWriter):
+            self._writer.finish()
+
+    def commit(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Sink:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+class _Counting:
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        self.sink._raw_write(data)
+        return len(data)
+
+
+class StdoutSink(Sink):
+    def __init__(self, url: str = "-", *, force: bool = False, stream: IO[bytes] | None = None, **kw: Any):
+        super().__init__("-", **kw)
+        if stream is None:
+            if not force and stdout_is_terminal():
+                raise SinkError("refusing to write a tar stream to a terminal; redirect it or use --force", "stdout")
+            stream = sys.stdout.buffer
+        self._start(stream)
+
+    def commit(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self._finish_stream()
+        self._fh.flush()
+
+    def abort(self) -> None:
+        self.done = True
+        try:
+            self._fh.flush()
+        except (OSError, ValueError):
+            pass
+
+
+class LocalSink(Sink):
+    """A local file written under a temporary name in the same directory, renamed on commit."""
+
+    def __init__(self, url: str, path: str, **kw: Any) -> None:
+        super().__init__(url, **kw)
+        self.path = path
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise SinkError(f"directory {directory} does not exist", url)
+        try:
+            fd, self.tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
+        except OSError as e:
+            raise SinkError(f"cannot create a file there: {e.strerror}", url) from None
+        _LIVE_TEMPS.add(self.tmp)
+        self._start(os.fdopen(fd, "wb", buffering=1 << 20))
+
+    def commit(self) -> None:
+        if self.done:
+            return
+        try:
+            self._finish_stream()
+            self._fh.flush()
+            self._fh.close()
+            os.chmod(self.tmp, 0o666 & ~_umask())
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            self.abort()
+            raise SinkError(f"cannot finish writing: {e.strerror or e}", self.url) from None
+        except BaseException:
+            self.abort()
+            raise
+        self.done = True
+        _LIVE_TEMPS.discard(self.tmp)
+
+    def abort(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self._fh.close()
+        except Exception:
+            pass
+        _remove(self.tmp)
+
+
+class UploadSink(Sink):
+    """An fsspec URL: written to a local temporary file, uploaded only when complete."""
+
+    def __init__(self, url: str, **kw: Any) -> None:
+        super().__init__(url, **kw)
+        try:
+            import fsspec
+
+            self.fs, self.remote_path = fsspec.core.url_to_fs(url)
+        except ImportError as e:
+            raise SinkError(f"no filesystem for this URL ({e})", url) from None
+        except Exception as e:
+            raise SinkError(f"cannot open: {e}", url) from None
+        fd, self.tmp = tempfile.mkstemp(prefix="tarproc-upload-", suffix=".tmp")
+        _LIVE_TEMPS.add(self.tmp)
+        self._start(os.fdopen(fd, "wb", buffering=1 << 20))
+
+    def commit(self) -> None:
+        if self.done:
+            return
+        try:
+            self._finish_stream()
+            self._fh.close()
+            self.fs.put_file(self.tmp, self.remote_path)
+        except BaseException as e:
+            self.abort()
+            if isinstance(e, Exception):
+                raise SinkError(f"upload failed: {e}", self.url) from None
+            raise
+        self.done = True
+        _remove(self.tmp)
+
+    def abort(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self._fh.close()
+        except Exception:
+            pass
+        _remove(self.tmp)
+
+
+class PipeSink(Sink):
+    """``pipe:CMD``: the tar stream goes to the command's stdin."""
+
+    def __init__(self, url: str, **kw: Any) -> None:
+        super().__init__(url, **kw)
+        cmd = url[len("pipe:") :]
+        if not cmd.strip():
+            raise OptionError("pipe: needs a command, e.g. 'pipe:gsutil cp - gs://bucket/x.tar'")
+        self.proc = subprocess.Popen(cmd, shell=True, stdin=subprocess.PIPE, start_new_session=True)
+        self._start(self.proc.stdin)
+
+    def commit(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self._finish_stream()
+            self._fh.close()
+        except BrokenPipeError:
+            pass
+        status = self.proc.wait()
+        if status not in (0, 141, -signal.SIGPIPE):
+            raise SinkError(f"command exited with status {status}", self.url)
+
+    def abort(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self._fh.close()
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait()
+
+    def _raw_write(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            super()._raw_write(data)
+        except BrokenPipeError:
+            raise SinkError("command stopped reading its input", self.url) from None
+
+
+def open_sink(
+    url: str,
+    *,
+    force: bool = False,
+    compression: str | None = "auto",
+    level: int | None = None,
+    digest: bool = False,
+) -> Sink:
+    """Open an output URL. ``compression="auto"`` picks it from the name's suffix.
+
+    Use as a context manager: commit on success, abort (nothing left behind) on error.
+    """
+    if compression == "auto":
+        compression = None if url == "-" or url.startswith("pipe:") else compression_for_name(url)
+    kw: dict[str, Any] = {"compression": compression, "level": level, "digest": digest}
+    if url == "-":
+        return StdoutSink(force=force, **kw)
+    if url.startswith("pipe:"):
+        return PipeSink(url, **kw)
+    path = local_path(url)
+    if path is not None:
+        if os.path.isdir(path):
+            raise SinkError("is a directory", url)
+        return LocalSink(url, path, **kw)
+    if is_fsspec_url(url):
+        return UploadSink(url, **kw)
+    raise SinkError("unsupported output URL", url)  # pragma: no cover
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    _LIVE_TEMPS.discard(path)
+
+
+def remove_live_temporaries() -> None:
+    """Remove every temporary this process still holds (called on fatal exits)."""
+    for path in list(_LIVE_TEMPS):
+        _remove(path)

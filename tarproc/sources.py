@@ -1,0 +1,259 @@
+"""Sources: turn the URLs users type into readable byte streams.
+
+Grammar: ``-`` (stdin), plain paths, ``file:PATH``, ``pipe:CMD`` (a shell command whose stdout is
+the stream), and any fsspec URL (``http(s)://``, ``s3://``, ``gs://``, ``memory://``...). Brace
+lists (``train-{0000..0147}.tar``) are expanded and ``::`` joins several lists. Compression (gzip,
+zstd, bz2, xz) is detected from the first bytes, whatever the name.
+
+Every stream is a context manager: leaving it closes the file, and for ``pipe:`` always reaps the
+child, killing it first if we stopped reading early. A command that exits non-zero after we read
+its whole output is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import IO, Any, Iterable
+
+from braceexpand import braceexpand
+
+from .compression import DecompressingReader, detect
+from .errors import OptionError, SourceError, TarprocError
+
+
+def expand_urls(args: Iterable[str], list_files: Iterable[str] = ()) -> list[str]:
+    """Expand brace lists and ``::`` joins in ``args``, then add the URLs listed in ``list_files``.
+
+    A list file has one URL per line (blank lines and ``#`` comments ignored); ``-`` reads the
+    list from stdin.
+
+    >>> expand_urls(["a-{0..2}.tar::b.tar"])
+    ['a-0.tar', 'a-1.tar', 'a-2.tar', 'b.tar']
+    """
+    urls: list[str] = []
+    for arg in args:
+        for part in arg.split("::"):
+            if part:
+                urls.extend(braceexpand(part))
+    for list_file in list_files:
+        try:
+            if list_file == "-":
+                text = sys.stdin.read()
+            else:
+                with open(list_file, encoding="utf-8") as f:
+                    text = f.read()
+        except OSError as e:
+            raise SourceError(f"cannot read list file: {e.strerror}", list_file) from None
+        for line in text.splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                urls.extend(expand_urls([line]))
+    return urls
+
+
+def is_fsspec_url(url: str) -> bool:
+    """True for ``scheme://...`` URLs other than ``file://`` (handled as a local path)."""
+    scheme, sep, _ = url.partition("://")
+    return bool(sep) and scheme.replace("+", "").isalnum() and scheme != "file"
+
+
+def local_path(url: str) -> str | None:
+    """The local path a URL names (``file:``, ``file://`` or plain), or None for other schemes."""
+    if url.startswith("file://"):
+        return url[len("file://") :]
+    if url.startswith("file:"):
+        return url[len("file:") :]
+    if url.startswith("pipe:") or url == "-" or is_fsspec_url(url):
+        return None
+    return url
+
+
+class Source:
+    """A readable stream from a URL, decompressed if needed; use as a context manager.
+
+    ``read(n)`` returns at most ``n`` bytes and ``b""`` at the end. Read errors of the underlying
+    file, process or connection become ``SourceError`` naming the URL and byte offset.
+    """
+
+    def __init__(self, url: str, raw: Any, proc: subprocess.Popen[bytes] | None = None) -> None:
+        self.url = url
+        self.raw = raw
+        self.proc = proc
+        self.offset = 0  # compressed (raw) bytes read
+        self._eof = False
+        self._closed = False
+        head = self._raw_read(8)
+        # a short first read (pipes) still must give enough bytes to detect compression
+        while 0 < len(head) < 6:
+            more = self._raw_read(8 - len(head))
+            if not more:
+                break
+            head += more
+        kind = detect(head)
+        self.compression = kind
+        self._reader: Any
+        if kind is None:
+            self._prefix = head
+            self._reader = None
+        else:
+            self._prefix = b""
+            self._reader = DecompressingReader(_RawAdapter(self), kind, prefix=head, url=url)
+
+    def _raw_read(self, n: int) -> bytes:
+        try:
+            data = self.raw.read(n)
+        except TarprocError:
+            raise
+        except Exception as e:  # OSError, aiohttp.ClientPayloadError, botocore errors...
+            raise SourceError(f"read failed at byte {self.offset}: {_describe(e)}", self.url) from None
+        if data is None:  # a non-blocking stream; not expected here
+            data = b""
+        if not data:
+            self._eof = True
+        self.offset += len(data)
+        return bytes(data) if not isinstance(data, bytes) else data
+
+    def read(self, n: int = -1) -> bytes:
+        if self._reader is not None:
+            return self._reader.read(n)  # type: ignore[no-any-return]
+        if self._prefix:
+            head = self._prefix
+            if 0 <= n < len(head):
+                self._prefix = head[n:]
+                return head[:n]
+            self._prefix = b""
+            return head
+        return self._raw_read(n)
+
+    def close(self) -> None:
+        """Close the stream; reap a ``pipe:`` child and check its exit status."""
+        if self._closed:
+            return
+        self._closed = True
+        early = not self._eof
+        try:
+            self.raw.close()
+        except Exception:
+            pass
+        if self.proc is not None:
+            _reap(self.proc, self.url, early)
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            # an error or an early stop: don't let a pipe's exit status hide the real error
+            self._eof = False
+            try:
+                self.close()
+            except TarprocError:
+                pass
+        else:
+            self.close()
+
+
+class _RawAdapter:
+    """Gives DecompressingReader access to Source's error-wrapping raw reads."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+
+    def read(self, n: int = -1) -> bytes:
+        return self.source._raw_read(n)
+
+
+def _describe(e: BaseException) -> str:
+    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    return str(text).splitlines()[0] if text else type(e).__name__
+
+
+def _reap(proc: subprocess.Popen[Any], url: str, early: bool) -> None:
+    """Wait for a pipe child; kill its process group first if we stopped reading early."""
+    if early and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    status = proc.wait()
+    if early:
+        return
+    if status != 0 and status != 141 and status != -signal.SIGPIPE:
+        raise SourceError(f"command exited with status {status}", url)
+
+
+def open_source(url: str, *, stdin: IO[bytes] | None = None) -> Source:
+    """Open a URL for reading; raises ``SourceError`` naming it when it can't be opened."""
+    if url == "-":
+        stream = stdin if stdin is not None else sys.stdin.buffer
+        return Source("-", _Unclosable(stream))
+    if url.startswith("pipe:"):
+        cmd = url[len("pipe:") :]
+        if not cmd.strip():
+            raise OptionError("pipe: needs a command, e.g. 'pipe:curl -s URL'")
+        proc = subprocess.Popen(
+            cmd,
+            shell=True,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # so an early stop can kill the whole pipeline it starts
+        )
+        assert proc.stdout is not None
+        return Source(url, proc.stdout, proc)
+    path = local_path(url)
+    if path is not None:
+        try:
+            f = open(path, "rb", buffering=0)
+        except FileNotFoundError:
+            raise SourceError("no such file", url) from None
+        except IsADirectoryError:
+            raise SourceError("is a directory, not a tar file", url) from None
+        except OSError as e:
+            raise SourceError(f"cannot open: {e.strerror}", url) from None
+        return Source(url, f)
+    return _open_fsspec(url)
+
+
+def _open_fsspec(url: str) -> Source:
+    try:
+        import fsspec
+    except ImportError:  # pragma: no cover - fsspec is a dependency
+        raise SourceError("reading URLs needs fsspec", url) from None
+    scheme = url.partition("://")[0]
+    options: dict[str, Any] = {}
+    if scheme in ("http", "https"):
+        options["block_size"] = 0  # stream, don't do range requests
+    try:
+        f = fsspec.open(url, "rb", **options).open()
+    except FileNotFoundError:
+        raise SourceError("not found", url) from None
+    except ImportError as e:
+        raise SourceError(f"no filesystem for this URL ({_describe(e)})", url) from None
+    except ValueError as e:
+        raise SourceError(f"cannot open: {_describe(e)}", url) from None
+    except Exception as e:
+        raise SourceError(f"cannot open: {_describe(e)}", url) from None
+    return Source(url, f)
+
+
+class _Unclosable:
+    """stdin must stay open after one 'shard' has been read from it."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+
+    def read(self, n: int = -1) -> bytes:
+        return self.stream.read(n)
+
+    def close(self) -> None:
+        pass

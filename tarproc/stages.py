@@ -1,0 +1,146 @@
+"""Sample stages: small generators that take an iterable of samples first and yield samples.
+
+Compose them by nesting, or with ``compose(samples, stage1, stage2...)``::
+
+    samples = read_samples("train-{0000..0009}.tar")
+    samples = select_fields(samples, parse_fields("image:jpg,jpeg,png cls"))
+    samples = shuffle(samples, 1000, seed=0)
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Callable, Iterable, Iterator
+
+from .errors import OptionError, SampleError
+from .samples import Sample
+
+Stage = Callable[[Iterable[Sample]], Iterable[Sample]]
+
+
+def compose(samples: Iterable[Sample], *stages: Stage) -> Iterable[Sample]:
+    """Apply stages left to right."""
+    for stage in stages:
+        samples = stage(samples)
+    return samples
+
+
+def parse_slice(text: str) -> tuple[int, int | None, int]:
+    """Parse ``lo:hi[:step]`` (each part optional) into ``(lo, hi, step)``.
+
+    >>> parse_slice("10:20"), parse_slice("::2"), parse_slice("5:")
+    ((10, 20, 1), (0, None, 2), (5, None, 1))
+    """
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise OptionError(f"bad slice {text!r}; expected lo:hi or lo:hi:step")
+    try:
+        lo = int(parts[0]) if parts[0] else 0
+        hi = int(parts[1]) if parts[1] else None
+        step = int(parts[2]) if len(parts) == 3 and parts[2] else 1
+    except ValueError:
+        raise OptionError(f"bad slice {text!r}; expected integers like 100:200:2") from None
+    if lo < 0 or (hi is not None and hi < 0) or step < 1:
+        raise OptionError(f"bad slice {text!r}; bounds must be >= 0 and the step >= 1")
+    return lo, hi, step
+
+
+def slice_samples(samples: Iterable[Sample], lo: int = 0, hi: int | None = None, step: int = 1) -> Iterator[Sample]:
+    """Samples ``lo, lo+step, ...`` before ``hi``; stops reading once ``hi`` is reached."""
+    return itertools.islice(samples, lo, hi, step)
+
+
+def parse_fields(spec: str) -> list[tuple[str, list[str]]]:
+    """Parse a field spec: space-separated outputs, each ``new:old1,old2`` or ``a,b`` or ``a``.
+
+    The output field takes the value of the first alternative the sample has; without ``new:``
+    it is named after the first alternative.
+
+    >>> parse_fields("image:jpg,jpeg,png cls")
+    [('image', ['jpg', 'jpeg', 'png']), ('cls', ['cls'])]
+    """
+    out: list[tuple[str, list[str]]] = []
+    for item in spec.replace(";", ",").split():
+        new, sep, old = item.partition(":")
+        alternatives = [a.strip().lower() for a in (old if sep else new).split(",") if a.strip()]
+        if not alternatives or (sep and not new):
+            raise OptionError(f"bad field spec {item!r}; expected NAME, ALT1,ALT2 or NEW:OLD1,OLD2")
+        out.append((new.lower() if sep else alternatives[0], alternatives))
+    if not out:
+        raise OptionError("empty field spec")
+    names = [name for name, _ in out]
+    if len(set(names)) != len(names):
+        raise OptionError(f"field spec {spec!r} names an output field twice")
+    return out
+
+
+def select_fields(
+    samples: Iterable[Sample], fields: list[tuple[str, list[str]]], missing: str = "error"
+) -> Iterator[Sample]:
+    """Keep and rename fields as ``parse_fields`` describes.
+
+    ``missing``: a sample that has none of an output's alternatives is an error (``"error"``),
+    dropped (``"skip"``) or written without that field (``"keep"``).
+    """
+    if missing not in ("error", "skip", "keep"):
+        raise OptionError(f"bad missing-field policy {missing!r}; use error, skip or keep")
+    for sample in samples:
+        out: Sample = {"__key__": sample["__key__"], "__url__": sample.get("__url__")}
+        complete = True
+        for name, alternatives in fields:
+            for alt in alternatives:
+                if alt in sample:
+                    out[name] = sample[alt]
+                    break
+            else:
+                complete = False
+                if missing == "error":
+                    have = ", ".join(sorted(k for k in sample if not k.startswith("__")))
+                    raise SampleError(
+                        f"sample {sample['__key__']!r} has none of {'/'.join(alternatives)} (it has: {have}); "
+                        "use --missing skip or keep to go on",
+                        sample.get("__url__"),
+                        sample["__key__"],
+                    )
+        if complete or missing == "keep":
+            yield out
+
+
+def shuffle(samples: Iterable[Sample], bufsize: int, seed: int | None = None) -> Iterator[Sample]:
+    """Shuffle with a buffer of ``bufsize`` samples, filled completely before the first output.
+
+    Filling first means the very first samples out are drawn from the whole buffer (no warm-up of
+    correlated samples). With ``seed`` the order is reproducible.
+    """
+    if bufsize < 1:
+        raise OptionError("shuffle buffer must hold at least 1 sample")
+    rng = random.Random(seed)
+    buf: list[Sample] = []
+    it = iter(samples)
+    for sample in it:
+        buf.append(sample)
+        if len(buf) >= bufsize:
+            break
+    for sample in it:
+        i = rng.randrange(len(buf))
+        out = buf[i]
+        buf[i] = sample
+        yield out
+    rng.shuffle(buf)
+    yield from buf
+
+
+def rekey(samples: Iterable[Sample], fmt: str = "%09d", start: int = 0) -> Iterator[Sample]:
+    """Replace each ``__key__`` with ``fmt % index`` (index from ``start``).
+
+    >>> [s["__key__"] for s in rekey([{"__key__": "a"}, {"__key__": "b"}], "img-%03d")]
+    ['img-000', 'img-001']
+    """
+    try:
+        fmt % 0
+    except (TypeError, ValueError):
+        raise OptionError(f"bad key format {fmt!r}; expected a printf pattern like %09d") from None
+    for i, sample in enumerate(samples, start):
+        sample["__key__"] = fmt % i
+        yield sample

@@ -1,0 +1,639 @@
+"""Streaming tar reading and writing: our own parser, not ``tarfile``.
+
+Reading: ``iter_members(stream, url)`` yields ``(name, data, offset)`` for every regular file of a
+tar stream, in order. It understands ustar (with the 155-byte prefix), GNU long names and long link
+names (``././@LongLink``, types ``L``/``K``), pax extended and global headers (path, linkpath, size,
+mtime), base-256 numeric fields and old v7 headers without magic. Every header checksum is verified
+(unsigned and signed sums). Any damage -- a stream that ends inside a header, inside member data or
+before the end-of-archive blocks, a bad checksum, garbage where a header or the end padding should
+be -- raises ``TarFormatError`` with the URL, the byte offset and the member.
+
+Memory grows only with bytes actually read: member data is read in bounded pieces, so a header that
+claims 8 GiB in a 1 MB stream costs 1 MB before it fails.
+
+Writing: ``TarWriter`` writes deterministic archives (fixed mtime, owner and mode), ustar headers
+where names fit and GNU long-name records where they don't, end blocks and record padding.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterator, Protocol
+from zlib import adler32
+
+from .errors import TarFormatError
+
+_scan: Any = None
+if not os.environ.get("TARPROC_PURE_PYTHON"):
+    try:  # the optional C fast path (tarproc/_speedups.c); the Python code below is the reference
+        from ._speedups import scan as _scan
+    except ImportError:  # pragma: no cover - built by pip install; absent only without a compiler
+        _scan = None
+
+BLOCK = 512
+RECORD = 10240  # 20 blocks: the record size GNU tar and Python's tarfile pad archives to
+ZERO_BLOCK = bytes(BLOCK)
+DEFAULT_MAX_MEMBER_SIZE = 2 << 30  # 2 GiB
+_CHUNK = 1 << 20  # bytes read from the stream at a time
+_PIECE = 16 << 20  # large member data is read in pieces of at most this many bytes
+
+# type flags (as byte values)
+_REG = (0, ord("0"), ord("7"))
+_LONGNAME = ord("L")
+_LONGLINK = ord("K")
+_PAX = ord("x")
+_PAX_GLOBAL = ord("g")
+_TYPE_NAMES = {
+    ord("1"): "hard link",
+    ord("2"): "symlink",
+    ord("3"): "character device",
+    ord("4"): "block device",
+    ord("5"): "directory",
+    ord("6"): "fifo",
+    ord("S"): "GNU sparse file",
+    ord("V"): "volume label",
+    ord("M"): "multi-volume continuation",
+    ord("D"): "GNU dump directory",
+}
+
+
+class Readable(Protocol):
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+class ReadStats:
+    """Counters filled in while reading; shared by the members reader and the sample grouper."""
+
+    def __init__(self) -> None:
+        self.shards = 0
+        self.shards_failed = 0
+        self.members = 0  # regular-file members read
+        self.bytes = 0  # member data bytes read
+        self.samples = 0
+        self.skipped_entries: dict[str, int] = {}  # non-regular entries by type
+        self.metadata = 0  # __name__ members skipped
+        self.no_key: list[str] = []  # first few names without a key
+        self.no_key_count = 0
+        self.duplicates = 0  # duplicate fields and reappearing keys (warn/skip modes)
+        self.errors: list[str] = []  # messages of shards skipped with on_error="skip-shard"
+
+    def skip_entry(self, kind: str) -> None:
+        self.skipped_entries[kind] = self.skipped_entries.get(kind, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "shards": self.shards,
+            "shards_failed": self.shards_failed,
+            "samples": self.samples,
+            "members": self.members,
+            "bytes": self.bytes,
+            "skipped_entries": dict(self.skipped_entries),
+            "metadata_members": self.metadata,
+            "names_without_key": self.no_key_count,
+            "duplicates": self.duplicates,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# header fields
+
+
+def _block_sum(block: bytes | memoryview) -> int:
+    """Unsigned byte sum of a 512-byte block, computed in C.
+
+    adler32's low 16 bits are 1 + (sum of bytes) mod 65521; a 256-byte half sums to at most
+    65280 < 65521, so two halves give the exact sum without a Python-level loop.
+    """
+    return (adler32(block[:256]) & 0xFFFF) + (adler32(block[256:512]) & 0xFFFF) - 2
+
+
+def _signed_sum(block: bytes) -> int:
+    return sum(b - 256 if b > 127 else b for b in block)
+
+
+def _parse_number(field: bytes) -> int | None:
+    """A numeric header field: NUL/space-terminated octal, or base-256 (first byte 0x80/0xff)."""
+    if field and field[0] & 0x80:
+        value = int.from_bytes(field[1:], "big")
+        if field[0] == 0xFF:  # negative base-256
+            value -= 1 << (8 * (len(field) - 1))
+        elif field[0] != 0x80:
+            return None
+        return value
+    text = field.split(b"\x00", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    try:
+        return int(text, 8)
+    except ValueError:
+        return None
+
+
+def _cstr(field: bytes) -> bytes:
+    i = field.find(0)
+    return field if i < 0 else field[:i]
+
+
+def _decode_name(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _parse_pax(data: bytes, url: str | None, offset: int) -> dict[str, str]:
+    """Records of the form ``"%d %s=%s\\n"`` (length includes itself)."""
+    out: dict[str, str] = {}
+    pos = 0
+    n = len(data)
+    while pos < n:
+        if data[pos] == 0:  # NUL padding after the last record
+            break
+        sp = data.find(b" ", pos)
+        try:
+            length = int(data[pos:sp]) if sp > pos else 0
+        except ValueError:
+            length = 0
+        end = pos + length
+        if length <= 0 or end > n or data[end - 1] != 0x0A:
+            raise TarFormatError(url, offset, "malformed pax extended header")
+        keyvalue = data[sp + 1 : end - 1]
+        eq = keyvalue.find(b"=")
+        if eq <= 0:
+            raise TarFormatError(url, offset, "malformed pax extended header")
+        key = keyvalue[:eq].decode("utf-8", "surrogateescape")
+        out[key] = keyvalue[eq + 1 :].decode("utf-8", "surrogateescape")
+        pos = end
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+def iter_members(
+    stream: Readable,
+    url: str | None = None,
+    *,
+    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    stats: ReadStats | None = None,
+) -> Iterator[tuple[str, bytes, int]]:
+    """Yield ``(name, data, header_offset)`` for each regular file in a tar stream.
+
+    Raises ``TarFormatError`` on any damage (see the module docstring). Reads the stream to its
+    end, so the end-of-archive padding is checked too.
+
+    >>> import io
+    >>> from tarproc.tario import TarWriter
+    >>> buf = io.BytesIO()
+    >>> with TarWriter(buf) as w:
+    ...     w.add("a/001.txt", b"hello")
+    >>> [(name, data) for name, data, _ in iter_members(io.BytesIO(buf.getvalue()))]
+    [('a/001.txt', b'hello')]
+    """
+    return _read_members(stream, url, max_member_size=max_member_size, stats=stats, keyed=False)
+
+
+def iter_keyed_members(
+    stream: Readable,
+    url: str | None = None,
+    *,
+    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    stats: ReadStats | None = None,
+) -> Iterator[tuple[str | None, str, bytes, int]]:
+    """Like ``iter_members`` but yield ``(key, field, data, offset)`` by the WebDataset key rule.
+
+    ``key`` is None (and ``field`` the whole name) for names without a key.
+    """
+    return _read_members(stream, url, max_member_size=max_member_size, stats=stats, keyed=True)
+
+
+def split_key(name: str) -> tuple[str | None, str]:
+    """``(key, field)`` by the key rule, or ``(None, name)`` when the name has no key."""
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot <= slash + 1:
+        return None, name
+    return name[:dot], name[dot + 1 :].lower()
+
+
+def _read_members(
+    stream: Readable,
+    url: str | None,
+    *,
+    max_member_size: int,
+    stats: ReadStats | None,
+    keyed: bool,
+) -> Iterator[Any]:
+    if stats is None:
+        stats = ReadStats()
+    read = stream.read
+    buf = b""  # bytes read but not yet parsed
+    pos = 0  # parse position in buf
+    base = 0  # stream offset of buf[0]
+    last: str | None = None  # the last member read, named in header errors
+    long_name: str | None = None
+    long_link = False
+    pax: dict[str, str] = {}
+    pax_global: dict[str, str] = {}
+    members = 0
+    nbytes = 0
+
+    while True:
+        if len(buf) - pos < BLOCK:
+            more = read(_CHUNK)
+            if not more:
+                if len(buf) == pos:
+                    if long_name is not None or pax or long_link:
+                        raise TarFormatError(url, base + pos, "stream ends after an extension header", long_name)
+                    if base + pos == 0:
+                        raise TarFormatError(url, 0, "empty stream, not a tar archive")
+                    raise TarFormatError(url, base + pos, "stream ends before the end-of-archive blocks", last)
+                if base + pos == 0:
+                    raise TarFormatError(url, 0, f"not a tar archive (a stream of {len(buf)} bytes, shorter than one header)")
+                raise TarFormatError(url, base + pos, "truncated tar header", last)
+            buf = buf[pos:] + more
+            base += pos
+            pos = 0
+            continue
+
+        if _scan is not None and long_name is None and not pax and not long_link and "path" not in pax_global:
+            items, new_pos, nb = _scan(buf, pos, base, max_member_size, keyed)
+            if items:
+                members += len(items)
+                nbytes += nb
+                yield from items
+                tail = items[-1]
+                last = tail[0] if not keyed else (tail[1] if tail[0] is None else f"{tail[0]}.{tail[1]}")
+                pos = new_pos
+                continue
+
+        offset = base + pos
+        # -- checksum: stored value vs. computed sums (chksum field counted as 8 spaces) --
+        chk_field = buf[pos + 148 : pos + 156]
+        try:
+            stored = int(chk_field[:6], 8)
+        except ValueError:
+            stored = None
+        block = buf[pos : pos + BLOCK]
+        if stored is None or _block_sum(block) - sum(chk_field) + 256 != stored:
+            if block == ZERO_BLOCK:
+                # end of archive: the rest of the stream must be zero padding
+                _check_end(read, buf, pos + BLOCK, base, url, last)
+                stats.members += members
+                stats.bytes += nbytes
+                return
+            if stored is None:
+                stored = _parse_number(chk_field)
+            if stored is None or _block_sum(block) - sum(chk_field) + 256 != stored:
+                if stored is None or _signed_sum(block) - _signed_sum(chk_field) + 256 != stored:
+                    if offset == 0:
+                        raise TarFormatError(url, 0, "not a tar archive (no valid header)")
+                    raise TarFormatError(url, offset, "bad tar header checksum (damaged data or garbage)", last)
+
+        # -- size --
+        try:
+            size = int(buf[pos + 124 : pos + 136].rstrip(b"\x00"), 8)
+        except ValueError:
+            size_parsed = _parse_number(buf[pos + 124 : pos + 136])
+            if size_parsed is None or size_parsed < 0:
+                raise TarFormatError(url, offset, "bad size field in tar header", last) from None
+            size = size_parsed
+        typeflag = buf[pos + 156]
+        if pax and "size" in pax:
+            try:
+                size = int(pax["size"])
+            except ValueError:
+                raise TarFormatError(url, offset, "bad size in pax header", last) from None
+
+        # -- name (only computed for members that need it) --
+        is_reg = typeflag in _REG
+        if is_reg or typeflag == _LONGNAME or typeflag == _LONGLINK or typeflag in _TYPE_NAMES:
+            if long_name is not None:
+                name = long_name
+            elif pax and "path" in pax:
+                name = pax["path"]
+            elif "path" in pax_global:
+                name = pax_global["path"]
+            else:
+                raw = _cstr(buf[pos : pos + 100])
+                if buf[pos + 257 : pos + 263] == b"ustar\x00" and buf[pos + 345] != 0:
+                    raw = _cstr(buf[pos + 345 : pos + 500]) + b"/" + raw
+                name = _decode_name(raw)
+        else:
+            name = ""
+
+        if size > max_member_size and typeflag not in (_PAX, _PAX_GLOBAL, _LONGNAME, _LONGLINK):
+            raise TarFormatError(
+                url, offset, f"member size {size} exceeds the limit of {max_member_size} bytes", name or last
+            )
+        if size > max_member_size:
+            raise TarFormatError(url, offset, f"extension header of {size} bytes is too large", last)
+
+        # -- data --
+        start = pos + BLOCK
+        end = start + size
+        padded_end = start + ((size + 511) & ~511)
+        if padded_end <= len(buf):
+            data = buf[start:end]
+            pos = padded_end
+        else:
+            # the member runs past what is buffered: read the rest in bounded pieces
+            stream_pos = base + len(buf)
+            if end <= len(buf):
+                data = buf[start:end]
+            else:
+                parts = [buf[start:]]
+                need = end - len(buf)
+                while need > 0:
+                    piece = read(min(need, _PIECE))
+                    if not piece:
+                        got = stream_pos - (offset + BLOCK)
+                        raise TarFormatError(
+                            url, stream_pos, f"truncated member data (expected {size} bytes, got {got})", name or last
+                        )
+                    parts.append(piece)
+                    stream_pos += len(piece)
+                    need -= len(piece)
+                data = b"".join(parts)
+            need = padded_end - max(end, len(buf))
+            while need > 0:
+                piece = read(need)
+                if not piece:
+                    raise TarFormatError(url, stream_pos, "truncated member padding", name or last)
+                stream_pos += len(piece)
+                need -= len(piece)
+            buf = b""
+            pos = 0
+            base = stream_pos
+
+        # -- dispatch on type --
+        if is_reg:
+            members += 1
+            nbytes += size
+            if keyed:
+                key, field = split_key(name)
+                yield key, field, data, offset
+            else:
+                yield name, data, offset
+            last = name
+            if long_name is not None or pax or long_link:
+                long_name = None
+                long_link = False
+                pax = {}
+        elif typeflag == _LONGNAME:
+            long_name = _decode_name(_cstr(data))
+        elif typeflag == _LONGLINK:
+            long_link = True
+        elif typeflag == _PAX:
+            pax = _parse_pax(data, url, offset)
+        elif typeflag == _PAX_GLOBAL:
+            pax_global.update(_parse_pax(data, url, offset))
+            pax_global.pop("size", None)
+        else:
+            stats.skip_entry(_TYPE_NAMES.get(typeflag, f"type {chr(typeflag)!r}"))
+            last = name or last
+            long_name = None
+            long_link = False
+            pax = {}
+
+
+def _check_end(read: Any, buf: bytes, pos: int, base: int, url: str | None, last: str | None) -> None:
+    """After the first zero block: everything else up to EOF must be zeros."""
+    rest = buf[pos:]
+    offset = base + pos
+    while True:
+        if rest.count(0) != len(rest):
+            bad = offset + next(i for i, b in enumerate(rest) if b)
+            raise TarFormatError(url, bad, "garbage after the end-of-archive blocks", last)
+        offset += len(rest)
+        rest = read(_CHUNK)
+        if not rest:
+            return
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+class Writable(Protocol):
+    def write(self, data: bytes, /) -> int | None: ...
+
+
+def _octal(value: int, width: int) -> bytes:
+    """A numeric field of ``width`` bytes: octal digits and a NUL, or base-256 when too large."""
+    if 0 <= value < 8 ** (width - 1):
+        return b"%0*o\x00" % (width - 1, value)
+    if value < 0 or value >= 1 << (8 * (width - 1)):
+        raise ValueError(f"number {value} does not fit a {width}-byte tar field")
+    return b"\x80" + value.to_bytes(width - 1, "big")
+
+
+def _fixed(text: str, width: int, what: str) -> bytes:
+    raw = text.encode("utf-8")
+    if len(raw) > width:
+        raise ValueError(f"{what} {text!r} is longer than {width} bytes")
+    return raw + bytes(width - len(raw))
+
+
+def _split_ustar(raw: bytes) -> tuple[bytes, bytes] | None:
+    """Split a name longer than 100 bytes into (prefix, name) at a slash, if ustar can hold it."""
+    if len(raw) > 256:
+        return None
+    i = raw.find(b"/", max(0, len(raw) - 101))
+    while 0 < i <= 155:
+        if len(raw) - i - 1 <= 100 and len(raw) - i - 1 > 0:
+            return raw[:i], raw[i + 1 :]
+        i = raw.find(b"/", i + 1)
+    return None
+
+
+def default_mtime() -> int:
+    """Fixed mtime for written members: ``$SOURCE_DATE_EPOCH`` if set, else 0."""
+    env = os.environ.get("SOURCE_DATE_EPOCH")
+    return int(env) if env and env.isdigit() else 0
+
+
+class TarWriter:
+    """Write regular-file members to a binary stream as a deterministic tar archive.
+
+    Headers use fixed metadata (mtime, uid/gid, uname/gname, mode), so the same members give
+    byte-identical output. Names that fit ustar (100 bytes, or 155-byte prefix + 100) use plain ustar
+    headers; longer names get a GNU ``././@LongLink`` record, which GNU tar, Python's tarfile,
+    webdataset and DALI all read. ``close()`` writes the two end blocks and pads to 10240 bytes.
+    It does not close the underlying stream.
+
+    >>> import io
+    >>> buf = io.BytesIO()
+    >>> with TarWriter(buf) as w:
+    ...     w.write_sample({"__key__": "s1", "txt": b"hi", "cls": b"3"})
+    >>> len(buf.getvalue())
+    10240
+    """
+
+    def __init__(
+        self,
+        stream: Writable | Any,
+        *,
+        mtime: int | None = None,
+        uid: int = 0,
+        gid: int = 0,
+        uname: str = "",
+        gname: str = "",
+        mode: int = 0o644,
+    ) -> None:
+        self.stream = stream
+        self.offset = 0  # bytes written so far
+        self.members = 0
+        self.closed = False
+        if mtime is None:
+            mtime = default_mtime()
+        self.mtime = int(mtime) if mtime >= 0 else int(time.time())
+        # the constant middle and tail of every header, built once
+        self._mode_ids = _octal(mode, 8) + _octal(uid, 8) + _octal(gid, 8)
+        self._mtime_field = _octal(self.mtime, 12)
+        self._ustar_tail = (
+            b"ustar\x0000" + _fixed(uname, 32, "uname") + _fixed(gname, 32, "gname") + _octal(0, 8) + _octal(0, 8)
+        )
+        self._gnu_tail = (
+            b"ustar  \x00" + _fixed(uname, 32, "uname") + _fixed(gname, 32, "gname") + _octal(0, 8) + _octal(0, 8)
+        )
+        self._out: list[bytes] = []  # small writes are gathered and written together
+        self._outlen = 0
+
+    # -- low level --
+
+    def _header(self, name: bytes, size: int, typeflag: bytes, prefix: bytes = b"", gnu: bool = False) -> bytes:
+        head = (
+            name
+            + bytes(100 - len(name))
+            + self._mode_ids
+            + _octal(size, 12)
+            + self._mtime_field
+            + b"        "
+            + typeflag
+            + bytes(100)
+            + (self._gnu_tail if gnu else self._ustar_tail)
+        )
+        head = head + prefix + bytes(BLOCK - len(head) - len(prefix))
+        chksum = _block_sum(head)
+        return head[:148] + b"%06o\x00 " % chksum + head[156:]
+
+    def _emit(self, data: bytes | bytearray | memoryview) -> None:
+        n = len(data)
+        if n >= 65536:
+            self._flush()
+            self.stream.write(data)
+        else:
+            self._out.append(bytes(data))
+            self._outlen += n
+            if self._outlen >= 1 << 20:
+                self._flush()
+        self.offset += n
+
+    def _flush(self) -> None:
+        if self._out:
+            self.stream.write(b"".join(self._out))
+            self._out = []
+            self._outlen = 0
+
+    @staticmethod
+    def member_size(name: str, size: int) -> int:
+        """Bytes one member takes in the archive: headers (long-name records too), data, padding."""
+        raw = name.encode("utf-8", "surrogateescape")
+        n = BLOCK + ((size + 511) & ~511)
+        if len(raw) > 100 and _split_ustar(raw) is None:
+            n += BLOCK + ((len(raw) + 1 + 511) & ~511)
+        return n
+
+    # -- public --
+
+    def add(self, name: str, data: bytes | bytearray | memoryview) -> None:
+        """Write one regular-file member."""
+        if self.closed:
+            raise ValueError("TarWriter is closed")
+        raw = name.encode("utf-8", "surrogateescape")
+        if not raw:
+            raise ValueError("empty member name")
+        size = len(data)
+        if len(raw) <= 100:
+            self._emit(self._header(raw, size, b"0"))
+        else:
+            split = _split_ustar(raw)
+            if split is not None:
+                self._emit(self._header(split[1], size, b"0", prefix=split[0]))
+            else:
+                longname = raw + b"\x00"
+                self._emit(self._header(b"././@LongLink", len(longname), b"L", gnu=True))
+                self._emit(longname + bytes(-len(longname) % BLOCK))
+                self._emit(self._header(raw[:100], size, b"0", gnu=True))
+        if size:
+            self._emit(data)
+            pad = -size % BLOCK
+            if pad:
+                self._emit(ZERO_BLOCK[:pad])
+        self.members += 1
+
+    def write_sample(self, sample: dict[str, Any]) -> None:
+        """Write a sample dict as members ``KEY.FIELD`` in sorted field order.
+
+        ``__key__`` names the sample; other ``__*__`` entries (``__url__``...) are never written.
+        Values may be bytes-like, str (UTF-8), int/float (decimal text) or dict/list (JSON).
+        """
+        key = sample["__key__"]
+        for field in sorted(sample):
+            if field.startswith("__"):
+                continue
+            self.add(f"{key}.{field}", encode_value(sample[field], key, field))
+
+    def close(self) -> None:
+        """Write the end-of-archive blocks and pad to a full 10240-byte record."""
+        if self.closed:
+            return
+        end = 2 * BLOCK
+        total = self.offset + end
+        end += -total % RECORD
+        self._emit(bytes(end))
+        self._flush()
+        self.closed = True
+
+    def __enter__(self) -> TarWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+
+
+def encode_value(value: Any, key: str = "", field: str = "") -> bytes | bytearray | memoryview:
+    """Bytes for a sample value: bytes-like as is, str as UTF-8, numbers as text, dict/list as JSON."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bool):
+        raise TypeError(f"sample {key!r}: field {field!r}: cannot write a bool")
+    if isinstance(value, (int, float)):
+        return str(value).encode("ascii")
+    if isinstance(value, (dict, list)):
+        import json
+
+        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    raise TypeError(f"sample {key!r}: field {field!r}: cannot write a {type(value).__name__}")
+
+
+def tar_end_size(offset: int) -> int:
+    """Bytes ``TarWriter.close`` adds after ``offset`` bytes of members."""
+    end = 2 * BLOCK
+    return end + (-(offset + end) % RECORD)
+
+
+__all__ = [
+    "BLOCK",
+    "DEFAULT_MAX_MEMBER_SIZE",
+    "ReadStats",
+    "TarWriter",
+    "encode_value",
+    "iter_keyed_members",
+    "iter_members",
+    "split_key",
+    "tar_end_size",
+]
