@@ -10,7 +10,8 @@ from __future__ import annotations
 import bz2
 import lzma
 import zlib
-from typing import IO, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import IO, Any, Protocol
 
 from .errors import CompressionError
 
@@ -82,7 +83,7 @@ class DecompressingReader:
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
-            parts = []
+            parts: list[bytes] = []
             while True:
                 chunk = self.read(1 << 20)
                 if not chunk:

@@ -12,7 +12,8 @@ In memory a sample carries ``__key__`` and ``__url__``; writers never write them
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from .errors import DuplicateError, OptionError, TarprocError
 from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members, split_key

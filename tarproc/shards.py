@@ -12,8 +12,9 @@ import json
 import re
 import shlex
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .errors import OptionError, SinkError, TarprocError
 from .samples import Sample

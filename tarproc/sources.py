@@ -16,7 +16,8 @@ import os
 import signal
 import subprocess
 import sys
-from typing import IO, Any, Iterable
+from collections.abc import Iterable
+from typing import IO, Any
 
 from braceexpand import braceexpand
 

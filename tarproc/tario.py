@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 from zlib import adler32
 
 from .errors import TarFormatError
@@ -27,7 +28,7 @@ from .errors import TarFormatError
 _scan: Any = None
 if not os.environ.get("TARPROC_PURE_PYTHON"):
     try:  # the optional C fast path (tarproc/_speedups.c); the Python code below is the reference
-        from ._speedups import scan as _scan
+        from ._speedups import scan as _scan  # type: ignore[no-redef]
     except ImportError:  # pragma: no cover - built by pip install; absent only without a compiler
         _scan = None
 
@@ -415,7 +416,7 @@ def _check_end(read: Any, buf: bytes, pos: int, base: int, url: str | None, last
 
 
 class Writable(Protocol):
-    def write(self, data: bytes, /) -> int | None: ...
+    def write(self, data: bytes | bytearray | memoryview, /) -> int | None: ...
 
 
 def _octal(value: int, width: int) -> bytes:

@@ -11,7 +11,8 @@ import os
 import signal
 import sys
 import traceback
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import click
 
