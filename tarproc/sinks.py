@@ -3,7 +3,8 @@
 ``open_sink(url)`` returns a ``Sink``: ``write`` bytes, then ``commit()`` to publish or ``abort()``
 to throw everything away. Nothing partial ever appears under the final name:
 
-- local paths are written as ``.NAME.tmp-XXXX`` in the same directory and renamed on commit;
+- local paths are written as ``.NAME.tmp-XXXX`` in the same directory and renamed on commit
+  (existing devices and FIFOs such as ``/dev/null`` are written directly: nothing to rename);
 - fsspec URLs (``s3://``, ``gs://``, ``memory://``...) are written to a local temporary file and
   uploaded only on commit;
 - ``-`` is stdout (refused when it is a terminal unless ``force``);
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -174,6 +176,38 @@ class LocalSink(Sink):
         _remove(self.tmp)
 
 
+class DeviceSink(Sink):
+    """An existing non-regular file (``/dev/null``, a FIFO, a terminal device): written directly.
+
+    Renaming a temporary over a device node would replace it, so there is nothing atomic to do.
+    """
+
+    def __init__(self, url: str, path: str, **kw: Any) -> None:
+        super().__init__(url, **kw)
+        try:
+            fh = open(path, "wb", buffering=1 << 20)
+        except OSError as e:
+            raise SinkError(f"cannot open for writing: {e.strerror}", url) from None
+        self._start(fh)
+
+    def commit(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self._finish_stream()
+            self._fh.close()
+        except OSError as e:
+            raise SinkError(f"cannot finish writing: {e.strerror or e}", self.url) from None
+
+    def abort(self) -> None:
+        self.done = True
+        try:
+            self._fh.close()
+        except OSError:
+            pass
+
+
 class UploadSink(Sink):
     """An fsspec URL: written to a local temporary file, uploaded only when complete."""
 
@@ -284,9 +318,18 @@ def open_sink(
         return PipeSink(url, **kw)
     path = local_path(url)
     if path is not None:
-        if os.path.isdir(path):
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            mode = None
+        except OSError as e:
+            raise SinkError(f"cannot write there: {e.strerror}", url) from None
+        if mode is not None and stat.S_ISDIR(mode):
             raise SinkError("is a directory", url)
-        return LocalSink(url, path, **kw)
+        if mode is not None and not stat.S_ISREG(mode):
+            return DeviceSink(url, path, **kw)
+        # through a symlink, replace the file it points to, not the link itself
+        return LocalSink(url, os.path.realpath(path), **kw)
     if is_fsspec_url(url):
         return UploadSink(url, **kw)
     raise SinkError("unsupported output URL", url)  # pragma: no cover
