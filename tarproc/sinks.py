@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from .compression import CompressingWriter, compression_for_name
 from .errors import OptionError, SinkError
-from .sources import is_fsspec_url, local_path
+from .sources import enlarge_pipe, is_fsspec_url, local_path
 
 # temporaries created by this process and not yet committed or aborted; removed on exit paths
 _LIVE_TEMPS: set[str] = set()
@@ -114,6 +114,7 @@ class StdoutSink(Sink):
             if not force and stdout_is_terminal():
                 raise SinkError("refusing to write a tar stream to a terminal; redirect it or use --force", "stdout")
             stream = sys.stdout.buffer
+            enlarge_pipe(stream)
         self._start(stream)
 
     def commit(self) -> None:

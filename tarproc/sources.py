@@ -193,10 +193,27 @@ def _reap(proc: subprocess.Popen[Any], url: str, early: bool) -> None:
         raise SourceError(f"command exited with status {status}", url)
 
 
+def enlarge_pipe(fileobj: Any, size: int = 1 << 20) -> None:
+    """Grow a pipe's kernel buffer (Linux): fewer context switches between the two ends.
+
+    Best effort: other platforms, non-pipes and a lower ``/proc/sys/fs/pipe-max-size`` are ignored.
+    """
+    try:
+        import fcntl
+        import stat
+
+        fd = fileobj.fileno()
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
+    except (OSError, ValueError, AttributeError, ImportError):
+        pass
+
+
 def open_source(url: str, *, stdin: IO[bytes] | None = None) -> Source:
     """Open a URL for reading; raises ``SourceError`` naming it when it can't be opened."""
     if url == "-":
         stream = stdin if stdin is not None else sys.stdin.buffer
+        enlarge_pipe(stream)
         return Source("-", _Unclosable(stream))
     if url.startswith("pipe:"):
         cmd = url[len("pipe:") :]

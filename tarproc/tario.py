@@ -322,6 +322,8 @@ def _read_members(
         else:
             name = ""
 
+        if size < 0:  # int() accepts a sign; a tar size field never has one
+            raise TarFormatError(url, offset, "bad size field in tar header", last)
         if size > max_member_size and typeflag not in (_PAX, _PAX_GLOBAL, _LONGNAME, _LONGLINK):
             raise TarFormatError(
                 url, offset, f"member size {size} exceeds the limit of {max_member_size} bytes", name or last

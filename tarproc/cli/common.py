@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -49,9 +50,10 @@ class TarprocCommand(click.Command):
         prog = prog_name or self.name or "tarproc"
         show_traceback = "--traceback" in argv
         status = 0
+        previous_sigterm = None
         try:
-            if threading_main():
-                signal.signal(signal.SIGTERM, _on_sigterm)
+            if threading.current_thread() is threading.main_thread():
+                previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
             super().main(args=argv, prog_name=prog, standalone_mode=False, **extra)
         except click.exceptions.Exit as e:
             status = e.exit_code
@@ -92,13 +94,10 @@ class TarprocCommand(click.Command):
             detail = str(e).splitlines()[0] if str(e) else ""
             _say(f"{prog}: error: internal error: {type(e).__name__}: {detail} (run with --traceback for details)")
             status = 1
+        finally:
+            if previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, previous_sigterm)
         sys.exit(status)
-
-
-def threading_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def _say(message: str) -> None:
