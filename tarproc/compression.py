@@ -121,8 +121,8 @@ class DecompressingReader:
             self._eof = True
             return
         if dec.eof:
-            if self.kind == "gzip":
-                # gzip allows zero padding after the last member
+            if self.kind in ("gzip", "xz"):
+                # gzip and xz allow zero padding after a member/stream
                 self._input = self._input.lstrip(b"\x00")
                 if not self._input:
                     return

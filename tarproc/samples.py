@@ -22,6 +22,7 @@ Sample = dict[str, Any]
 DUP_POLICIES = ("error", "warn", "skip")
 ON_ERROR_POLICIES = ("fail", "skip-shard")
 _NO_KEY_EXAMPLES = 10
+_NO_SAMPLE = object()
 
 
 def split_name(name: str) -> tuple[str, str] | None:
@@ -95,7 +96,7 @@ def _group(
     sample: Sample | None = None
     offsets: dict[str, int] = {}  # field -> offset, for the current sample
     key_offset: dict[str, int] = {}  # key -> offset of its first member, for this shard
-    cur_key: str | None = None
+    cur_key: object = _NO_SAMPLE  # never equal to a key, nor to None (a name without a key)
     dropping = False  # dropping the members of a reappearing key
 
     for key, field, data, offset in members:

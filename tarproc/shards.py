@@ -34,7 +34,7 @@ def parse_size(text: str | int | float) -> int:
     """
     if isinstance(text, (int, float)):
         return int(text)
-    m = re.fullmatch(r"\s*([0-9.]+(?:[eE][0-9]+)?)\s*([kKmMgGtT][iI]?)?[bB]?\s*", text)
+    m = re.fullmatch(r"\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+]?[0-9]+)?)\s*([kKmMgGtT][iI]?)?[bB]?\s*", text)
     if not m:
         raise OptionError(f"bad size {text!r}; expected e.g. 1e9, 1G, 500MB or 64MiB")
     number = float(m.group(1))

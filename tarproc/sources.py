@@ -146,15 +146,22 @@ class Source:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is not None:
-            # an error or an early stop: don't let a pipe's exit status hide the real error
+        if exc_type is None:
+            self.close()
+            return
+        if exc_type is GeneratorExit or not self._eof:
+            # we stopped reading early: a pipe's exit status means nothing then
             self._eof = False
             try:
                 self.close()
             except TarprocError:
                 pass
-        else:
+            return
+        # an error after the whole stream was read: a failed command is the cause worth naming
+        try:
             self.close()
+        except SourceError as failed:
+            raise failed from exc
 
 
 class _RawAdapter:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from operator import length_hint
 from collections.abc import Iterator
 from typing import Any, Protocol
 from zlib import adler32
@@ -45,6 +46,7 @@ _LONGNAME = ord("L")
 _LONGLINK = ord("K")
 _PAX = ord("x")
 _PAX_GLOBAL = ord("g")
+_GNU_SPARSE = ord("S")
 _TYPE_NAMES = {
     ord("1"): "hard link",
     ord("2"): "symlink",
@@ -134,6 +136,14 @@ def _parse_number(field: bytes) -> int | None:
 def _cstr(field: bytes) -> bytes:
     i = field.find(0)
     return field if i < 0 else field[:i]
+
+
+def _header_name(buf: bytes, pos: int) -> str:
+    """The name stored in the header at ``buf[pos:]``, with the ustar prefix if it has one."""
+    raw = _cstr(buf[pos : pos + 100])
+    if buf[pos + 257 : pos + 263] == b"ustar\x00" and buf[pos + 345] != 0:
+        raw = _cstr(buf[pos + 345 : pos + 500]) + b"/" + raw
+    return _decode_name(raw)
 
 
 def _decode_name(raw: bytes) -> str:
@@ -235,8 +245,8 @@ def _read_members(
     long_link = False
     pax: dict[str, str] = {}
     pax_global: dict[str, str] = {}
-    members = 0
-    nbytes = 0
+    # the C fast path accepts no size above this (and needs it to fit a C long long)
+    scan_limit = min(max_member_size, 1 << 62)
 
     while True:
         if len(buf) - pos < BLOCK:
@@ -257,13 +267,20 @@ def _read_members(
             continue
 
         if _scan is not None and long_name is None and not pax and not long_link and "path" not in pax_global:
-            items, new_pos, nb = _scan(buf, pos, base, max_member_size, keyed)
+            items, new_pos, nb = _scan(buf, pos, base, scan_limit, keyed)
             if items:
-                members += len(items)
-                nbytes += nb
-                yield from items
-                tail = items[-1]
-                last = tail[0] if not keyed else (tail[1] if tail[0] is None else f"{tail[0]}.{tail[1]}")
+                it = iter(items)
+                try:
+                    yield from it
+                except GeneratorExit:
+                    # stopped early: count only the members handed out
+                    done = len(items) - length_hint(it)
+                    stats.members += done
+                    stats.bytes += sum(len(item[-2]) for item in items[:done])
+                    raise
+                stats.members += len(items)
+                stats.bytes += nb
+                last = _header_name(buf, items[-1][-1] - base)
                 pos = new_pos
                 continue
 
@@ -279,11 +296,8 @@ def _read_members(
             if block == ZERO_BLOCK:
                 # end of archive: the rest of the stream must be zero padding
                 _check_end(read, buf, pos + BLOCK, base, url, last)
-                stats.members += members
-                stats.bytes += nbytes
                 return
-            if stored is None:
-                stored = _parse_number(chk_field)
+            stored = _parse_number(chk_field)  # e.g. 7 digits, or right-aligned with spaces
             if stored is None or _block_sum(block) - sum(chk_field) + 256 != stored:
                 if stored is None or _signed_sum(block) - _signed_sum(chk_field) + 256 != stored:
                     if offset == 0:
@@ -315,10 +329,7 @@ def _read_members(
             elif "path" in pax_global:
                 name = pax_global["path"]
             else:
-                raw = _cstr(buf[pos : pos + 100])
-                if buf[pos + 257 : pos + 263] == b"ustar\x00" and buf[pos + 345] != 0:
-                    raw = _cstr(buf[pos + 345 : pos + 500]) + b"/" + raw
-                name = _decode_name(raw)
+                name = _header_name(buf, pos)
         else:
             name = ""
 
@@ -333,6 +344,17 @@ def _read_members(
 
         # -- data --
         start = pos + BLOCK
+        if typeflag == _GNU_SPARSE and buf[pos + 482]:
+            # an old GNU sparse header continues in extension blocks (flag at byte 504 of each)
+            while True:
+                while len(buf) - start < BLOCK:
+                    more = read(_CHUNK)
+                    if not more:
+                        raise TarFormatError(url, base + len(buf), "truncated GNU sparse header", name or last)
+                    buf += more
+                start += BLOCK
+                if not buf[start - BLOCK + 504]:
+                    break
         end = start + size
         padded_end = start + ((size + 511) & ~511)
         if padded_end <= len(buf):
@@ -349,7 +371,7 @@ def _read_members(
                 while need > 0:
                     piece = read(min(need, _PIECE))
                     if not piece:
-                        got = stream_pos - (offset + BLOCK)
+                        got = size - need
                         raise TarFormatError(
                             url, stream_pos, f"truncated member data (expected {size} bytes, got {got})", name or last
                         )
@@ -369,9 +391,14 @@ def _read_members(
             base = stream_pos
 
         # -- dispatch on type --
+        if is_reg and pax and any(k.startswith("GNU.sparse.") for k in pax):
+            # a pax-format sparse file: its data is a sparse map plus regions, not the file
+            is_reg = False
+            typeflag = _GNU_SPARSE
+            name = pax.get("GNU.sparse.name", name)
         if is_reg:
-            members += 1
-            nbytes += size
+            stats.members += 1
+            stats.bytes += size
             if keyed:
                 key, field = split_key(name)
                 yield key, field, data, offset
@@ -556,6 +583,7 @@ class TarWriter:
         raw = name.encode("utf-8", "surrogateescape")
         if not raw:
             raise ValueError("empty member name")
+        data = _as_bytes_like(data)
         size = len(data)
         if len(raw) <= 100:
             self._emit(self._header(raw, size, b"0"))
@@ -606,10 +634,17 @@ class TarWriter:
             self.close()
 
 
+def _as_bytes_like(data: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
+    """``data`` such that ``len()`` counts bytes (a memoryview of ints or floats counts items)."""
+    if isinstance(data, memoryview) and (data.itemsize != 1 or data.ndim != 1 or not data.c_contiguous):
+        return data.tobytes()
+    return data
+
+
 def encode_value(value: Any, key: str = "", field: str = "") -> bytes | bytearray | memoryview:
     """Bytes for a sample value: bytes-like as is, str as UTF-8, numbers as text, dict/list as JSON."""
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return value
+        return _as_bytes_like(value)
     if isinstance(value, str):
         return value.encode("utf-8")
     if isinstance(value, bool):

@@ -1,0 +1,217 @@
+"""Shared fixtures for the tarproc tests.
+
+Test modules are imported with ``--import-mode=importlib`` and cannot import each other, so the
+shared helpers live here and are handed out through fixtures:
+
+- ``reader``: runs a test once with the C fast path (``tarproc._speedups``) and once with the
+  pure-Python reference path (``tarproc.tario._scan`` monkeypatched to None; ``_read_members``
+  reads that module global on every loop, so the patch takes effect immediately).
+- ``kit``: helpers to build tar bytes by hand (headers with any field, pax records, end blocks),
+  to read a stream into a list or an error outcome, and to run GNU tar.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import shutil
+import subprocess
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+import tarproc.tario as tario
+from tarproc.errors import TarprocError
+
+BLOCK = 512
+RECORD = 10240
+_C_SCAN = tario._scan  # what the import found: the C fast path, or None when not built
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gnutar: needs the GNU tar command line tool")
+
+
+class ChunkedReader:
+    """A ``read(n)`` that returns short, irregular pieces, like a pipe or a socket does."""
+
+    def __init__(self, data: bytes, seed: int = 0, max_piece: int = 700) -> None:
+        self._data = data
+        self._pos = 0
+        self._rng = random.Random(seed)
+        self._max = max_piece
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = len(self._data)
+        take = min(n, self._rng.randint(1, self._max))
+        out = self._data[self._pos : self._pos + take]
+        self._pos += len(out)
+        return out
+
+
+class TarKit:
+    """Hand-made tar bytes and small reading helpers (see the module docstring)."""
+
+    BLOCK = BLOCK
+    RECORD = RECORD
+    ChunkedReader = ChunkedReader
+
+    # -- building ------------------------------------------------------------------------------
+
+    @staticmethod
+    def header(
+        name: bytes | str,
+        size: int = 0,
+        *,
+        typeflag: bytes = b"0",
+        size_field: bytes | None = None,
+        magic: bytes = b"ustar\x0000",
+        prefix: bytes = b"",
+        linkname: bytes = b"",
+        mtime: int = 0,
+        chksum: str = "unsigned",
+    ) -> bytes:
+        """One 512-byte header. ``chksum``: "unsigned" (%06o NUL space), "signed", "7digits", "bad"."""
+        if isinstance(name, str):
+            name = name.encode("utf-8")
+        assert len(name) <= 100 and len(prefix) <= 155 and len(linkname) <= 100
+        h = bytearray(BLOCK)
+        h[0 : len(name)] = name
+        h[100:108] = b"0000644\x00"
+        h[108:116] = b"0000000\x00"
+        h[116:124] = b"0000000\x00"
+        h[124:136] = size_field if size_field is not None else b"%011o\x00" % size
+        assert len(h) == BLOCK
+        h[136:148] = b"%011o\x00" % mtime
+        h[148:156] = b" " * 8
+        h[156:157] = typeflag
+        h[157 : 157 + len(linkname)] = linkname
+        h[257 : 257 + len(magic)] = magic
+        h[345 : 345 + len(prefix)] = prefix
+        assert len(h) == BLOCK
+        if chksum == "signed":
+            value = sum(b - 256 if b > 127 else b for b in h)
+            field = b"%06o\x00 " % value
+        elif chksum == "7digits":
+            field = b"%07o\x00" % sum(h)
+        elif chksum == "bad":
+            field = b"%06o\x00 " % (sum(h) + 1)
+        else:
+            field = b"%06o\x00 " % sum(h)
+        h[148:156] = field
+        return bytes(h)
+
+    @staticmethod
+    def pad(data: bytes) -> bytes:
+        return data + bytes(-len(data) % BLOCK)
+
+    @classmethod
+    def member(cls, name: bytes | str, data: bytes, **kw: Any) -> bytes:
+        """A header plus data plus padding."""
+        return cls.header(name, len(data), **kw) + cls.pad(data)
+
+    @staticmethod
+    def pax_records(records: dict[str, str] | Iterable[tuple[str, str]]) -> bytes:
+        """``"%d %s=%s\\n"`` records, the length counting itself."""
+        items = records.items() if isinstance(records, dict) else records
+        out = b""
+        for key, value in items:
+            body = b" " + key.encode() + b"=" + value.encode() + b"\n"
+            length = len(body) + 1
+            while len(str(length).encode() + body) != length:
+                length += 1
+            out += str(length).encode() + body
+        return out
+
+    @classmethod
+    def pax(cls, records: dict[str, str], *, typeflag: bytes = b"x", name: str = "PaxHeaders/x") -> bytes:
+        data = cls.pax_records(records)
+        return cls.member(name, data, typeflag=typeflag)
+
+    @staticmethod
+    def end(body_len: int) -> bytes:
+        """Two zero blocks and padding to a full record, for ``body_len`` bytes of members."""
+        n = 2 * BLOCK
+        n += -(body_len + n) % RECORD
+        return bytes(n)
+
+    @classmethod
+    def archive(cls, *parts: bytes) -> bytes:
+        body = b"".join(parts)
+        return body + cls.end(len(body))
+
+    @staticmethod
+    def writer_tar(members: Iterable[tuple[str, bytes]]) -> bytes:
+        buf = io.BytesIO()
+        with tario.TarWriter(buf) as w:
+            for name, data in members:
+                w.add(name, data)
+        return buf.getvalue()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @staticmethod
+    def read_all(
+        data: bytes | Any, url: str | None = "mem.tar", *, keyed: bool = False, chunked: int | None = None, **kw: Any
+    ) -> list[Any]:
+        if isinstance(data, (bytes, bytearray)):
+            stream: Any = ChunkedReader(bytes(data), seed=chunked) if chunked is not None else io.BytesIO(data)
+        else:
+            stream = data
+        fn = tario.iter_keyed_members if keyed else tario.iter_members
+        return list(fn(stream, url, **kw))
+
+    @classmethod
+    def outcome(cls, data: bytes, url: str | None = "mem.tar", **kw: Any) -> tuple[Any, ...]:
+        """("ok", items) or ("error", type name, offset, reason) -- comparable across paths."""
+        try:
+            return ("ok", cls.read_all(data, url, **kw))
+        except TarprocError as e:
+            return ("error", type(e).__name__, getattr(e, "offset", None), getattr(e, "reason", str(e)))
+
+    # -- GNU tar ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def gnu_tar(*args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        tar = shutil.which("tar")
+        if tar is None:
+            pytest.skip("GNU tar is not installed")
+        env = dict(os.environ, LC_ALL="C.UTF-8")  # names are UTF-8 bytes, whatever the caller's locale
+        proc = subprocess.run([tar, *args], capture_output=True, env=env)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"tar {' '.join(args)} failed: {proc.stderr.decode(errors='replace')}")
+        return proc
+
+
+@pytest.fixture(scope="session")
+def kit() -> type[TarKit]:
+    return TarKit
+
+
+@pytest.fixture(params=["c-fastpath", "pure-python"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with the C fast path and with the pure-Python reference reader."""
+    if request.param == "c-fastpath":
+        if _C_SCAN is None:
+            pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
+        monkeypatch.setattr(tario, "_scan", _C_SCAN)
+    else:
+        monkeypatch.setattr(tario, "_scan", None)
+    return request.param
+
+
+@pytest.fixture
+def c_scan() -> Any:
+    """The C scanner, skipping the test when it is not built."""
+    if _C_SCAN is None:
+        pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
+    return _C_SCAN
+
+
+@pytest.fixture
+def no_source_date_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written archives must not depend on the caller's environment."""
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)

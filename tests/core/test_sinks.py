@@ -1,0 +1,242 @@
+"""Sinks: atomic local files, compression by suffix, stdout safety, devices, pipes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import stat
+import subprocess
+import threading
+
+import pytest
+
+import tarproc.sinks as sinks
+from tarproc.errors import SinkError
+from tarproc.sinks import open_sink
+from tarproc.sources import open_source
+from tarproc.tario import TarWriter, iter_members
+
+
+def _tar_bytes() -> bytes:
+    buf = io.BytesIO()
+    with TarWriter(buf, mtime=0) as w:
+        for i in range(20):
+            w.write_sample({"__key__": f"{i:04d}", "txt": f"text {i} " * 100, "cls": i})
+    return buf.getvalue()
+
+
+def _temps(directory) -> list[str]:
+    return [n for n in os.listdir(directory) if ".tmp-" in n]
+
+
+def test_local_sink_is_atomic(tmp_path):
+    path = tmp_path / "out.tar"
+    data = _tar_bytes()
+    with open_sink(str(path)) as sink:
+        sink.write(data[:5000])
+        assert not path.exists()
+        temps = _temps(tmp_path)
+        assert len(temps) == 1 and temps[0].startswith(".out.tar.tmp-")
+        sink.write(data[5000:])
+        assert not path.exists()
+    assert path.read_bytes() == data
+    assert _temps(tmp_path) == []
+    assert sink.bytes == len(data)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_exception_leaves_nothing_behind(tmp_path, exc):
+    path = tmp_path / "out.tar.gz"
+    with pytest.raises(exc):
+        with open_sink(str(path)) as sink:
+            sink.write(b"x" * 100_000)
+            raise exc()
+    assert os.listdir(tmp_path) == []
+
+
+def test_exception_keeps_the_previous_file(tmp_path):
+    path = tmp_path / "out.tar"
+    path.write_bytes(b"old contents")
+    with pytest.raises(RuntimeError):
+        with open_sink(str(path)) as sink:
+            sink.write(b"new")
+            assert path.read_bytes() == b"old contents"
+            raise RuntimeError
+    assert path.read_bytes() == b"old contents"
+    assert os.listdir(tmp_path) == ["out.tar"]
+    with open_sink(str(path)) as sink:
+        sink.write(b"new")
+    assert path.read_bytes() == b"new"
+
+
+def test_explicit_commit_and_abort(tmp_path):
+    path = tmp_path / "a.tar"
+    sink = open_sink(str(path))
+    sink.write(b"abc")
+    sink.abort()
+    assert os.listdir(tmp_path) == []
+    sink.abort()  # twice is harmless
+    sink = open_sink(str(path))
+    sink.write(b"abc")
+    sink.commit()
+    sink.commit()
+    assert path.read_bytes() == b"abc"
+
+
+CHECKS = {
+    ".tar.gz": ["gzip", "-t"],
+    ".tgz": ["gzip", "-t"],
+    ".tar.zst": ["zstd", "-q", "-t"],
+    ".tar.xz": ["xz", "-t"],
+    ".tar.bz2": ["bzip2", "-t"],
+}
+DECOMPRESS = {"gzip": ["gzip", "-dc"], "zstd": ["zstd", "-qdc"], "xz": ["xz", "-dc"], "bzip2": ["bzip2", "-dc"]}
+
+
+@pytest.mark.parametrize("suffix", list(CHECKS))
+def test_compressed_outputs_by_suffix(tmp_path, suffix, reader):
+    tool = CHECKS[suffix][0]
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} not installed")
+    data = _tar_bytes()
+    path = tmp_path / f"out{suffix}"
+    with open_sink(str(path), digest=True) as sink:
+        for i in range(0, len(data), 3000):
+            sink.write(data[i : i + 3000])
+    comp = path.read_bytes()
+    assert comp != data and len(comp) < len(data)
+    subprocess.run([*CHECKS[suffix], str(path)], check=True, capture_output=True)
+    plain = subprocess.run([*DECOMPRESS[tool], str(path)], check=True, capture_output=True).stdout
+    assert plain == data
+    assert sink.bytes == len(comp)
+    assert sink.sha256 == hashlib.sha256(comp).hexdigest()
+    with open_source(str(path)) as stream:
+        assert len(list(iter_members(stream))) == 40
+
+
+def test_gzip_output_is_byte_identical_across_runs(tmp_path):
+    data = _tar_bytes()
+    outputs = []
+    for i in range(2):
+        path = tmp_path / f"run{i}" / "same.tar.gz"
+        path.parent.mkdir()
+        with open_sink(str(path)) as sink:
+            sink.write(data)
+        outputs.append(path.read_bytes())
+    assert outputs[0] == outputs[1]
+    assert outputs[0][4:8] == bytes(4)  # gzip header mtime 0
+    assert outputs[0][3] & 0x08 == 0  # no file name stored
+
+
+def test_compression_can_be_turned_off(tmp_path):
+    path = tmp_path / "plain.tar.gz"
+    with open_sink(str(path), compression=None) as sink:
+        sink.write(b"plain")
+    assert path.read_bytes() == b"plain"
+
+
+def test_stdout_refuses_a_terminal(monkeypatch, capsysbinary):
+    monkeypatch.setattr(sinks, "stdout_is_terminal", lambda: True)
+    with pytest.raises(SinkError) as info:
+        open_sink("-")
+    assert "terminal" in str(info.value)
+    with open_sink("-", force=True) as sink:
+        sink.write(b"forced bytes")
+    assert capsysbinary.readouterr().out == b"forced bytes"
+
+
+def test_stdout_when_not_a_terminal(monkeypatch, capsysbinary):
+    monkeypatch.setattr(sinks, "stdout_is_terminal", lambda: False)
+    with open_sink("-") as sink:
+        sink.write(b"to stdout")
+    assert capsysbinary.readouterr().out == b"to stdout"
+
+
+def test_bad_local_destinations(tmp_path):
+    with pytest.raises(SinkError) as info:
+        open_sink(str(tmp_path))
+    assert "directory" in str(info.value)
+    with pytest.raises(SinkError) as info:
+        open_sink(str(tmp_path / "no" / "such" / "dir" / "x.tar"))
+    assert info.value.url == str(tmp_path / "no" / "such" / "dir" / "x.tar")
+
+
+def test_symlink_destination_replaces_the_target_not_the_link(tmp_path):
+    target = tmp_path / "real.tar"
+    target.write_bytes(b"old")
+    link = tmp_path / "link.tar"
+    link.symlink_to(target)
+    with open_sink(str(link)) as sink:
+        sink.write(b"new")
+    assert link.is_symlink()
+    assert target.read_bytes() == b"new"
+    assert sorted(os.listdir(tmp_path)) == ["link.tar", "real.tar"]
+
+
+def test_dev_null_is_written_directly():
+    with open_sink("/dev/null") as sink:
+        sink.write(b"x" * 1000)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert sink.bytes == 1000
+
+
+def test_fifo_is_written_directly(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader_thread = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader_thread.start()
+    with open_sink(str(fifo)) as sink:
+        sink.write(b"through the fifo")
+    reader_thread.join(5)
+    assert got == [b"through the fifo"]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["fifo"]
+
+
+def test_pipe_sink(tmp_path):
+    out = tmp_path / "piped.tar"
+    with open_sink(f"pipe:cat > {out}") as sink:
+        sink.write(b"piped bytes")
+    assert out.read_bytes() == b"piped bytes"
+    with pytest.raises(SinkError) as info:
+        with open_sink("pipe:cat > /dev/null; exit 4") as sink:
+            sink.write(b"x")
+    assert "status 4" in str(info.value)
+
+
+@pytest.mark.parametrize("size", [10, 3 << 20])
+def test_write_errors_are_sink_errors(size):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    with pytest.raises(SinkError) as info:
+        with open_sink("/dev/full") as sink:
+            sink.write(b"x" * size)
+    assert "No space left" in str(info.value) and info.value.url == "/dev/full"
+
+
+def test_fsspec_sink_uploads_only_on_commit():
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    data = _tar_bytes()
+    url = "memory://tarproc-core-tests/out.tar.gz"
+    try:
+        with open_sink(url) as sink:
+            sink.write(data)
+            assert not fs.exists("/tarproc-core-tests/out.tar.gz")
+        with open_source(url) as stream:
+            assert stream.compression == "gzip"
+            assert len(list(iter_members(stream, url))) == 40
+        with pytest.raises(RuntimeError):
+            with open_sink("memory://tarproc-core-tests/aborted.tar") as sink:
+                sink.write(data)
+                raise RuntimeError
+        assert not fs.exists("/tarproc-core-tests/aborted.tar")
+    finally:
+        if fs.exists("/tarproc-core-tests"):
+            fs.rm("/tarproc-core-tests", recursive=True)
