@@ -68,8 +68,13 @@ class Sink:
         return self._writer.write(data)  # type: ignore[no-any-return]
 
     def _raw_write(self, data: bytes | bytearray | memoryview) -> None:
+        # files are unbuffered (TarWriter gathers small writes itself); a raw write may be partial
         try:
-            self._fh.write(data)
+            written = self._fh.write(data)
+            if written is not None and written < len(data):
+                view = memoryview(data)
+                while written < len(view):
+                    written += self._fh.write(view[written:])
         except BrokenPipeError:
             raise
         except OSError as e:
@@ -146,7 +151,7 @@ class LocalSink(Sink):
         except OSError as e:
             raise SinkError(f"cannot create a file there: {e.strerror}", url) from None
         _LIVE_TEMPS.add(self.tmp)
-        self._start(os.fdopen(fd, "wb", buffering=1 << 20))
+        self._start(os.fdopen(fd, "wb", buffering=0))
 
     def commit(self) -> None:
         if self.done:
@@ -186,7 +191,7 @@ class DeviceSink(Sink):
     def __init__(self, url: str, path: str, **kw: Any) -> None:
         super().__init__(url, **kw)
         try:
-            fh = open(path, "wb", buffering=1 << 20)
+            fh = open(path, "wb", buffering=0)
         except OSError as e:
             raise SinkError(f"cannot open for writing: {e.strerror}", url) from None
         self._start(fh)
@@ -224,7 +229,7 @@ class UploadSink(Sink):
             raise SinkError(f"cannot open: {e}", url) from None
         fd, self.tmp = tempfile.mkstemp(prefix="tarproc-upload-", suffix=".tmp")
         _LIVE_TEMPS.add(self.tmp)
-        self._start(os.fdopen(fd, "wb", buffering=1 << 20))
+        self._start(os.fdopen(fd, "wb", buffering=0))
 
     def commit(self) -> None:
         if self.done:

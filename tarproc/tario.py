@@ -528,6 +528,11 @@ class TarWriter:
         )
         self._out: list[bytes] = []  # small writes are gathered and written together
         self._outlen = 0
+        # a regular member's header is name + _reg_middle(size) + checksum + _reg_tail; the
+        # checksum of the constant parts (with the checksum field as 8 spaces) is summed once
+        self._reg_tail = b"0" + bytes(100) + self._ustar_tail
+        self._reg_tail += bytes(BLOCK - 156 - len(self._reg_tail))
+        self._reg_sum = sum(self._mode_ids) + sum(self._mtime_field) + 8 * 32 + sum(self._reg_tail)
 
     # -- low level --
 
@@ -583,8 +588,27 @@ class TarWriter:
         raw = name.encode("utf-8", "surrogateescape")
         if not raw:
             raise ValueError("empty member name")
-        data = _as_bytes_like(data)
+        if type(data) is not bytes:
+            data = _as_bytes_like(data)
         size = len(data)
+        if len(raw) <= 100 and size < 65536 and self._outlen < 1 << 20:
+            # fast path for the common case: a short name and small data, gathered in memory
+            size_field = b"%011o\x00" % size
+            # adler32's low 16 bits are 1 + byte sum (exact below 65521: 100 * 255 fits)
+            chksum = self._reg_sum + (adler32(raw) & 0xFFFF) + (adler32(size_field) & 0xFFFF) - 2
+            out = self._out
+            out.append(raw.ljust(100, b"\x00") + self._mode_ids + size_field + self._mtime_field)
+            out.append(b"%06o\x00 " % chksum + self._reg_tail)
+            pad = -size % BLOCK
+            if size:
+                out.append(data if type(data) is bytes else bytes(data))
+                if pad:
+                    out.append(ZERO_BLOCK[:pad])
+            n = BLOCK + size + pad
+            self._outlen += n
+            self.offset += n
+            self.members += 1
+            return
         if len(raw) <= 100:
             self._emit(self._header(raw, size, b"0"))
         else:
@@ -610,10 +634,12 @@ class TarWriter:
         Values may be bytes-like, str (UTF-8), int/float (decimal text) or dict/list (JSON).
         """
         key = sample["__key__"]
+        add = self.add
         for field in sorted(sample):
             if field.startswith("__"):
                 continue
-            self.add(f"{key}.{field}", encode_value(sample[field], key, field))
+            value = sample[field]
+            add(f"{key}.{field}", value if type(value) is bytes else encode_value(value, key, field))
 
     def close(self) -> None:
         """Write the end-of-archive blocks and pad to a full 10240-byte record."""
