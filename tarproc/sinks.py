@@ -137,39 +137,35 @@ class StdoutSink(Sink):
             pass
 
 
-class LocalSink(Sink):
-    """A local file written under a temporary name in the same directory, renamed on commit."""
+class _TempFileSink(Sink):
+    """Written to a local temporary file, published by ``_publish`` on commit, removed on abort."""
 
-    def __init__(self, url: str, path: str, **kw: Any) -> None:
-        super().__init__(url, **kw)
-        self.path = path
-        directory = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(directory):
-            raise SinkError(f"directory {directory} does not exist", url)
+    def _open_temp(self, **mkstemp_args: Any) -> None:
         try:
-            fd, self.tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
+            fd, self.tmp = tempfile.mkstemp(**mkstemp_args)
         except OSError as e:
-            raise SinkError(f"cannot create a file there: {e.strerror}", url) from None
+            raise SinkError(f"cannot create a file there: {e.strerror}", self.url) from None
         _LIVE_TEMPS.add(self.tmp)
         self._start(os.fdopen(fd, "wb", buffering=0))
+
+    def _publish(self) -> None:
+        raise NotImplementedError
 
     def commit(self) -> None:
         if self.done:
             return
         try:
             self._finish_stream()
-            self._fh.flush()
             self._fh.close()
-            os.chmod(self.tmp, 0o666 & ~_umask())
-            os.replace(self.tmp, self.path)
-        except OSError as e:
+            self._publish()
+        except BaseException as e:
             self.abort()
-            raise SinkError(f"cannot finish writing: {e.strerror or e}", self.url) from None
-        except BaseException:
-            self.abort()
+            if isinstance(e, Exception) and not isinstance(e, SinkError):
+                detail = e.strerror if isinstance(e, OSError) and e.strerror else e
+                raise SinkError(f"cannot finish writing: {detail}", self.url) from None
             raise
         self.done = True
-        _LIVE_TEMPS.discard(self.tmp)
+        _remove(self.tmp)  # gone already after a rename
 
     def abort(self) -> None:
         if self.done:
@@ -180,6 +176,44 @@ class LocalSink(Sink):
         except Exception:
             pass
         _remove(self.tmp)
+
+
+class LocalSink(_TempFileSink):
+    """A local file written under a temporary name in the same directory, renamed on commit."""
+
+    def __init__(self, url: str, path: str, **kw: Any) -> None:
+        super().__init__(url, **kw)
+        self.path = path
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise SinkError(f"directory {directory} does not exist", url)
+        self._open_temp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
+
+    def _publish(self) -> None:
+        os.chmod(self.tmp, 0o666 & ~_umask())
+        os.replace(self.tmp, self.path)
+
+
+class UploadSink(_TempFileSink):
+    """An fsspec URL: written to a local temporary file, uploaded only when complete."""
+
+    def __init__(self, url: str, **kw: Any) -> None:
+        super().__init__(url, **kw)
+        try:
+            import fsspec
+
+            self.fs, self.remote_path = fsspec.core.url_to_fs(url)
+        except ImportError as e:
+            raise SinkError(f"no filesystem for this URL ({e})", url) from None
+        except Exception as e:
+            raise SinkError(f"cannot open: {e}", url) from None
+        self._open_temp(prefix="tarproc-upload-", suffix=".tmp")
+
+    def _publish(self) -> None:
+        try:
+            self.fs.put_file(self.tmp, self.remote_path)
+        except Exception as e:
+            raise SinkError(f"upload failed: {e}", self.url) from None
 
 
 class DeviceSink(Sink):
@@ -212,49 +246,6 @@ class DeviceSink(Sink):
             self._fh.close()
         except OSError:
             pass
-
-
-class UploadSink(Sink):
-    """An fsspec URL: written to a local temporary file, uploaded only when complete."""
-
-    def __init__(self, url: str, **kw: Any) -> None:
-        super().__init__(url, **kw)
-        try:
-            import fsspec
-
-            self.fs, self.remote_path = fsspec.core.url_to_fs(url)
-        except ImportError as e:
-            raise SinkError(f"no filesystem for this URL ({e})", url) from None
-        except Exception as e:
-            raise SinkError(f"cannot open: {e}", url) from None
-        fd, self.tmp = tempfile.mkstemp(prefix="tarproc-upload-", suffix=".tmp")
-        _LIVE_TEMPS.add(self.tmp)
-        self._start(os.fdopen(fd, "wb", buffering=0))
-
-    def commit(self) -> None:
-        if self.done:
-            return
-        try:
-            self._finish_stream()
-            self._fh.close()
-            self.fs.put_file(self.tmp, self.remote_path)
-        except BaseException as e:
-            self.abort()
-            if isinstance(e, Exception):
-                raise SinkError(f"upload failed: {e}", self.url) from None
-            raise
-        self.done = True
-        _remove(self.tmp)
-
-    def abort(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        try:
-            self._fh.close()
-        except Exception:
-            pass
-        _remove(self.tmp)
 
 
 class PipeSink(Sink):

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import os
 import time
-from operator import length_hint
 from collections.abc import Iterator
+from operator import length_hint
 from typing import Any, Protocol
 from zlib import adler32
 

@@ -7,21 +7,24 @@ Exit statuses: 0 ok, 1 data error (``COMMAND: error: MESSAGE`` on one line), 2 u
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
 
 from .. import __version__
 from ..errors import OptionError, TarprocError
-from ..samples import DUP_POLICIES, ON_ERROR_POLICIES
+from ..samples import DUP_POLICIES, ON_ERROR_POLICIES, Sample, read_samples
 from ..shards import parse_size
 from ..sinks import remove_live_temporaries
+from ..sources import expand_urls
 from ..tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -142,9 +145,62 @@ class SizeParam(click.ParamType):
 SIZE = SizeParam()
 
 
-def input_options(f: F) -> F:
-    """INPUTS argument, -T lists and the reading policies shared by every reading command."""
-    options = [
+@dataclass
+class ReadOptions:
+    """What ``input_options`` collects: the inputs and how to read them."""
+
+    urls: list[str]
+    on_error: str
+    dup: str
+    max_member_size: int
+
+    def samples(self, stats: ReadStats) -> Iterator[Sample]:
+        """The samples of all inputs, reading as the options say (warnings to stderr)."""
+        return read_samples(
+            self.urls, on_error=self.on_error, dup=self.dup, max_member_size=self.max_member_size,
+            stats=stats, warn=warn,
+        )
+
+
+@dataclass
+class WriteOptions:
+    """What ``writer_options`` collects: ``tar`` holds the TarWriter keyword arguments."""
+
+    force: bool
+    tar: dict[str, Any]
+
+
+def _bundle(options: list[Callable[[Any], Any]], collect: Callable[[dict[str, Any]], dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """A decorator adding ``options`` to a command; ``collect`` turns their values into arguments."""
+
+    def decorate(f: F) -> F:
+        names = [p.name for p in _params(options) if p.expose_value]
+
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in names}
+            kwargs.update(collect(values))
+            return f(*args, **kwargs)
+
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _params(options: list[Callable[[Any], Any]]) -> list[click.Parameter]:
+    """The click parameters a list of option decorators declares."""
+
+    def probe() -> None: ...
+
+    for option in options:
+        option(probe)
+    return list(getattr(probe, "__click_params__", []))
+
+
+input_options = _bundle(
+    [
         click.argument("inputs", nargs=-1, metavar="[INPUTS]..."),
         click.option("-T", "--files-from", "list_files", multiple=True, metavar="FILE",
                      help="Read input URLs from FILE, one per line ('-' = stdin)."),
@@ -154,15 +210,25 @@ def input_options(f: F) -> F:
                      help="A duplicate field or a key that reappears later in a shard: error, warn and drop, or drop."),
         click.option("--max-member-size", type=SIZE, default=DEFAULT_MAX_MEMBER_SIZE, show_default="2GiB",
                      help="Largest member accepted; a bigger one is an error naming it."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+    ],
+    lambda v: {
+        "reading": ReadOptions(
+            inputs_or_stdin(v["inputs"], v["list_files"]), v["on_error"], v["dup"], v["max_member_size"]
+        )
+    },
+)
+"""INPUTS argument, -T lists and the reading policies; the command gets ``reading: ReadOptions``."""
 
 
-def writer_options(f: F) -> F:
-    """Metadata of written members; the defaults make output byte-identical for the same input."""
-    options = [
+def _mode_bits(mode: str) -> int:
+    try:
+        return int(mode, 8)
+    except ValueError:
+        raise OptionError(f"bad --mode {mode!r}; expected octal digits like 644") from None
+
+
+writer_options = _bundle(
+    [
         click.option("--force", is_flag=True, help="Write a tar stream even when stdout is a terminal."),
         click.option("--mtime", type=int, default=None, metavar="SECONDS",
                      help="mtime of written members [default: $SOURCE_DATE_EPOCH or 0; -1 = now]."),
@@ -172,36 +238,31 @@ def writer_options(f: F) -> F:
         click.option("--gname", default="", help="Group name of written members [default: empty]."),
         click.option("--mode", default="644", show_default=True, metavar="OCTAL",
                      help="Permission bits of written members."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+    ],
+    lambda v: {
+        "writing": WriteOptions(
+            v["force"],
+            {"mtime": v["mtime"], "uid": v["uid"], "gid": v["gid"], "uname": v["uname"], "gname": v["gname"],
+             "mode": _mode_bits(v["mode"])},
+        )
+    },
+)
+"""Metadata of written members (defaults make output byte-identical); the command gets ``writing``."""
 
 
-def writer_kwargs(mtime: int | None, uid: int, gid: int, uname: str, gname: str, mode: str) -> dict[str, Any]:
-    try:
-        mode_bits = int(mode, 8)
-    except ValueError:
-        raise OptionError(f"bad --mode {mode!r}; expected octal digits like 644") from None
-    return {"mtime": mtime, "uid": uid, "gid": gid, "uname": uname, "gname": gname, "mode": mode_bits}
-
-
-def common_options(f: F) -> F:
-    """-q, --traceback and --version."""
-    options = [
+common_options = _bundle(
+    [
         click.option("-q", "--quiet", is_flag=True, help="No progress bar."),
         click.option("--traceback", is_flag=True, help="Show the Python traceback of an error (for debugging)."),
         click.version_option(__version__, "--version", message="%(prog)s (tarproc) %(version)s"),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+    ],
+    lambda v: {"quiet": v["quiet"]},  # --traceback is read by TarprocCommand.main itself
+)
+"""-q, --traceback and --version; the command gets ``quiet``."""
 
 
 def inputs_or_stdin(inputs: tuple[str, ...], list_files: tuple[str, ...]) -> list[str]:
     """Expanded input URLs; none given means stdin."""
-    from ..sources import expand_urls
-
     urls = expand_urls(inputs, list_files)
     if not urls and not inputs and not list_files:
         urls = ["-"]

@@ -6,20 +6,18 @@ import contextlib
 
 import click
 
-from ..samples import read_samples
 from ..sinks import open_sink
 from ..stages import parse_fields, parse_slice, select_fields, shuffle, slice_samples
 from ..stages import rekey as rekey_samples
 from ..tario import ReadStats, TarWriter
 from .common import (
+    ReadOptions,
     TarprocCommand,
+    WriteOptions,
     common_options,
     format_stats,
     input_options,
-    inputs_or_stdin,
     progress,
-    warn,
-    writer_kwargs,
     writer_options,
 )
 
@@ -54,11 +52,9 @@ Samples are selected in this order: --skip, --slice, -f, --shuffle, -c, --rekey.
 @writer_options
 @common_options
 def main(
-    inputs: tuple[str, ...],
-    list_files: tuple[str, ...],
-    on_error: str,
-    dup: str,
-    max_member_size: int,
+    reading: ReadOptions,
+    writing: WriteOptions,
+    quiet: bool,
     output: str,
     count: int | None,
     skip: int,
@@ -69,15 +65,6 @@ def main(
     seed: int | None,
     rekey: str | None,
     show_stats: bool,
-    force: bool,
-    mtime: int | None,
-    uid: int,
-    gid: int,
-    uname: str,
-    gname: str,
-    mode: str,
-    quiet: bool,
-    traceback: bool,
 ) -> None:
     """Concatenate tar shards into one tar stream (stdout or -o).
 
@@ -86,13 +73,11 @@ def main(
     bz2, xz) are detected from their data. Output is deterministic: fields in sorted order, fixed
     mtime and owner.
     """
-    urls = inputs_or_stdin(inputs, list_files)
-    options = writer_kwargs(mtime, uid, gid, uname, gname, mode)
     field_spec = parse_fields(fields) if fields else None
     lo, hi, step = parse_slice(slice_spec) if slice_spec else (0, None, 1)
     stats = ReadStats()
 
-    source = read_samples(urls, on_error=on_error, dup=dup, max_member_size=max_member_size, stats=stats, warn=warn)
+    source = reading.samples(stats)
     with contextlib.closing(source):
         samples = iter(source)
         if skip or slice_spec:
@@ -105,8 +90,8 @@ def main(
             samples = slice_samples(samples, 0, count)
         if rekey:
             samples = rekey_samples(samples, rekey)
-        with open_sink(output, force=force) as sink:
-            writer = TarWriter(sink, **options)
+        with open_sink(output, force=writing.force) as sink:
+            writer = TarWriter(sink, **writing.tar)
             for sample in progress(samples, quiet, "tarcat"):
                 writer.write_sample(sample)
             writer.close()

@@ -6,20 +6,18 @@ import contextlib
 
 import click
 
-from ..samples import read_samples
 from ..shards import ShardInfo, ShardWriter
 from ..sinks import open_sink
 from ..tario import ReadStats
 from .common import (
     SIZE,
+    ReadOptions,
     TarprocCommand,
+    WriteOptions,
     common_options,
     format_stats,
     input_options,
-    inputs_or_stdin,
     progress,
-    warn,
-    writer_kwargs,
     writer_options,
 )
 
@@ -56,11 +54,9 @@ first, and -v says which one closed each shard.
 @writer_options
 @common_options
 def main(
-    inputs: tuple[str, ...],
-    list_files: tuple[str, ...],
-    on_error: str,
-    dup: str,
-    max_member_size: int,
+    reading: ReadOptions,
+    writing: WriteOptions,
+    quiet: bool,
     output: str,
     maxsize: int | None,
     maxcount: int | None,
@@ -70,23 +66,12 @@ def main(
     manifest: str | None,
     verbose: bool,
     show_stats: bool,
-    force: bool,
-    mtime: int | None,
-    uid: int,
-    gid: int,
-    uname: str,
-    gname: str,
-    mode: str,
-    quiet: bool,
-    traceback: bool,
 ) -> None:
     """Split a tar stream into shards, never splitting a sample and never writing an empty shard.
 
     Reads INPUTS (default stdin) like tarcat. Each shard is written under a temporary name and
     renamed (or uploaded) only when complete.
     """
-    urls = inputs_or_stdin(inputs, list_files)
-    options = writer_kwargs(mtime, uid, gid, uname, gname, mode)
     if maxsize is None and maxcount is None:
         maxsize = DEFAULT_MAXSIZE
     stats = ReadStats()
@@ -101,7 +86,7 @@ def main(
                 err=True,
             )
 
-    source = read_samples(urls, on_error=on_error, dup=dup, max_member_size=max_member_size, stats=stats, warn=warn)
+    source = reading.samples(stats)
     with contextlib.closing(source):
         with ShardWriter(
             output,
@@ -112,7 +97,7 @@ def main(
             post=post,
             on_shard=on_shard,
             digest=manifest is not None,
-            writer_options=options,
+            writer_options=writing.tar,
         ) as writer:
             for sample in progress(source, quiet, "tarsplit"):
                 writer.write(sample)
