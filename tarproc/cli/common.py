@@ -170,11 +170,18 @@ class WriteOptions:
     tar: dict[str, Any]
 
 
-def _bundle(options: list[Callable[[Any], Any]], collect: Callable[[dict[str, Any]], dict[str, Any]]):  # type: ignore[no-untyped-def]
-    """A decorator adding ``options`` to a command; ``collect`` turns their values into arguments."""
+def _bundle(  # type: ignore[no-untyped-def]
+    make_options: Callable[[], list[Callable[[Any], Any]]], collect: Callable[[dict[str, Any]], dict[str, Any]]
+):
+    """A decorator adding options to a command; ``collect`` turns their values into arguments.
+
+    ``make_options`` builds fresh option decorators for each command: click's version option, for
+    one, remembers the first program name it printed.
+    """
 
     def decorate(f: F) -> F:
-        names = [p.name for p in _params(options) if p.expose_value]
+        options = make_options()
+        names = [p.name for p in _params(make_options()) if p.expose_value]
 
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -200,7 +207,7 @@ def _params(options: list[Callable[[Any], Any]]) -> list[click.Parameter]:
 
 
 input_options = _bundle(
-    [
+    lambda: [
         click.argument("inputs", nargs=-1, metavar="[INPUTS]..."),
         click.option("-T", "--files-from", "list_files", multiple=True, metavar="FILE",
                      help="Read input URLs from FILE, one per line ('-' = stdin)."),
@@ -228,7 +235,7 @@ def _mode_bits(mode: str) -> int:
 
 
 writer_options = _bundle(
-    [
+    lambda: [
         click.option("--force", is_flag=True, help="Write a tar stream even when stdout is a terminal."),
         click.option("--mtime", type=int, default=None, metavar="SECONDS",
                      help="mtime of written members [default: $SOURCE_DATE_EPOCH or 0; -1 = now]."),
@@ -251,7 +258,7 @@ writer_options = _bundle(
 
 
 common_options = _bundle(
-    [
+    lambda: [
         click.option("-q", "--quiet", is_flag=True, help="No progress bar."),
         click.option("--traceback", is_flag=True, help="Show the Python traceback of an error (for debugging)."),
         click.version_option(__version__, "--version", message="%(prog)s (tarproc) %(version)s"),

@@ -16,7 +16,8 @@ from .run import load
 
 def help_text(name: str) -> str:
     command = load(name)
-    with click.Context(command, info_name=name, terminal_width=100, max_content_width=100) as ctx:
+    settings = {**command.context_settings, "terminal_width": 100, "max_content_width": 100}
+    with click.Context(command, info_name=name, **settings) as ctx:
         return command.get_help(ctx)
 
 
