@@ -77,9 +77,10 @@ class DecompressingReader:
         self._outpos = 0
         self._raw_eof = False
         self._eof = False
+        self._consumed = len(prefix)  # compressed bytes taken from raw, for error offsets
 
     def _fail(self, what: str) -> CompressionError:
-        return CompressionError(f"{self.kind}: {what}", self.url)
+        return CompressionError(f"{self.kind}: {what} at byte {self._consumed} of the compressed stream", self.url)
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
@@ -108,6 +109,7 @@ class DecompressingReader:
         """One feeding step; sets ``self._out`` when output is produced."""
         if not self._input and not self._raw_eof:
             self._input = self.raw.read(_FEED)
+            self._consumed += len(self._input)
             if not self._input:
                 self._raw_eof = True
         dec = self._dec

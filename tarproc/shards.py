@@ -37,9 +37,10 @@ def parse_size(text: str | int | float) -> int:
     m = re.fullmatch(r"\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+]?[0-9]+)?)\s*([kKmMgGtT][iI]?)?[bB]?\s*", text)
     if not m:
         raise OptionError(f"bad size {text!r}; expected e.g. 1e9, 1G, 500MB or 64MiB")
-    number = float(m.group(1))
-    unit = (m.group(2) or "").upper()
-    return int(number * _UNITS[unit])
+    number = float(m.group(1)) * _UNITS[(m.group(2) or "").upper()]
+    if not number < 2**63:
+        raise OptionError(f"size {text!r} is too large")
+    return int(number)
 
 
 def shard_pattern(output: str) -> str:

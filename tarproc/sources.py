@@ -86,13 +86,19 @@ class Source:
         self.offset = 0  # compressed (raw) bytes read
         self._eof = False
         self._closed = False
-        head = self._raw_read(8)
-        # a short first read (pipes) still must give enough bytes to detect compression
-        while 0 < len(head) < 6:
-            more = self._raw_read(8 - len(head))
-            if not more:
-                break
-            head += more
+        try:
+            head = self._raw_read(8)
+            # a short first read (pipes) still must give enough bytes to detect compression
+            while 0 < len(head) < 6:
+                more = self._raw_read(8 - len(head))
+                if not more:
+                    break
+                head += more
+        except BaseException:
+            # interrupted or failed before any 'with' block owns us: still kill and reap a child
+            self._eof = False
+            self.close()
+            raise
         kind = detect(head)
         self.compression = kind
         self._reader: Any
@@ -234,7 +240,7 @@ def open_source(url: str, *, stdin: IO[bytes] | None = None) -> Source:
             start_new_session=True,  # so an early stop can kill the whole pipeline it starts
         )
         assert proc.stdout is not None
-        return Source(url, proc.stdout, proc)
+        return Source(url, _Unclosable(proc.stdout, closes=True), proc)
     path = local_path(url)
     if path is not None:
         try:
@@ -272,13 +278,19 @@ def _open_fsspec(url: str) -> Source:
 
 
 class _Unclosable:
-    """stdin must stay open after one 'shard' has been read from it."""
+    """A pipe or stdin read with ``read1``: what has arrived, without waiting for a full chunk.
 
-    def __init__(self, stream: IO[bytes]) -> None:
+    stdin must stay open after one 'shard' has been read from it (``closes=False``).
+    """
+
+    def __init__(self, stream: IO[bytes], closes: bool = False) -> None:
         self.stream = stream
+        self.closes = closes
+        self._read = getattr(stream, "read1", stream.read)
 
     def read(self, n: int = -1) -> bytes:
-        return self.stream.read(n)
+        return self._read(n)  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        pass
+        if self.closes:
+            self.stream.close()

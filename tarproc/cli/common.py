@@ -8,6 +8,7 @@ Exit statuses: 0 ok, 1 data error (``COMMAND: error: MESSAGE`` on one line), 2 u
 from __future__ import annotations
 
 import functools
+import io
 import os
 import signal
 import sys
@@ -25,7 +26,7 @@ from ..samples import DUP_POLICIES, ON_ERROR_POLICIES, Sample, read_samples
 from ..shards import parse_size
 from ..sinks import remove_live_temporaries
 from ..sources import expand_urls
-from ..tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats
+from ..tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, TarWriter
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -35,6 +36,14 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 
 class Terminated(BaseException):
     """Raised from the SIGTERM handler so that cleanup runs as for Ctrl-C."""
+
+
+class _Interrupted(BaseException):
+    """Ctrl-C, carried past click (which would print a blank line and raise Abort)."""
+
+
+class _ReaderGone(Exception):
+    """Our stdout's reader went away, carried past click (which would exit 1)."""
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -47,6 +56,14 @@ class TarprocCommand(click.Command):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("context_settings", CONTEXT_SETTINGS)
         super().__init__(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise _Interrupted() from None
+        except BrokenPipeError:
+            raise _ReaderGone() from None
 
     def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:  # type: ignore[override]
         argv = list(sys.argv[1:] if args is None else args)
@@ -66,7 +83,7 @@ class TarprocCommand(click.Command):
         except click.ClickException as e:
             e.show()
             status = e.exit_code
-        except (KeyboardInterrupt, click.Abort):
+        except (KeyboardInterrupt, _Interrupted, click.Abort):
             remove_live_temporaries()
             _say(f"{prog}: interrupted")
             status = 130
@@ -74,7 +91,7 @@ class TarprocCommand(click.Command):
             remove_live_temporaries()
             _say(f"{prog}: terminated")
             status = 143
-        except BrokenPipeError:
+        except (BrokenPipeError, _ReaderGone):
             # the reader of our stdout went away (e.g. '| head -c 100'): end quietly, like cat
             remove_live_temporaries()
             _silence_stdout()
@@ -227,11 +244,19 @@ input_options = _bundle(
 """INPUTS argument, -T lists and the reading policies; the command gets ``reading: ReadOptions``."""
 
 
-def _mode_bits(mode: str) -> int:
+def _writer_kwargs(values: dict[str, Any]) -> dict[str, Any]:
+    """TarWriter arguments from the option values, checked by building a writer once."""
     try:
-        return int(mode, 8)
+        mode = int(values["mode"], 8)
     except ValueError:
-        raise OptionError(f"bad --mode {mode!r}; expected octal digits like 644") from None
+        raise OptionError(f"bad --mode {values['mode']!r}; expected octal digits like 644") from None
+    kwargs = {name: values[name] for name in ("mtime", "uid", "gid", "uname", "gname")}
+    kwargs["mode"] = mode
+    try:
+        TarWriter(io.BytesIO(), **kwargs)
+    except ValueError as e:
+        raise OptionError(f"bad member metadata: {e}") from None
+    return kwargs
 
 
 writer_options = _bundle(
@@ -247,11 +272,7 @@ writer_options = _bundle(
                      help="Permission bits of written members."),
     ],
     lambda v: {
-        "writing": WriteOptions(
-            v["force"],
-            {"mtime": v["mtime"], "uid": v["uid"], "gid": v["gid"], "uname": v["uname"], "gname": v["gname"],
-             "mode": _mode_bits(v["mode"])},
-        )
+        "writing": WriteOptions(v["force"], _writer_kwargs(v))
     },
 )
 """Metadata of written members (defaults make output byte-identical); the command gets ``writing``."""

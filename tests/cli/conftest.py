@@ -1,0 +1,183 @@
+"""Fixtures for the command tests (tarcat, tarsplit, docs, real pipelines).
+
+Test modules are imported with ``--import-mode=importlib`` and cannot import each other, so the
+helpers live here and are handed out through the ``cli`` fixture (a namespace of functions) and
+a few data fixtures:
+
+- ``cli.run(command, args, input=...)``: run a click command in-process with ``CliRunner``
+  (stdout and stderr kept apart) and return the ``Result``.
+- ``cli.write_tar(path, samples)`` / ``cli.tar_bytes(samples)``: build shards with ``TarWriter``.
+- ``cli.samples(data_or_path)``: our reader's samples as ``[(key, {field: bytes})]``.
+- ``cli.members(data)``: ``[(name, bytes)]`` read by Python's ``tarfile`` (an independent reader).
+- ``shards``: three small shards on disk with known samples (``shards.expected``).
+- ``scripts``: paths of the installed console scripts (for real subprocess pipelines).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import sys
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tarproc import TarWriter, read_samples
+from tarproc.cli.tarcat import main as tarcat_main
+from tarproc.cli.tarsplit import main as tarsplit_main
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+
+def _forget_cached_help_options() -> None:
+    # click >= 8.2 caches each command's help option on first use, from the names of the context
+    # it is first asked with; a context built without the command's settings (as docs.render()
+    # once did) breaks '-h' for the rest of the process. Start each test clean.
+    for command in (tarcat_main, tarsplit_main):
+        if hasattr(command, "_help_option"):
+            command._help_option = None
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cli_state(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Output must not depend on the caller's environment; the SIGTERM handler the commands
+    install in-process is put back afterwards."""
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    old_term = signal.getsignal(signal.SIGTERM)
+    _forget_cached_help_options()
+    yield
+    _forget_cached_help_options()
+    signal.signal(signal.SIGTERM, old_term)
+
+
+# -------------------------------------------------------------------------------------------
+# helpers
+
+
+def run(command: Any, args: Iterable[str], input: bytes | str | None = None, **kw: Any) -> Any:
+    """Invoke a command in-process; stdout and stderr are kept apart (click >= 8.2)."""
+    runner = CliRunner()
+    return runner.invoke(command, [str(a) for a in args], input=input, catch_exceptions=False, **kw)
+
+
+def tar_bytes(samples: Iterable[dict[str, Any]], **writer_kw: Any) -> bytes:
+    buf = io.BytesIO()
+    with TarWriter(buf, **writer_kw) as w:
+        for sample in samples:
+            w.write_sample(sample)
+    return buf.getvalue()
+
+
+def write_tar(path: str | os.PathLike[str], samples: Iterable[dict[str, Any]], **writer_kw: Any) -> Path:
+    data = tar_bytes(samples, **writer_kw)
+    Path(path).write_bytes(data)
+    return Path(path)
+
+
+def samples(source: bytes | str | os.PathLike[str], **kw: Any) -> list[tuple[str, dict[str, bytes]]]:
+    """Samples read by tarproc: ``[(key, {field: bytes})]``; bytes are written to a temp file."""
+    if isinstance(source, (bytes, bytearray)):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "data.tar")
+            Path(path).write_bytes(source)
+            return samples(path, **kw)
+    return [
+        (s["__key__"], {k: bytes(v) for k, v in s.items() if not k.startswith("__")})
+        for s in read_samples(str(source), **kw)
+    ]
+
+
+def members(data: bytes) -> list[tuple[str, bytes]]:
+    """``(name, data)`` of every regular member, read by Python's tarfile."""
+    out = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+        for info in tf:
+            if info.isfile():
+                f = tf.extractfile(info)
+                assert f is not None
+                out.append((info.name, f.read()))
+    return out
+
+
+def infos(data: bytes) -> list[tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+        return list(tf)
+
+
+def expected_of(sample_dicts: Iterable[dict[str, Any]]) -> list[tuple[str, dict[str, bytes]]]:
+    return [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}) for s in sample_dicts]
+
+
+def leftovers(directory: str | os.PathLike[str]) -> list[str]:
+    """Temporary files a sink may leave behind (``.NAME.tmp-XXXX``)."""
+    return sorted(n for n in os.listdir(directory) if ".tmp-" in n)
+
+
+def one_line_error(result: Any, prog: str) -> str:
+    """The single ``PROG: error: ...`` line of a failed run (asserting there is exactly one)."""
+    err = result.stderr
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
+    assert lines[0].startswith(f"{prog}: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def make_sample(key: str, i: int, size: int = 300, ext: str = "jpg") -> dict[str, Any]:
+    body = (f"{key}:".encode() + bytes(range(256)) * (size // 256 + 1))[:size]
+    return {"__key__": key, ext: body, "cls": str(i % 10).encode(), "json": b'{"i": %d}' % i}
+
+
+@pytest.fixture(scope="session")
+def cli() -> SimpleNamespace:
+    return SimpleNamespace(
+        run=run,
+        tar_bytes=tar_bytes,
+        write_tar=write_tar,
+        samples=samples,
+        members=members,
+        infos=infos,
+        expected_of=expected_of,
+        leftovers=leftovers,
+        one_line_error=one_line_error,
+        make_sample=make_sample,
+        tarcat=tarcat_main,
+        tarsplit=tarsplit_main,
+        repo=REPO,
+    )
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> SimpleNamespace:
+    """Three shards of four samples each; sample 1 of each shard has a png instead of a jpg."""
+    paths = []
+    expected: list[dict[str, Any]] = []
+    for s in range(3):
+        shard_samples = []
+        for i in range(4):
+            n = 4 * s + i
+            sample = make_sample(f"s{s}/{n:04d}", n, size=200 + 97 * n, ext="png" if i == 1 else "jpg")
+            shard_samples.append(sample)
+        paths.append(write_tar(tmp_path / f"shard-{s}.tar", shard_samples))
+        expected.extend(shard_samples)
+    return SimpleNamespace(dir=tmp_path, paths=[str(p) for p in paths], expected=expected_of(expected))
+
+
+@pytest.fixture(scope="session")
+def scripts() -> SimpleNamespace:
+    """The installed console scripts (``pip install -e .``) and GNU tar."""
+    tarcat = VENV_BIN / "tarcat"
+    tarsplit = VENV_BIN / "tarsplit"
+    if not (tarcat.exists() and tarsplit.exists()):
+        pytest.skip(f"console scripts are not installed next to {sys.executable}")
+    return SimpleNamespace(tarcat=str(tarcat), tarsplit=str(tarsplit), tar=shutil.which("tar"))

@@ -1,0 +1,308 @@
+"""Fixtures for the interoperability tests: GNU tar, Python's tarfile, webdataset, and real
+servers on 127.0.0.1 (an HTTP server and an S3-compatible moto server), started here and stopped
+in teardown. Nothing else is contacted.
+
+Test modules can't import each other (``--import-mode=importlib``): helpers are handed out through
+the ``ix`` fixture.
+"""
+
+from __future__ import annotations
+
+import http.server
+import io
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tarproc import TarWriter, read_samples
+from tarproc.cli.tarcat import main as tarcat_main
+from tarproc.cli.tarsplit import main as tarsplit_main
+
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(autouse=True)
+def _isolated_state(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    old_term = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, old_term)
+
+
+# -------------------------------------------------------------------------------------------
+# helpers
+
+
+def run(command: Any, args: Iterable[Any], input: bytes | None = None) -> Any:
+    return CliRunner().invoke(command, [str(a) for a in args], input=input, catch_exceptions=False)
+
+
+def tar_bytes(samples: Iterable[dict[str, Any]]) -> bytes:
+    buf = io.BytesIO()
+    with TarWriter(buf) as w:
+        for sample in samples:
+            w.write_sample(sample)
+    return buf.getvalue()
+
+
+def write_tar(path: str | os.PathLike[str], samples: Iterable[dict[str, Any]]) -> Path:
+    Path(path).write_bytes(tar_bytes(samples))
+    return Path(path)
+
+
+def samples(url: str | os.PathLike[str] | list[str], **kw: Any) -> list[tuple[str, dict[str, bytes]]]:
+    urls = [str(u) for u in url] if isinstance(url, list) else str(url)
+    return [
+        (s["__key__"], {k: bytes(v) for k, v in s.items() if not k.startswith("__")})
+        for s in read_samples(urls, **kw)
+    ]
+
+
+def samples_of_bytes(data: bytes, tmp: Path) -> list[tuple[str, dict[str, bytes]]]:
+    path = tmp / f"bytes-{len(os.listdir(tmp))}.tar"
+    path.write_bytes(data)
+    return samples(path)
+
+
+def wds_samples(url: str) -> list[tuple[str, dict[str, bytes]]]:
+    """What webdataset 1.0.2 reads: ``WebDataset(url, shardshuffle=False)``."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import webdataset
+
+        ds = webdataset.WebDataset(url, shardshuffle=False)
+        return [(s["__key__"], {k: bytes(v) for k, v in s.items() if not k.startswith("__")}) for s in ds]
+
+
+def tarfile_members(data: bytes) -> list[tuple[str, bytes]]:
+    out = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+        for info in tf:
+            if info.isfile():
+                f = tf.extractfile(info)
+                assert f is not None
+                out.append((info.name, f.read()))
+    return out
+
+
+def key_rule(name: str) -> tuple[str, str] | None:
+    """The WebDataset key rule, written independently of tarproc: key = directory + basename up to
+    its first dot; field = the rest, lower-cased; no key without a dot or for a leading dot."""
+    directory, slash, base = name.rpartition("/")
+    if "." not in base or base.startswith("."):
+        return None
+    stem, _, field = base.partition(".")
+    return directory + slash + stem, field.lower()
+
+
+def group(members: Iterable[tuple[str, bytes]]) -> list[tuple[str, dict[str, bytes]]]:
+    """Group ``(name, data)`` in order into samples by ``key_rule`` (adjacent keys only)."""
+    out: list[tuple[str, dict[str, bytes]]] = []
+    for name, data in members:
+        split = key_rule(name)
+        if split is None:
+            continue
+        key, field = split
+        if out and out[-1][0] == key:
+            out[-1][1][field] = data
+        else:
+            out.append((key, {field: data}))
+    return out
+
+
+def gnu_tar(*args: Any, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[bytes]:
+    tar = shutil.which("tar")
+    if tar is None:
+        pytest.skip("GNU tar is not installed")
+    env = dict(os.environ, LC_ALL="C.UTF-8")
+    proc = subprocess.run([tar, *map(str, args)], capture_output=True, env=env, timeout=60, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"tar {args} failed: {proc.stderr.decode(errors='replace')}")
+    return proc
+
+
+def make_sample(key: str, i: int, size: int = 300) -> dict[str, Any]:
+    body = (f"{key}:".encode() + bytes(range(256)) * (size // 256 + 1))[:size]
+    return {"__key__": key, "jpg": body, "cls": str(i).encode(), "json": b'{"i": %d}' % i}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def ix() -> SimpleNamespace:
+    return SimpleNamespace(
+        run=run,
+        tar_bytes=tar_bytes,
+        write_tar=write_tar,
+        samples=samples,
+        samples_of_bytes=samples_of_bytes,
+        wds_samples=wds_samples,
+        tarfile_members=tarfile_members,
+        key_rule=key_rule,
+        group=group,
+        gnu_tar=gnu_tar,
+        make_sample=make_sample,
+        free_port=free_port,
+        tarcat=tarcat_main,
+        tarsplit=tarsplit_main,
+        scripts=SimpleNamespace(tarcat=str(VENV_BIN / "tarcat"), tarsplit=str(VENV_BIN / "tarsplit")),
+    )
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> SimpleNamespace:
+    """Three shards of four samples each in tmp_path/shards."""
+    d = tmp_path / "shards"
+    d.mkdir()
+    expected = []
+    paths = []
+    for s in range(3):
+        batch = [make_sample(f"s{s}/{4 * s + i:04d}", 4 * s + i, size=500 + 301 * (4 * s + i)) for i in range(4)]
+        paths.append(str(write_tar(d / f"shard-{s}.tar", batch)))
+        expected += [(x["__key__"], {k: v for k, v in x.items() if k != "__key__"}) for x in batch]
+    return SimpleNamespace(dir=d, paths=paths, expected=expected)
+
+
+# -------------------------------------------------------------------------------------------
+# an HTTP server on 127.0.0.1
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """Serves files of the server's directory; ``/half/NAME`` announces the full length of NAME
+    but sends half of it and closes the connection; ``/slow-fail/NAME`` answers 500."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:  # keep the test output clean
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.server.requests.append(self.path)  # type: ignore[attr-defined]
+        if self.path.startswith("/half/"):
+            path = Path(self.directory) / self.path[len("/half/") :]
+            data = path.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-tar")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        if self.path.startswith("/error/"):
+            self.send_error(500, "server exploded")
+            return
+        super().do_GET()
+
+
+@pytest.fixture
+def http_server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    root = tmp_path / "www"
+    root.mkdir()
+
+    def handler(*args: Any, **kw: Any) -> _Handler:
+        return _Handler(*args, directory=str(root), **kw)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    server.requests = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield SimpleNamespace(root=root, url=f"http://127.0.0.1:{server.server_address[1]}", requests=server.requests)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+# -------------------------------------------------------------------------------------------
+# an S3-compatible server (moto) on 127.0.0.1
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",  # never look for credentials elsewhere
+}
+
+
+@pytest.fixture(scope="module")
+def moto_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    try:
+        import boto3  # noqa: F401
+        import s3fs  # noqa: F401
+        from moto.server import ThreadedMotoServer
+    except ImportError as e:
+        pytest.skip(f"moto server / boto3 / s3fs not importable: {e}")
+    try:
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+    except Exception as e:  # pragma: no cover - depends on the machine
+        pytest.skip(f"moto server could not start on 127.0.0.1: {type(e).__name__}: {e}")
+    endpoint = f"http://{host}:{port}"
+    config = tmp_path_factory.mktemp("aws")
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}  # talk to 127.0.0.1 directly
+    env.pop("SOURCE_DATE_EPOCH", None)
+    env.update(S3_ENV)
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    env["AWS_CONFIG_FILE"] = str(config / "config")
+    env["AWS_SHARED_CREDENTIALS_FILE"] = str(config / "credentials")
+    env["FSSPEC_S3_ENDPOINT_URL"] = endpoint  # fsspec config from the environment -> s3fs endpoint_url
+    try:
+        with pytest.MonkeyPatch.context() as mp:  # the in-process boto3 client, too
+            for name in ("NO_PROXY", "no_proxy"):
+                mp.setenv(name, "127.0.0.1,localhost")
+            yield SimpleNamespace(endpoint=endpoint, env=env)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(moto_server, request):  # type: ignore[no-untyped-def]
+    """A fresh bucket on the moto server, and a boto3 client for it."""
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_server.endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    bucket = "b-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    client.create_bucket(Bucket=bucket)
+
+    def keys(prefix: str = "") -> list[str]:
+        listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
+        return sorted(o["Key"] for o in listing.get("Contents", []))
+
+    def get(key: str) -> bytes:
+        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    return SimpleNamespace(client=client, bucket=bucket, keys=keys, get=get, env=moto_server.env,
+                           endpoint=moto_server.endpoint)
