@@ -40,8 +40,9 @@ demo: install
 test: install-dev
 	$(BIN)/python -m pytest
 
+# BENCH_ARGS: e.g. --quick, or --out /dev/shm to keep the disk out of the pipeline measure
 bench: install-dev
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 lint: install-dev
 	$(BIN)/ruff check tarproc tests bench
