@@ -20,9 +20,10 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 BZ2_MAGIC = b"BZh"
 XZ_MAGIC = b"\xfd7zXZ\x00"
 
-# Compressed input is fed in pieces this big, so one read can never expand without bound.
+# Compressed input is read in pieces this big ...
 _FEED = 64 * 1024
-# Most output one decompress call may produce (zlib, bz2 and lzma honour it).
+# ... and one decompress call produces at most this much output (every decompressor here honours
+# max_length), so memory stays bounded whatever the compression ratio (a "zip bomb" included).
 _MAX_OUT = 4 * 1024 * 1024
 
 
@@ -44,11 +45,9 @@ def detect(head: bytes) -> str | None:
 
 
 def _zstd_decompressor() -> Any:
-    try:
-        import zstandard
-    except ImportError as e:  # pragma: no cover - zstandard is a dependency
-        raise CompressionError("zstd input needs the 'zstandard' package") from e
-    return zstandard.ZstdDecompressor().decompressobj()
+    import pyzstd  # bz2/lzma-style API: bounded output (max_length), eof, needs_input
+
+    return pyzstd.ZstdDecompressor()
 
 
 _DECOMPRESSORS: dict[str, Callable[[], Any]] = {
@@ -114,8 +113,8 @@ class DecompressingReader:
                 self._raw_eof = True
         dec = self._dec
         if not self._input:
-            # bz2/xz may still hold output when the limit stopped them
-            if self.kind in ("bz2", "xz") and self._started and not dec.eof and not dec.needs_input:
+            # bz2/xz/zstd may still hold output when the limit stopped them
+            if self.kind != "gzip" and self._started and not dec.eof and not dec.needs_input:
                 self._out = self._decompress(b"")
                 return
             if self._started and not dec.eof:
@@ -137,11 +136,8 @@ class DecompressingReader:
     def _decompress(self, data: bytes) -> bytes:
         dec = self._dec
         try:
-            if self.kind == "zstd":
-                out = dec.decompress(data)
-            else:
-                out = dec.decompress(data, _MAX_OUT)
-        except Exception as e:  # zlib.error, OSError, LZMAError, EOFError, zstandard.ZstdError
+            out = dec.decompress(data, _MAX_OUT)
+        except Exception as e:  # zlib.error, OSError, LZMAError, EOFError, pyzstd.ZstdError
             raise self._fail(f"corrupt compressed data ({e})") from None
         tail = getattr(dec, "unconsumed_tail", b"")
         if tail:
@@ -173,9 +169,9 @@ def _compressor(kind: str, level: int | None) -> Any:
         # wbits 31 writes a gzip header with mtime 0 and no file name: byte-identical output
         return zlib.compressobj(6 if level is None else level, zlib.DEFLATED, 31)
     if kind == "zstd":
-        import zstandard
+        import pyzstd
 
-        return zstandard.ZstdCompressor(level=3 if level is None else level).compressobj()
+        return pyzstd.ZstdCompressor(3 if level is None else level)
     if kind == "xz":
         return lzma.LZMACompressor(format=lzma.FORMAT_XZ, preset=6 if level is None else level)
     if kind == "bz2":

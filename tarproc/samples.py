@@ -198,9 +198,9 @@ def read_samples(
         warn = _warn_stderr
     url_list = expand_urls([urls] if isinstance(urls, str) else urls)
     for url in url_list:
+        stats.shards += 1
         try:
             with open_source(url) as stream:
-                stats.shards += 1
                 members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats)
                 yield from _group(members, url, dup, stats, warn)
         except TarprocError as e:

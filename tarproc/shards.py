@@ -19,7 +19,7 @@ from typing import Any
 from .errors import OptionError, SinkError, TarprocError
 from .samples import Sample
 from .sinks import Sink, open_sink
-from .tario import TarWriter, encode_value, tar_end_size
+from .tario import TarWriter, sample_members, tar_end_size
 
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 
@@ -45,11 +45,15 @@ def parse_size(text: str | int | float) -> int:
 
 def shard_pattern(output: str) -> str:
     """A printf pattern for shard names: ``output`` itself if it has a ``%``, else ``OUTPUT-%06d.tar``."""
+    if output == "-":
+        raise OptionError("shards are files: -o needs a name pattern or prefix, not '-'")
     pattern = output if "%" in output else output + "-%06d.tar"
     try:
-        pattern % 0
+        first, second = pattern % 0, pattern % 1
     except (TypeError, ValueError):
         raise OptionError(f"bad shard name pattern {output!r}; expected one %d-style field, e.g. train-%06d.tar") from None
+    if first == second or "\x00" in first:
+        raise OptionError(f"bad shard name pattern {output!r}: it must give each shard its own name, e.g. train-%06d.tar")
     return pattern
 
 
@@ -156,15 +160,15 @@ class ShardWriter:
         assert self.post is not None
         quoted = shlex.quote(url)
         cmd = self.post.replace("{}", quoted) if "{}" in self.post else f"{self.post} {quoted}"
-        status = subprocess.run(cmd, shell=True).returncode
+        # our stdin is the input being split and our stdout may carry data: keep the command off both
+        status = subprocess.run(cmd, shell=True, stdin=subprocess.DEVNULL, stdout=2).returncode
         if status != 0:
             raise SinkError(f"--post command failed with status {status}: {cmd}", url)
 
     def write(self, sample: Sample) -> None:
         """Add one sample, opening and closing shards as the limits require."""
-        key = sample["__key__"]
-        fields = [(f, encode_value(sample[f], key, f)) for f in sorted(sample) if not f.startswith("__")]
-        size = sum(TarWriter.member_size(f"{key}.{f}", len(v)) for f, v in fields)
+        key, members = sample_members(sample)
+        size = sum(TarWriter.member_size(name, len(data)) for name, data in members)
         if self._tar is not None and self._count:
             if self.maxcount is not None and self._count >= self.maxcount:
                 self._close("maxcount")
@@ -176,8 +180,7 @@ class ShardWriter:
             self._first_key = key
         assert self._tar is not None
         try:
-            for f, v in fields:
-                self._tar.add(f"{key}.{f}", v)
+            self._tar.write_members(key, members)
         except BaseException:
             self.abort()
             raise

@@ -187,10 +187,17 @@ class LocalSink(_TempFileSink):
         directory = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(directory):
             raise SinkError(f"directory {directory} does not exist", url)
+        try:
+            # replacing a file keeps its permission bits; a new one gets the umask's
+            self.mode = stat.S_IMODE(os.stat(path).st_mode)
+            if not os.access(path, os.W_OK):
+                raise SinkError("permission denied (the file is not writable)", url)
+        except FileNotFoundError:
+            self.mode = 0o666 & ~_umask()
         self._open_temp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
 
     def _publish(self) -> None:
-        os.chmod(self.tmp, 0o666 & ~_umask())
+        os.chmod(self.tmp, self.mode)
         os.replace(self.tmp, self.path)
 
 
@@ -262,15 +269,25 @@ class PipeSink(Sink):
     def commit(self) -> None:
         if self.done:
             return
-        self.done = True
         try:
             self._finish_stream()
             self._fh.close()
         except BrokenPipeError:
-            pass
+            self._stopped_reading()
+        self.done = True
         status = self.proc.wait()
         if status not in (0, 141, -signal.SIGPIPE):
             raise SinkError(f"command exited with status {status}", self.url)
+
+    def _stopped_reading(self) -> None:
+        """The command closed its input before reading all of it: name its exit status."""
+        self.done = True
+        try:
+            self._fh.close()
+        except OSError:
+            pass
+        status = self.proc.wait()
+        raise SinkError(f"command exited with status {status} before reading all its input", self.url)
 
     def abort(self) -> None:
         if self.done:
@@ -291,7 +308,7 @@ class PipeSink(Sink):
         try:
             super()._raw_write(data)
         except BrokenPipeError:
-            raise SinkError("command stopped reading its input", self.url) from None
+            self._stopped_reading()
 
 
 def open_sink(

@@ -22,7 +22,7 @@ from typing import IO, Any
 from braceexpand import braceexpand
 
 from .compression import DecompressingReader, detect
-from .errors import OptionError, SourceError, TarprocError
+from .errors import SourceError, TarprocError
 
 
 def expand_urls(args: Iterable[str], list_files: Iterable[str] = ()) -> list[str]:
@@ -181,8 +181,10 @@ class _RawAdapter:
 
 
 def _describe(e: BaseException) -> str:
+    """One short line about an exception from a library (some put whole responses in there)."""
     text = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    return str(text).splitlines()[0] if text else type(e).__name__
+    line = str(text).splitlines()[0] if text else type(e).__name__
+    return line if len(line) <= 200 else line[:197] + "..."
 
 
 def _reap(proc: subprocess.Popen[Any], url: str, early: bool) -> None:
@@ -231,7 +233,7 @@ def open_source(url: str, *, stdin: IO[bytes] | None = None) -> Source:
     if url.startswith("pipe:"):
         cmd = url[len("pipe:") :]
         if not cmd.strip():
-            raise OptionError("pipe: needs a command, e.g. 'pipe:curl -s URL'")
+            raise SourceError("pipe: needs a command, e.g. 'pipe:curl -s URL'", url)
         proc = subprocess.Popen(
             cmd,
             shell=True,
@@ -266,8 +268,10 @@ def _open_fsspec(url: str) -> Source:
         options["block_size"] = 0  # stream, don't do range requests
     try:
         f = fsspec.open(url, "rb", **options).open()
-    except FileNotFoundError:
-        raise SourceError("not found", url) from None
+    except FileNotFoundError as e:
+        # fsspec's http turns every failure into FileNotFoundError; its cause says which
+        cause = e.__cause__ or e.__context__
+        raise SourceError(f"not found ({_describe(cause)})" if cause else "not found", url) from None
     except ImportError as e:
         raise SourceError(f"no filesystem for this URL ({_describe(e)})", url) from None
     except ValueError as e:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from .errors import OptionError, SampleError
 from .samples import Sample
+from .tario import check_key
 
 Stage = Callable[[Iterable[Sample]], Iterable[Sample]]
 
@@ -43,6 +44,8 @@ def parse_slice(text: str) -> tuple[int, int | None, int]:
         raise OptionError(f"bad slice {text!r}; expected integers like 100:200:2") from None
     if lo < 0 or (hi is not None and hi < 0) or step < 1:
         raise OptionError(f"bad slice {text!r}; bounds must be >= 0 and the step >= 1")
+    if hi is not None and hi <= lo:
+        raise OptionError(f"slice {text!r} selects nothing (HI must be greater than LO)")
     return lo, hi, step
 
 
@@ -61,6 +64,8 @@ def parse_fields(spec: str) -> list[tuple[str, list[str]]]:
     [('image', ['jpg', 'jpeg', 'png']), ('cls', ['cls'])]
     """
     out: list[tuple[str, list[str]]] = []
+    if "/" in spec:
+        raise OptionError(f"bad field spec {spec!r}: field names cannot contain '/'")
     for item in spec.replace(";", ",").split():
         new, sep, old = item.partition(":")
         alternatives = [a.strip().lower() for a in (old if sep else new).split(",") if a.strip()]
@@ -138,9 +143,14 @@ def rekey(samples: Iterable[Sample], fmt: str = "%09d", start: int = 0) -> Itera
     ['img-000', 'img-001']
     """
     try:
-        fmt % 0
+        first, second = fmt % 0, fmt % 1
+        check_key(first)
     except (TypeError, ValueError):
         raise OptionError(f"bad key format {fmt!r}; expected a printf pattern like %09d") from None
+    except SampleError as e:
+        raise OptionError(f"bad key format {fmt!r}: {e.message}") from None
+    if first == second:
+        raise OptionError(f"bad key format {fmt!r}: it gives every sample the same key")
     for i, sample in enumerate(samples, start):
         sample["__key__"] = fmt % i
         yield sample

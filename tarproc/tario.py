@@ -24,7 +24,7 @@ from operator import length_hint
 from typing import Any, Protocol
 from zlib import adler32
 
-from .errors import TarFormatError
+from .errors import SampleError, TarFormatError
 
 _scan: Any = None
 if not os.environ.get("TARPROC_PURE_PYTHON"):
@@ -127,10 +127,9 @@ def _parse_number(field: bytes) -> int | None:
     text = field.split(b"\x00", 1)[0].strip(b" ")
     if not text:
         return 0
-    try:
-        return int(text, 8)
-    except ValueError:
+    if text.translate(None, b"01234567"):  # int() would also take signs, '_' and inner spaces
         return None
+    return int(text, 8)
 
 
 def _cstr(field: bytes) -> bytes:
@@ -287,37 +286,29 @@ def _read_members(
         offset = base + pos
         # -- checksum: stored value vs. computed sums (chksum field counted as 8 spaces) --
         chk_field = buf[pos + 148 : pos + 156]
-        try:
-            stored = int(chk_field[:6], 8)
-        except ValueError:
-            stored = None
+        stored = _parse_number(chk_field)
         block = buf[pos : pos + BLOCK]
-        if stored is None or _block_sum(block) - sum(chk_field) + 256 != stored:
+        if stored != _block_sum(block) - sum(chk_field) + 256:
             if block == ZERO_BLOCK:
                 # end of archive: the rest of the stream must be zero padding
                 _check_end(read, buf, pos + BLOCK, base, url, last)
                 return
-            stored = _parse_number(chk_field)  # e.g. 7 digits, or right-aligned with spaces
-            if stored is None or _block_sum(block) - sum(chk_field) + 256 != stored:
-                if stored is None or _signed_sum(block) - _signed_sum(chk_field) + 256 != stored:
-                    if offset == 0:
-                        raise TarFormatError(url, 0, "not a tar archive (no valid header)")
-                    raise TarFormatError(url, offset, "bad tar header checksum (damaged data or garbage)", last)
+            if stored is None or _signed_sum(block) - _signed_sum(chk_field) + 256 != stored:
+                if offset == 0:
+                    raise TarFormatError(url, 0, "not a tar archive (no valid header)")
+                raise TarFormatError(url, offset, "bad tar header checksum (damaged data or garbage)", last)
 
         # -- size --
-        try:
-            size = int(buf[pos + 124 : pos + 136].rstrip(b"\x00"), 8)
-        except ValueError:
-            size_parsed = _parse_number(buf[pos + 124 : pos + 136])
-            if size_parsed is None or size_parsed < 0:
-                raise TarFormatError(url, offset, "bad size field in tar header", last) from None
-            size = size_parsed
+        size_field = _parse_number(buf[pos + 124 : pos + 136])
+        if size_field is None or size_field < 0:
+            raise TarFormatError(url, offset, "bad size field in tar header", last)
+        size = size_field
         typeflag = buf[pos + 156]
         if pax and "size" in pax:
-            try:
-                size = int(pax["size"])
-            except ValueError:
-                raise TarFormatError(url, offset, "bad size in pax header", last) from None
+            text = pax["size"]
+            if not (text.isascii() and text.isdigit()):
+                raise TarFormatError(url, offset, "bad size in pax header", last)
+            size = int(text)
 
         # -- name (only computed for members that need it) --
         is_reg = typeflag in _REG
@@ -333,7 +324,7 @@ def _read_members(
         else:
             name = ""
 
-        if size < 0:  # int() accepts a sign; a tar size field never has one
+        if size < 0:  # a pax size with a sign
             raise TarFormatError(url, offset, "bad size field in tar header", last)
         if size > max_member_size and typeflag not in (_PAX, _PAX_GLOBAL, _LONGNAME, _LONGLINK):
             raise TarFormatError(
@@ -528,6 +519,7 @@ class TarWriter:
         )
         self._out: list[bytes] = []  # small writes are gathered and written together
         self._outlen = 0
+        self._last_key: str | None = None
         # a regular member's header is name + _reg_middle(size) + checksum + _reg_tail; the
         # checksum of the constant parts (with the checksum field as 8 spaces) is summed once
         self._reg_tail = b"0" + bytes(100) + self._ustar_tail
@@ -628,27 +620,26 @@ class TarWriter:
         self.members += 1
 
     def write_sample(self, sample: dict[str, Any]) -> None:
-        """Write a sample dict as members ``KEY.FIELD`` in sorted field order.
+        """Write a sample dict as members ``KEY.FIELD`` in sorted field order (see ``sample_members``)."""
+        self.write_members(*sample_members(sample))
 
-        ``__key__`` names the sample; other ``__*__`` entries (``__url__``...) are never written.
-        Values may be bytes-like, str (UTF-8), int/float (decimal text) or dict/list (JSON).
+    def write_members(self, key: str, members: list[tuple[str, bytes | bytearray | memoryview]]) -> None:
+        """Write one sample's members, as ``sample_members`` returns them.
+
+        The same key twice in a row would merge two samples into one on reading: an error.
         """
-        key = sample["__key__"]
+        if key == self._last_key:
+            raise SampleError(f"key {key!r} written twice in a row; readers would merge the two samples", key=key)
         add = self.add
-        for field in sorted(sample):
-            if field.startswith("__"):
-                continue
-            value = sample[field]
-            add(f"{key}.{field}", value if type(value) is bytes else encode_value(value, key, field))
+        for name, data in members:
+            add(name, data)
+        self._last_key = key
 
     def close(self) -> None:
         """Write the end-of-archive blocks and pad to a full 10240-byte record."""
         if self.closed:
             return
-        end = 2 * BLOCK
-        total = self.offset + end
-        end += -total % RECORD
-        self._emit(bytes(end))
+        self._emit(bytes(tar_end_size(self.offset)))
         self._flush()
         self.closed = True
 
@@ -665,6 +656,51 @@ def _as_bytes_like(data: bytes | bytearray | memoryview) -> bytes | bytearray | 
     if isinstance(data, memoryview) and (data.itemsize != 1 or data.ndim != 1 or not data.c_contiguous):
         return data.tobytes()
     return data
+
+
+def check_key(key: Any) -> None:
+    """Raise ``SampleError`` unless ``key`` reads back as the same key under the key rule.
+
+    Its last path component must be non-empty and dot-free (readers split names at the first dot
+    of the basename), and its first must not look like ``__name__`` (metadata, skipped).
+    """
+    if not isinstance(key, str) or not key:
+        raise SampleError(f"sample key {key!r} is not a non-empty string", key=str(key))
+    base = key[key.rfind("/") + 1 :]
+    first = key.split("/", 1)[0]
+    if not base or "." in base:
+        raise SampleError(
+            f"sample key {key!r} cannot be written: readers split names at the first dot of the last "
+            "path component, so it must be non-empty and have no dot",
+            key=key,
+        )
+    if len(first) > 4 and first.startswith("__") and first.endswith("__"):
+        raise SampleError(f"sample key {key!r} cannot be written: readers skip __name__ paths as metadata", key=key)
+
+
+def sample_members(sample: dict[str, Any]) -> tuple[str, list[tuple[str, bytes | bytearray | memoryview]]]:
+    """``(key, [(name, data), ...])`` for a sample: members ``KEY.FIELD`` in sorted field order.
+
+    ``__key__`` names the sample; other ``__*__`` entries (``__url__``...) are never written.
+    Values may be bytes-like, str (UTF-8), int/float (decimal text) or dict/list (JSON). Raises
+    ``SampleError`` for a key or field that would not read back as written, or no fields at all.
+
+    >>> sample_members({"__key__": "a/1", "__url__": "x.tar", "txt": "hi", "cls": 3})
+    ('a/1', [('a/1.cls', b'3'), ('a/1.txt', b'hi')])
+    """
+    key = sample["__key__"]
+    check_key(key)
+    members = []
+    for field in sorted(sample):
+        if field.startswith("__"):
+            continue
+        if "/" in field:
+            raise SampleError(f"sample {key!r}: field {field!r} cannot contain '/'", key=key)
+        value = sample[field]
+        members.append((f"{key}.{field}", value if type(value) is bytes else encode_value(value, key, field)))
+    if not members:
+        raise SampleError(f"sample {key!r} has no fields to write", key=key)
+    return key, members
 
 
 def encode_value(value: Any, key: str = "", field: str = "") -> bytes | bytearray | memoryview:
@@ -695,6 +731,8 @@ __all__ = [
     "DEFAULT_MAX_MEMBER_SIZE",
     "ReadStats",
     "TarWriter",
+    "check_key",
+    "sample_members",
     "encode_value",
     "iter_keyed_members",
     "iter_members",

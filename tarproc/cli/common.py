@@ -1,7 +1,7 @@
 """What every command shares: option bundles, progress, and the one error/exit-status boundary.
 
 Exit statuses: 0 ok, 1 data error (``COMMAND: error: MESSAGE`` on one line), 2 usage error,
-130 Ctrl-C, 143 SIGTERM, 141 when the reader of stdout went away (``| head``), quietly.
+130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, 141 when the reader of stdout went away (``| head``), quietly.
 ``--traceback`` shows the Python traceback of an error for debugging.
 """
 
@@ -35,7 +35,11 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 
 
 class Terminated(BaseException):
-    """Raised from the SIGTERM handler so that cleanup runs as for Ctrl-C."""
+    """Raised from the SIGTERM/SIGHUP handler so that cleanup runs as for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 class _Interrupted(BaseException):
@@ -46,8 +50,12 @@ class _ReaderGone(Exception):
     """Our stdout's reader went away, carried past click (which would exit 1)."""
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Terminated()
+def _on_signal(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+# a closed terminal or ssh session (SIGHUP) and a 'kill' or Kubernetes stop (SIGTERM)
+_CLEANUP_SIGNALS = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s]
 
 
 class TarprocCommand(click.Command):
@@ -70,10 +78,10 @@ class TarprocCommand(click.Command):
         prog = prog_name or self.name or "tarproc"
         show_traceback = "--traceback" in argv
         status = 0
-        previous_sigterm = None
+        previous: dict[int, Any] = {}
         try:
             if threading.current_thread() is threading.main_thread():
-                previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+                previous = {s: signal.signal(s, _on_signal) for s in _CLEANUP_SIGNALS}
             super().main(args=argv, prog_name=prog, standalone_mode=False, **extra)
         except click.exceptions.Exit as e:
             status = e.exit_code
@@ -87,10 +95,10 @@ class TarprocCommand(click.Command):
             remove_live_temporaries()
             _say(f"{prog}: interrupted")
             status = 130
-        except Terminated:
+        except Terminated as e:
             remove_live_temporaries()
             _say(f"{prog}: terminated")
-            status = 143
+            status = 128 + e.signum
         except (BrokenPipeError, _ReaderGone):
             # the reader of our stdout went away (e.g. '| head -c 100'): end quietly, like cat
             remove_live_temporaries()
@@ -115,8 +123,8 @@ class TarprocCommand(click.Command):
             _say(f"{prog}: error: internal error: {type(e).__name__}: {detail} (run with --traceback for details)")
             status = 1
         finally:
-            if previous_sigterm is not None:
-                signal.signal(signal.SIGTERM, previous_sigterm)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         sys.exit(status)
 
 
@@ -263,7 +271,7 @@ writer_options = _bundle(
     lambda: [
         click.option("--force", is_flag=True, help="Write a tar stream even when stdout is a terminal."),
         click.option("--mtime", type=int, default=None, metavar="SECONDS",
-                     help="mtime of written members [default: $SOURCE_DATE_EPOCH or 0; -1 = now]."),
+                     help="mtime of written members [default: $SOURCE_DATE_EPOCH or 0; negative = now]."),
         click.option("--uid", type=int, default=0, show_default=True, help="Owner id of written members."),
         click.option("--gid", type=int, default=0, show_default=True, help="Group id of written members."),
         click.option("--uname", default="", help="Owner name of written members [default: empty]."),

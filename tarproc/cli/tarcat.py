@@ -6,6 +6,7 @@ import contextlib
 
 import click
 
+from ..errors import OptionError
 from ..sinks import open_sink
 from ..stages import parse_fields, parse_slice, select_fields, shuffle, slice_samples
 from ..stages import rekey as rekey_samples
@@ -73,7 +74,11 @@ def main(
     bz2, xz) are detected from their data. Output is deterministic: fields in sorted order, fixed
     mtime and owner.
     """
-    field_spec = parse_fields(fields) if fields else None
+    if seed is not None and shuffle_size is None:
+        raise OptionError("--seed has no effect without --shuffle N")
+    if missing != "error" and fields is None:
+        raise OptionError("--missing has no effect without -f")
+    field_spec = parse_fields(fields) if fields is not None else None
     lo, hi, step = parse_slice(slice_spec) if slice_spec else (0, None, 1)
     stats = ReadStats()
 
@@ -82,7 +87,7 @@ def main(
         samples = iter(source)
         if skip or slice_spec:
             samples = slice_samples(samples, skip + lo, None if hi is None else skip + hi, step)
-        if field_spec:
+        if field_spec is not None:
             samples = select_fields(samples, field_spec, missing)
         if shuffle_size:
             samples = shuffle(samples, shuffle_size, seed)

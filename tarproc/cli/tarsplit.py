@@ -86,8 +86,13 @@ def main(
                 err=True,
             )
 
+    # the manifest is opened first, so a bad path fails before any shard is written
+    manifest_sink = open_sink(manifest, compression=None, force=True) if manifest is not None else None
     source = reading.samples(stats)
-    with contextlib.closing(source):
+    with contextlib.ExitStack() as stack:
+        if manifest_sink is not None:
+            stack.enter_context(manifest_sink)
+        stack.enter_context(contextlib.closing(source))
         with ShardWriter(
             output,
             maxsize=maxsize,
@@ -101,9 +106,8 @@ def main(
         ) as writer:
             for sample in progress(source, quiet, "tarsplit"):
                 writer.write(sample)
-    if manifest is not None:
-        with open_sink(manifest, compression=None, force=True) as sink:
-            sink.write("".join(line + "\n" for line in manifest_lines).encode("utf-8"))
+        if manifest_sink is not None:
+            manifest_sink.write("".join(line + "\n" for line in manifest_lines).encode("utf-8"))
     if verbose and not manifest_lines:
         click.echo("tarsplit: no samples in the input; no shard written", err=True)
     if show_stats:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tarproc.errors import OptionError, SourceError, TarFormatError
+from tarproc.errors import SourceError, TarFormatError
 from tarproc.samples import read_samples
 from tarproc.sources import expand_urls, local_path, open_source
 from tarproc.tario import TarWriter, iter_members
@@ -149,9 +149,11 @@ def test_pipe_sigpipe_status_is_not_an_error(tar_file):
     assert len(list(read_samples(url))) == 5
 
 
-def test_empty_pipe_command_is_an_option_error():
-    with pytest.raises(OptionError):
+def test_empty_pipe_command_is_a_source_error():
+    """An empty pipe: can come from an input list: bad input naming the URL, not a usage error."""
+    with pytest.raises(SourceError, match="needs a command") as info:
         open_source("pipe:   ")
+    assert info.value.url == "pipe:   "
 
 
 def _live_group_members(pgid: int) -> list[int]:
