@@ -146,9 +146,6 @@ class DecompressingReader:
             self._input = dec.unused_data + self._input
         return bytes(out)
 
-    def close(self) -> None:
-        pass
-
 
 def compression_for_name(name: str) -> str | None:
     """Compression chosen by an output name's suffix: .tgz/.tar.gz, .tar.zst, .tar.xz, .tar.bz2."""

@@ -33,11 +33,13 @@ def split_name(name: str) -> tuple[str, str] | None:
     >>> split_name("README") is None, split_name("a/.hidden.txt") is None
     (True, True)
     """
-    slash = name.rfind("/")
-    dot = name.find(".", slash + 1)
-    if dot <= slash + 1:
-        return None
-    return name[:dot], name[dot + 1 :].lower()
+    key, field = split_key(name)
+    return None if key is None else (key, field)
+
+
+def _check_dup_policy(dup: str) -> None:
+    if dup not in DUP_POLICIES:
+        raise OptionError(f"bad duplicate policy {dup!r}; use one of {', '.join(DUP_POLICIES)}")
 
 
 def is_metadata_name(name: str) -> bool:
@@ -77,8 +79,7 @@ def group_keyed(
     warn: Callable[[str], None] | None = None,
 ) -> Iterator[Sample]:
     """``group_samples`` for ``(key, field, data, offset)`` members (``iter_keyed_members``)."""
-    if dup not in DUP_POLICIES:
-        raise OptionError(f"bad duplicate policy {dup!r}; use one of {', '.join(DUP_POLICIES)}")
+    _check_dup_policy(dup)
     if stats is None:
         stats = ReadStats()
     if warn is None:
@@ -188,8 +189,7 @@ def read_samples(
     """
     from .sources import expand_urls, open_source
 
-    if dup not in DUP_POLICIES:
-        raise OptionError(f"bad duplicate policy {dup!r}; use one of {', '.join(DUP_POLICIES)}")
+    _check_dup_policy(dup)
     if on_error not in ON_ERROR_POLICIES:
         raise OptionError(f"bad error policy {on_error!r}; use one of {', '.join(ON_ERROR_POLICIES)}")
     if stats is None:

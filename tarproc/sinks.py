@@ -113,7 +113,9 @@ class _Counting:
 
 
 class StdoutSink(Sink):
-    def __init__(self, url: str = "-", *, force: bool = False, stream: IO[bytes] | None = None, **kw: Any):
+    """``-``: stdout (or ``stream``), refused when it is a terminal unless ``force``."""
+
+    def __init__(self, *, force: bool = False, stream: IO[bytes] | None = None, **kw: Any):
         super().__init__("-", **kw)
         if stream is None:
             if not force and stdout_is_terminal():

@@ -24,6 +24,7 @@ from operator import length_hint
 from typing import Any, Protocol
 from zlib import adler32
 
+from .compression import Readable
 from .errors import SampleError, TarFormatError
 
 _scan: Any = None
@@ -59,10 +60,6 @@ _TYPE_NAMES = {
     ord("M"): "multi-volume continuation",
     ord("D"): "GNU dump directory",
 }
-
-
-class Readable(Protocol):
-    def read(self, n: int = -1, /) -> bytes: ...
 
 
 class ReadStats:

@@ -206,7 +206,7 @@ def _bundle(  # type: ignore[no-untyped-def]
 
     def decorate(f: F) -> F:
         options = make_options()
-        names = [p.name for p in _params(make_options()) if p.expose_value]
+        names = [p.name for p in _params(options) if p.expose_value]
 
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
