@@ -501,6 +501,7 @@ class TarWriter:
         self.stream = stream
         self.offset = 0  # bytes written so far
         self.members = 0
+        self.samples = 0  # samples written with write_sample/write_members
         self.closed = False
         if mtime is None:
             mtime = default_mtime()
@@ -631,6 +632,7 @@ class TarWriter:
         for name, data in members:
             add(name, data)
         self._last_key = key
+        self.samples += 1
 
     def close(self) -> None:
         """Write the end-of-archive blocks and pad to a full 10240-byte record."""

@@ -332,12 +332,13 @@ def _stderr_is_terminal() -> bool:
         return False
 
 
-def format_stats(prog: str, stats: ReadStats) -> str:
-    """The ``--stats`` report (stderr)."""
+def format_stats(prog: str, stats: ReadStats, written: str) -> str:
+    """The ``--stats`` report (stderr): what was read (stopping early reads a little ahead), then
+    what was skipped, then ``written`` (the command's own account of its output)."""
     d = stats.as_dict()
     lines = [
-        f"{prog}: shards {d['shards']} (failed {d['shards_failed']}), samples {d['samples']}, "
-        f"members {d['members']}, bytes {d['bytes']}",
+        f"{prog}: read {d['shards']} shard(s) ({d['shards_failed']} failed): {d['samples']} samples, "
+        f"{d['members']} members, {d['bytes']} bytes of member data",
     ]
     skipped = ", ".join(f"{k} {v}" for k, v in sorted(stats.skipped_entries.items())) or "none"
     lines.append(f"{prog}: skipped entries: {skipped}; metadata members {stats.metadata}")
@@ -347,4 +348,5 @@ def format_stats(prog: str, stats: ReadStats) -> str:
     lines.append(f"{prog}: names without a key: {no_key}; duplicates dropped: {stats.duplicates}")
     for error in stats.errors:
         lines.append(f"{prog}: skipped shard: {error}")
+    lines.append(f"{prog}: {written}")
     return "\n".join(lines)

@@ -101,7 +101,8 @@ def main(
                 writer.write_sample(sample)
             writer.close()
     if show_stats:
-        click.echo(format_stats("tarcat", stats), err=True)
+        written = f"wrote {writer.samples} samples, {writer.members} members to {output}"
+        click.echo(format_stats("tarcat", stats, written), err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -111,7 +111,8 @@ def main(
     if verbose and not manifest_lines:
         click.echo("tarsplit: no samples in the input; no shard written", err=True)
     if show_stats:
-        click.echo(format_stats("tarsplit", stats), err=True)
+        written = f"wrote {sum(s.samples for s in writer.shards)} samples in {len(writer.shards)} shard(s)"
+        click.echo(format_stats("tarsplit", stats, written), err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -232,7 +232,7 @@ def test_skip_shard_stats_report(cli, shards, damaged, tmp_path):
     r = cli.run(cli.tarsplit, ["--on-error", "skip-shard", "--stats", "-n", "5", "-o", tmp_path / "out",
                                shards.paths[0], damaged["nontar"]])
     assert r.exit_code == 0, r.stderr
-    assert "shards 2 (failed 1)" in r.stderr
+    assert "read 2 shard(s) (1 failed)" in r.stderr
     assert re.search(r"tarsplit: skipped shard: .*notes\.txt: not a tar archive", r.stderr)
 
 

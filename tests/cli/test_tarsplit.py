@@ -342,7 +342,8 @@ def test_writer_options(cli, shards, tmp_path):
 def test_stats(cli, shards, tmp_path):
     r = cli.run(cli.tarsplit, ["--stats", "-n", "5", "-o", tmp_path / "out", *shards.paths])
     assert r.exit_code == 0, r.stderr
-    assert "tarsplit: shards 3 (failed 0), samples 12, members 36" in r.stderr
+    assert "tarsplit: read 3 shard(s) (0 failed): 12 samples, 36 members" in r.stderr
+    assert "tarsplit: wrote 12 samples in" in r.stderr
 
 
 def test_version_and_help(cli):
