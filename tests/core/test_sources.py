@@ -156,9 +156,9 @@ def test_empty_pipe_command_is_a_source_error():
     assert info.value.url == "pipe:   "
 
 
-def _live_group_members(pgid: int) -> list[int]:
-    """Processes (not zombies) whose process group is ``pgid``."""
-    alive = []
+def _processes() -> list[tuple[int, str, int, int]]:
+    """``(pid, state, ppid, pgrp)`` of every process, from /proc (Linux)."""
+    out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -168,10 +168,13 @@ def _live_group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state not in ("Z", "X"):
-            alive.append(int(entry))
-    return alive
+        out.append((int(entry), fields[0], int(fields[1]), int(fields[2])))
+    return out
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    """Processes (not zombies) whose process group is ``pgid``."""
+    return [pid for pid, state, _, pgrp in _processes() if pgrp == pgid and state not in ("Z", "X")]
 
 
 def _wait_group_gone(pgid: int, timeout: float = 5.0) -> list[int]:
@@ -226,20 +229,7 @@ def test_error_while_reading_pipe_kills_and_reaps(tmp_path):
 
 def _children() -> list[int]:
     """Our direct child processes, zombies included."""
-    me = os.getpid()
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == me:
-            out.append(int(entry))
-    return out
+    return [pid for pid, _, ppid, _ in _processes() if ppid == os.getpid()]
 
 
 def test_read_errors_become_source_errors_with_offset():

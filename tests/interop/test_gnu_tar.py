@@ -9,23 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import tarproc.tario as tario
-
-_C_SCAN = tario._scan
-
-
-@pytest.fixture(params=["c-fastpath", "pure-python"])
-def read_path(request, monkeypatch):
-    """Read with the C fast path and with the pure-Python reference reader."""
-    if request.param == "c-fastpath":
-        if _C_SCAN is None:
-            pytest.skip("tarproc._speedups is not built")
-        monkeypatch.setattr(tario, "_scan", _C_SCAN)
-    else:
-        monkeypatch.setattr(tario, "_scan", None)
-    return request.param
-
-
 # names every format can hold (v7: at most 99 bytes)
 SHORT_NAMES = [
     "README",  # no key, and the first member
@@ -75,7 +58,7 @@ def gnu_listing(ix, archive: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("fmt", list(FORMAT_NAMES))
-def test_read_gnu_tar_formats(ix, tmp_path, fmt, read_path):
+def test_read_gnu_tar_formats(ix, tmp_path, fmt, reader):
     src = tmp_path / "src"
     files = make_tree(src, FORMAT_NAMES[fmt])
     archive = tmp_path / f"{fmt}.tar"
@@ -209,7 +192,7 @@ def test_tarfile_sees_valid_headers(ix, our_archive):
 
 @pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT],
                          ids=["gnu", "pax", "ustar"])
-def test_read_python_tarfile_formats(ix, tmp_path, fmt, read_path):
+def test_read_python_tarfile_formats(ix, tmp_path, fmt, reader):
     names = SHORT_NAMES + USTAR_NAMES + (LONG_NAMES if fmt != tarfile.USTAR_FORMAT else [])
     members = [(n, f"data of {n}".encode() * (i + 1)) for i, n in enumerate(sorted(names))]
     buf = io.BytesIO()
@@ -224,7 +207,7 @@ def test_read_python_tarfile_formats(ix, tmp_path, fmt, read_path):
     assert ix.samples(path) == ix.group(members)
 
 
-def test_python_tarfile_pax_with_non_ascii_in_ustar_fields(ix, tmp_path, read_path):
+def test_python_tarfile_pax_with_non_ascii_in_ustar_fields(ix, tmp_path, reader):
     # pax records for uname, large uid, fractional mtime and a path: only 'path' changes the name
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
