@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from .compression import CompressingWriter, compression_for_name
 from .errors import OptionError, SinkError
-from .sources import enlarge_pipe, is_fsspec_url, local_path
+from .sources import enlarge_pipe, is_fsspec_url, local_path, stop_process_group
 
 # temporaries created by this process and not yet committed or aborted; removed on exit paths
 _LIVE_TEMPS: set[str] = set()
@@ -82,6 +82,13 @@ class Sink:
         self.bytes += len(data)
         if self._sha is not None:
             self._sha.update(data)
+
+    def _close_quietly(self) -> None:
+        """Close the destination on the way out of an error; a second error would hide the first."""
+        try:
+            self._fh.close()
+        except Exception:
+            pass
 
     def _finish_stream(self) -> None:
         if isinstance(self._writer, CompressingWriter):
@@ -173,10 +180,7 @@ class _TempFileSink(Sink):
         if self.done:
             return
         self.done = True
-        try:
-            self._fh.close()
-        except Exception:
-            pass
+        self._close_quietly()
         _remove(self.tmp)
 
 
@@ -251,10 +255,7 @@ class DeviceSink(Sink):
 
     def abort(self) -> None:
         self.done = True
-        try:
-            self._fh.close()
-        except OSError:
-            pass
+        self._close_quietly()
 
 
 class PipeSink(Sink):
@@ -284,10 +285,7 @@ class PipeSink(Sink):
     def _stopped_reading(self) -> None:
         """The command closed its input before reading all of it: name its exit status."""
         self.done = True
-        try:
-            self._fh.close()
-        except OSError:
-            pass
+        self._close_quietly()
         status = self.proc.wait()
         raise SinkError(f"command exited with status {status} before reading all its input", self.url)
 
@@ -295,16 +293,8 @@ class PipeSink(Sink):
         if self.done:
             return
         self.done = True
-        try:
-            self._fh.close()
-        except OSError:
-            pass
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-        self.proc.wait()
+        self._close_quietly()
+        stop_process_group(self.proc)
 
     def _raw_write(self, data: bytes | bytearray | memoryview) -> None:
         try:

@@ -187,23 +187,31 @@ def _describe(e: BaseException) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
-def _reap(proc: subprocess.Popen[Any], url: str, early: bool) -> None:
-    """Wait for a pipe child; kill its process group first if we stopped reading early."""
-    if early and proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+def stop_process_group(proc: subprocess.Popen[Any]) -> None:
+    """End a ``pipe:`` child started in its own session, and all it started, then reap it.
+
+    SIGTERM first, SIGKILL after 5 seconds; no zombie is left either way.
+    """
+    if proc.poll() is None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
-                pass
-    status = proc.wait()
+                break
+            try:
+                proc.wait(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    proc.wait()
+
+
+def _reap(proc: subprocess.Popen[Any], url: str, early: bool) -> None:
+    """Wait for a pipe child; stop it first if we stopped reading early (its status is moot then)."""
     if early:
+        stop_process_group(proc)
         return
+    status = proc.wait()
     if status != 0 and status != 141 and status != -signal.SIGPIPE:
         raise SourceError(f"command exited with status {status}", url)
 

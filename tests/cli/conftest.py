@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from tarhelpers import tarfile_members
 
 from tarproc import TarWriter, read_samples
 from tarproc.cli.tarcat import main as tarcat_main
@@ -97,18 +98,6 @@ def samples(source: bytes | str | os.PathLike[str], **kw: Any) -> list[tuple[str
     ]
 
 
-def members(data: bytes) -> list[tuple[str, bytes]]:
-    """``(name, data)`` of every regular member, read by Python's tarfile."""
-    out = []
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
-        for info in tf:
-            if info.isfile():
-                f = tf.extractfile(info)
-                assert f is not None
-                out.append((info.name, f.read()))
-    return out
-
-
 def infos(data: bytes) -> list[tarfile.TarInfo]:
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
         return list(tf)
@@ -145,7 +134,7 @@ def cli() -> SimpleNamespace:
         tar_bytes=tar_bytes,
         write_tar=write_tar,
         samples=samples,
-        members=members,
+        members=tarfile_members,
         infos=infos,
         expected_of=expected_of,
         leftovers=leftovers,

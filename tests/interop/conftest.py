@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from tarhelpers import tarfile_members
 
 from tarproc import TarWriter, read_samples
 from tarproc.cli.tarcat import main as tarcat_main
@@ -86,17 +86,6 @@ def wds_samples(url: str) -> list[tuple[str, dict[str, bytes]]]:
 
         ds = webdataset.WebDataset(url, shardshuffle=False)
         return [(s["__key__"], {k: bytes(v) for k, v in s.items() if not k.startswith("__")}) for s in ds]
-
-
-def tarfile_members(data: bytes) -> list[tuple[str, bytes]]:
-    out = []
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
-        for info in tf:
-            if info.isfile():
-                f = tf.extractfile(info)
-                assert f is not None
-                out.append((info.name, f.read()))
-    return out
 
 
 def key_rule(name: str) -> tuple[str, str] | None:
