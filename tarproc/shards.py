@@ -123,21 +123,20 @@ class ShardWriter:
         self.shards: list[ShardInfo] = []
         self._sink: Sink | None = None
         self._tar: TarWriter | None = None
-        self._count = 0
-        self._first_key = ""
-        self._last_key = ""
+        self._first_key = ""  # of the shard being written
 
-    def _open(self) -> None:
+    def _open(self, first_key: str) -> TarWriter:
         if self.maxshards is not None and len(self.shards) >= self.maxshards:
             raise TarprocError(
                 f"input has more samples than {self.maxshards} shard(s) can hold (--maxshards); "
-                f"stopped before sample {self._pending_key!r}"
+                f"stopped before sample {first_key!r}"
             )
         url = self.pattern % self.index
         self.index += 1
         self._sink = open_sink(url, compression=self.compression, digest=self.digest)
         self._tar = TarWriter(self._sink, **self.writer_options)
-        self._count = 0
+        self._first_key = first_key
+        return self._tar
 
     def _close(self, reason: str) -> None:
         assert self._sink is not None and self._tar is not None
@@ -149,7 +148,9 @@ class ShardWriter:
             sink.abort()
             raise
         sink.commit()
-        info = ShardInfo(sink.url, self._count, sink.bytes, tar.offset, sink.sha256, self._first_key, self._last_key, reason)
+        info = ShardInfo(
+            sink.url, tar.samples, sink.bytes, tar.offset, sink.sha256, self._first_key, tar.last_key or "", reason
+        )
         self.shards.append(info)
         if self.post:
             self._run_post(info.shard)
@@ -169,23 +170,18 @@ class ShardWriter:
         """Add one sample, opening and closing shards as the limits require."""
         key, members = sample_members(sample)
         size = sum(TarWriter.member_size(name, len(data)) for name, data in members)
-        if self._tar is not None and self._count:
-            if self.maxcount is not None and self._count >= self.maxcount:
+        tar = self._tar
+        if tar is not None and tar.samples:
+            if self.maxcount is not None and tar.samples >= self.maxcount:
                 self._close("maxcount")
-            elif self.maxsize is not None and self._tar.offset + size + tar_end_size(self._tar.offset + size) > self.maxsize:
+            elif self.maxsize is not None and tar.offset + size + tar_end_size(tar.offset + size) > self.maxsize:
                 self._close("maxsize")
-        if self._tar is None:
-            self._pending_key = key
-            self._open()
-            self._first_key = key
-        assert self._tar is not None
+        tar = self._tar or self._open(key)
         try:
-            self._tar.write_members(key, members)
+            tar.write_members(key, members)
         except BaseException:
             self.abort()
             raise
-        self._count += 1
-        self._last_key = key
 
     def close(self) -> list[ShardInfo]:
         """Finish the last shard; returns the list of shards written."""

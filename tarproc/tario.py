@@ -40,6 +40,10 @@ ZERO_BLOCK = bytes(BLOCK)
 DEFAULT_MAX_MEMBER_SIZE = 2 << 30  # 2 GiB
 _CHUNK = 1 << 20  # bytes read from the stream at a time
 _PIECE = 16 << 20  # large member data is read in pieces of at most this many bytes
+_GATHER = 1 << 20  # the writer joins small pieces into writes of about this size
+_DIRECT_WRITE = 1 << 16  # member data at least this big is written as it is
+_OCTAL_12 = 8**11  # sizes below this fit a 12-byte octal field
+_NO_PREFIX = bytes(BLOCK - 345)  # an empty ustar prefix field and the header's last 12 bytes
 
 # type flags (as byte values)
 _REG = (0, ord("0"), ord("7"))
@@ -106,6 +110,11 @@ def _block_sum(block: bytes | memoryview) -> int:
     65280 < 65521, so two halves give the exact sum without a Python-level loop.
     """
     return (adler32(block[:256]) & 0xFFFF) + (adler32(block[256:512]) & 0xFFFF) - 2
+
+
+def _short_sum(data: bytes) -> int:
+    """Exact byte sum of at most 257 bytes (below adler32's modulus 65521; see ``_block_sum``)."""
+    return (adler32(data) & 0xFFFF) - 1
 
 
 def _signed_sum(block: bytes) -> int:
@@ -321,14 +330,12 @@ def _read_members(
         else:
             name = ""
 
-        if size < 0:  # a pax size with a sign
-            raise TarFormatError(url, offset, "bad size field in tar header", last)
-        if size > max_member_size and typeflag not in (_PAX, _PAX_GLOBAL, _LONGNAME, _LONGLINK):
+        if size > max_member_size:
+            if typeflag in (_PAX, _PAX_GLOBAL, _LONGNAME, _LONGLINK):
+                raise TarFormatError(url, offset, f"extension header of {size} bytes is too large", last)
             raise TarFormatError(
                 url, offset, f"member size {size} exceeds the limit of {max_member_size} bytes", name or last
             )
-        if size > max_member_size:
-            raise TarFormatError(url, offset, f"extension header of {size} bytes is too large", last)
 
         # -- data --
         start = pos + BLOCK
@@ -384,6 +391,19 @@ def _read_members(
             is_reg = False
             typeflag = _GNU_SPARSE
             name = pax.get("GNU.sparse.name", name)
+        if typeflag == _LONGNAME:
+            long_name = _decode_name(_cstr(data))
+            continue
+        if typeflag == _LONGLINK:
+            long_link = True
+            continue
+        if typeflag == _PAX:
+            pax = _parse_pax(data, url, offset)
+            continue
+        if typeflag == _PAX_GLOBAL:
+            pax_global.update(_parse_pax(data, url, offset))
+            pax_global.pop("size", None)
+            continue
         if is_reg:
             stats.members += 1
             stats.bytes += size
@@ -392,26 +412,13 @@ def _read_members(
                 yield key, field, data, offset
             else:
                 yield name, data, offset
-            last = name
-            if long_name is not None or pax or long_link:
-                long_name = None
-                long_link = False
-                pax = {}
-        elif typeflag == _LONGNAME:
-            long_name = _decode_name(_cstr(data))
-        elif typeflag == _LONGLINK:
-            long_link = True
-        elif typeflag == _PAX:
-            pax = _parse_pax(data, url, offset)
-        elif typeflag == _PAX_GLOBAL:
-            pax_global.update(_parse_pax(data, url, offset))
-            pax_global.pop("size", None)
         else:
             stats.skip_entry(_TYPE_NAMES.get(typeflag, f"type {chr(typeflag)!r}"))
-            last = name or last
-            long_name = None
-            long_link = False
-            pax = {}
+        # an entry uses up the extension headers before it
+        last = name or last
+        long_name = None
+        long_link = False
+        pax = {}
 
 
 def _check_end(read: Any, buf: bytes, pos: int, base: int, url: str | None, last: str | None) -> None:
@@ -506,58 +513,45 @@ class TarWriter:
         if mtime is None:
             mtime = default_mtime()
         self.mtime = int(mtime) if mtime >= 0 else int(time.time())
-        # the constant middle and tail of every header, built once
+        # every header is name + _mode_ids + size + _mtime_field + checksum + tail + prefix; the
+        # constant parts are built and summed once (the checksum counts its own field as 8 spaces)
         self._mode_ids = _octal(mode, 8) + _octal(uid, 8) + _octal(gid, 8)
         self._mtime_field = _octal(self.mtime, 12)
-        self._ustar_tail = (
-            b"ustar\x0000" + _fixed(uname, 32, "uname") + _fixed(gname, 32, "gname") + _octal(0, 8) + _octal(0, 8)
-        )
-        self._gnu_tail = (
-            b"ustar  \x00" + _fixed(uname, 32, "uname") + _fixed(gname, 32, "gname") + _octal(0, 8) + _octal(0, 8)
-        )
+        self._fixed_sum = sum(self._mode_ids) + sum(self._mtime_field) + 8 * 32
+        owner = _fixed(uname, 32, "uname") + _fixed(gname, 32, "gname") + _octal(0, 8) + _octal(0, 8)
+        self._tails: dict[tuple[bytes, bool], tuple[bytes, int]] = {}
+        for typeflag, gnu in ((b"0", False), (b"0", True), (b"L", True)):
+            # typeflag, linkname, magic (ustar, or GNU's for headers around a long-name record)
+            tail = typeflag + bytes(100) + (b"ustar  \x00" if gnu else b"ustar\x0000") + owner
+            self._tails[typeflag, gnu] = (tail, sum(tail))
         self._out: list[bytes] = []  # small writes are gathered and written together
         self._outlen = 0
-        self._last_key: str | None = None
-        # a regular member's header is name + _reg_middle(size) + checksum + _reg_tail; the
-        # checksum of the constant parts (with the checksum field as 8 spaces) is summed once
-        self._reg_tail = b"0" + bytes(100) + self._ustar_tail
-        self._reg_tail += bytes(BLOCK - 156 - len(self._reg_tail))
-        self._reg_sum = sum(self._mode_ids) + sum(self._mtime_field) + 8 * 32 + sum(self._reg_tail)
+        self.last_key: str | None = None  # key of the last sample written
 
     # -- low level --
 
-    def _header(self, name: bytes, size: int, typeflag: bytes, prefix: bytes = b"", gnu: bool = False) -> bytes:
-        head = (
-            name
-            + bytes(100 - len(name))
-            + self._mode_ids
-            + _octal(size, 12)
-            + self._mtime_field
-            + b"        "
-            + typeflag
-            + bytes(100)
-            + (self._gnu_tail if gnu else self._ustar_tail)
+    def _header(self, name: bytes, size: int, typeflag: bytes = b"0", prefix: bytes = b"", gnu: bool = False) -> bytes:
+        tail, tail_sum = self._tails[typeflag, gnu]
+        size_field = b"%011o\x00" % size if size < _OCTAL_12 else _octal(size, 12)
+        chksum = self._fixed_sum + tail_sum + (adler32(name) & 0xFFFF) + (adler32(size_field) & 0xFFFF) - 2
+        if prefix:
+            chksum += _short_sum(prefix)
+        return b"".join(
+            (
+                name.ljust(100, b"\x00"),
+                self._mode_ids,
+                size_field,
+                self._mtime_field,
+                b"%06o\x00 " % chksum,  # adler32's low 16 bits: 1 + byte sum (see _short_sum)
+                tail,
+                prefix.ljust(BLOCK - 345, b"\x00") if prefix else _NO_PREFIX,
+            )
         )
-        head = head + prefix + bytes(BLOCK - len(head) - len(prefix))
-        chksum = _block_sum(head)
-        return head[:148] + b"%06o\x00 " % chksum + head[156:]
-
-    def _emit(self, data: bytes | bytearray | memoryview) -> None:
-        n = len(data)
-        if n >= 65536:
-            self._flush()
-            self.stream.write(data)
-        else:
-            self._out.append(bytes(data))
-            self._outlen += n
-            if self._outlen >= 1 << 20:
-                self._flush()
-        self.offset += n
 
     def _flush(self) -> None:
         if self._out:
             self.stream.write(b"".join(self._out))
-            self._out = []
+            self._out.clear()
             self._outlen = 0
 
     @staticmethod
@@ -581,41 +575,38 @@ class TarWriter:
         if type(data) is not bytes:
             data = _as_bytes_like(data)
         size = len(data)
-        if len(raw) <= 100 and size < 65536 and self._outlen < 1 << 20:
-            # fast path for the common case: a short name and small data, gathered in memory
-            size_field = b"%011o\x00" % size
-            # adler32's low 16 bits are 1 + byte sum (exact below 65521: 100 * 255 fits)
-            chksum = self._reg_sum + (adler32(raw) & 0xFFFF) + (adler32(size_field) & 0xFFFF) - 2
-            out = self._out
-            out.append(raw.ljust(100, b"\x00") + self._mode_ids + size_field + self._mtime_field)
-            out.append(b"%06o\x00 " % chksum + self._reg_tail)
-            pad = -size % BLOCK
-            if size:
-                out.append(data if type(data) is bytes else bytes(data))
-                if pad:
-                    out.append(ZERO_BLOCK[:pad])
-            n = BLOCK + size + pad
-            self._outlen += n
-            self.offset += n
-            self.members += 1
-            return
         if len(raw) <= 100:
-            self._emit(self._header(raw, size, b"0"))
+            head = self._header(raw, size)
+        elif (split := _split_ustar(raw)) is not None:
+            head = self._header(split[1], size, prefix=split[0])
         else:
-            split = _split_ustar(raw)
-            if split is not None:
-                self._emit(self._header(split[1], size, b"0", prefix=split[0]))
-            else:
-                longname = raw + b"\x00"
-                self._emit(self._header(b"././@LongLink", len(longname), b"L", gnu=True))
-                self._emit(longname + bytes(-len(longname) % BLOCK))
-                self._emit(self._header(raw[:100], size, b"0", gnu=True))
-        if size:
-            self._emit(data)
-            pad = -size % BLOCK
-            if pad:
-                self._emit(ZERO_BLOCK[:pad])
+            longname = raw + b"\x00"
+            head = (
+                self._header(b"././@LongLink", len(longname), b"L", gnu=True)
+                + longname
+                + bytes(-len(longname) % BLOCK)
+                + self._header(raw[:100], size, gnu=True)
+            )
+        out = self._out
+        out.append(head)
+        pending = self._outlen + len(head)
+        if size >= _DIRECT_WRITE:  # big data goes to the stream as it is, not copied into a join
+            self.stream.write(b"".join(out))
+            out.clear()
+            pending = 0
+            self.stream.write(data)
+        elif size:
+            out.append(data if type(data) is bytes else bytes(data))
+            pending += size
+        pad = -size % BLOCK
+        if pad:
+            out.append(ZERO_BLOCK[:pad])
+            pending += pad
+        self._outlen = pending
+        self.offset += len(head) + size + pad
         self.members += 1
+        if pending >= _GATHER:
+            self._flush()
 
     def write_sample(self, sample: dict[str, Any]) -> None:
         """Write a sample dict as members ``KEY.FIELD`` in sorted field order (see ``sample_members``)."""
@@ -626,19 +617,21 @@ class TarWriter:
 
         The same key twice in a row would merge two samples into one on reading: an error.
         """
-        if key == self._last_key:
+        if key == self.last_key:
             raise SampleError(f"key {key!r} written twice in a row; readers would merge the two samples", key=key)
         add = self.add
         for name, data in members:
             add(name, data)
-        self._last_key = key
+        self.last_key = key
         self.samples += 1
 
     def close(self) -> None:
         """Write the end-of-archive blocks and pad to a full 10240-byte record."""
         if self.closed:
             return
-        self._emit(bytes(tar_end_size(self.offset)))
+        end = tar_end_size(self.offset)
+        self._out.append(bytes(end))
+        self.offset += end
         self._flush()
         self.closed = True
 
