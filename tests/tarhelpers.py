@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import io
+import os
 import tarfile
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from tarproc import TarWriter, read_samples
 
 
 def tarfile_members(data: bytes) -> list[tuple[str, bytes]]:
@@ -16,3 +25,38 @@ def tarfile_members(data: bytes) -> list[tuple[str, bytes]]:
                 assert f is not None
                 out.append((info.name, f.read()))
     return out
+
+
+def run(command: Any, args: Iterable[Any], input: bytes | str | None = None, **kw: Any) -> Any:
+    """Invoke a command in-process; stdout and stderr are kept apart (click >= 8.2)."""
+    return CliRunner().invoke(command, [str(a) for a in args], input=input, catch_exceptions=False, **kw)
+
+
+def tar_bytes(samples: Iterable[dict[str, Any]], **writer_kw: Any) -> bytes:
+    """A tar of ``samples`` written by tarproc's TarWriter."""
+    buf = io.BytesIO()
+    with TarWriter(buf, **writer_kw) as w:
+        for sample in samples:
+            w.write_sample(sample)
+    return buf.getvalue()
+
+
+def write_tar(path: str | os.PathLike[str], samples: Iterable[dict[str, Any]], **writer_kw: Any) -> Path:
+    Path(path).write_bytes(tar_bytes(samples, **writer_kw))
+    return Path(path)
+
+
+def samples(
+    source: bytes | str | os.PathLike[str] | list[str], **kw: Any
+) -> list[tuple[str, dict[str, bytes]]]:
+    """Samples read by tarproc, ``[(key, {field: bytes})]``, from tar bytes, a URL or a list of URLs."""
+    if isinstance(source, (bytes, bytearray)):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "data.tar")
+            Path(path).write_bytes(source)
+            return samples(path, **kw)
+    urls = [str(u) for u in source] if isinstance(source, list) else str(source)
+    return [
+        (s["__key__"], {k: bytes(v) for k, v in s.items() if not k.startswith("__")})
+        for s in read_samples(urls, **kw)
+    ]

@@ -27,10 +27,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
-from tarhelpers import tarfile_members
+from tarhelpers import run, samples, tar_bytes, tarfile_members, write_tar
 
-from tarproc import TarWriter, read_samples
 from tarproc.cli.tarcat import main as tarcat_main
 from tarproc.cli.tarsplit import main as tarsplit_main
 
@@ -61,41 +59,6 @@ def _isolated_cli_state(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-unt
 
 # -------------------------------------------------------------------------------------------
 # helpers
-
-
-def run(command: Any, args: Iterable[str], input: bytes | str | None = None, **kw: Any) -> Any:
-    """Invoke a command in-process; stdout and stderr are kept apart (click >= 8.2)."""
-    runner = CliRunner()
-    return runner.invoke(command, [str(a) for a in args], input=input, catch_exceptions=False, **kw)
-
-
-def tar_bytes(samples: Iterable[dict[str, Any]], **writer_kw: Any) -> bytes:
-    buf = io.BytesIO()
-    with TarWriter(buf, **writer_kw) as w:
-        for sample in samples:
-            w.write_sample(sample)
-    return buf.getvalue()
-
-
-def write_tar(path: str | os.PathLike[str], samples: Iterable[dict[str, Any]], **writer_kw: Any) -> Path:
-    data = tar_bytes(samples, **writer_kw)
-    Path(path).write_bytes(data)
-    return Path(path)
-
-
-def samples(source: bytes | str | os.PathLike[str], **kw: Any) -> list[tuple[str, dict[str, bytes]]]:
-    """Samples read by tarproc: ``[(key, {field: bytes})]``; bytes are written to a temp file."""
-    if isinstance(source, (bytes, bytearray)):
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "data.tar")
-            Path(path).write_bytes(source)
-            return samples(path, **kw)
-    return [
-        (s["__key__"], {k: bytes(v) for k, v in s.items() if not k.startswith("__")})
-        for s in read_samples(str(source), **kw)
-    ]
 
 
 def infos(data: bytes) -> list[tarfile.TarInfo]:

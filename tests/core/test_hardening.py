@@ -14,7 +14,7 @@ import pyzstd
 
 from tarproc import ShardWriter, TarWriter, read_samples
 from tarproc.errors import OptionError, SampleError, SinkError, TarFormatError
-from tarproc.shards import parse_size, shard_pattern
+from tarproc.shards import shard_pattern
 from tarproc.sinks import open_sink
 from tarproc.stages import rekey
 from tarproc.tario import iter_members
@@ -71,12 +71,6 @@ def test_rekey_refuses_formats_that_merge_or_lose_samples(fmt):
 def test_shard_pattern_must_give_distinct_usable_names(pattern):
     with pytest.raises(OptionError):
         shard_pattern(pattern)
-
-
-@pytest.mark.parametrize("text", ["1e999", "1e19", "inf"])
-def test_parse_size_too_large_or_not_a_number(text):
-    with pytest.raises(OptionError):
-        parse_size(text)
 
 
 @pytest.mark.parametrize("field", [b"+0000000005\x00", b"0000000_005", b"0000 000005\x00"])

@@ -259,13 +259,10 @@ def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "abc", "1X", "MB", "-5", "1 G B", "1GiBB", "1e", "0x10", "1,5G"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "abc", "1X", "MB", "-5", "1 G B", "1GiBB", "1e", "0x10", "1,5G", "1..2G", ".", "1.2.3MB", "1e999", "1e19", "inf"],
+)
 def test_parse_size_bad(text):
-    with pytest.raises(OptionError):
-        parse_size(text)
-
-
-@pytest.mark.parametrize("text", ["1..2G", ".", "1.2.3MB"])
-def test_parse_size_bad_dots(text):
     with pytest.raises(OptionError):
         parse_size(text)

@@ -9,7 +9,6 @@ the ``ix`` fixture.
 from __future__ import annotations
 
 import http.server
-import io
 import os
 import shutil
 import signal
@@ -23,10 +22,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
-from tarhelpers import tarfile_members
+from tarhelpers import run, samples, tar_bytes, tarfile_members, write_tar
 
-from tarproc import TarWriter, read_samples
 from tarproc.cli.tarcat import main as tarcat_main
 from tarproc.cli.tarsplit import main as tarsplit_main
 
@@ -43,31 +40,6 @@ def _isolated_state(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped
 
 # -------------------------------------------------------------------------------------------
 # helpers
-
-
-def run(command: Any, args: Iterable[Any], input: bytes | None = None) -> Any:
-    return CliRunner().invoke(command, [str(a) for a in args], input=input, catch_exceptions=False)
-
-
-def tar_bytes(samples: Iterable[dict[str, Any]]) -> bytes:
-    buf = io.BytesIO()
-    with TarWriter(buf) as w:
-        for sample in samples:
-            w.write_sample(sample)
-    return buf.getvalue()
-
-
-def write_tar(path: str | os.PathLike[str], samples: Iterable[dict[str, Any]]) -> Path:
-    Path(path).write_bytes(tar_bytes(samples))
-    return Path(path)
-
-
-def samples(url: str | os.PathLike[str] | list[str], **kw: Any) -> list[tuple[str, dict[str, bytes]]]:
-    urls = [str(u) for u in url] if isinstance(url, list) else str(url)
-    return [
-        (s["__key__"], {k: bytes(v) for k, v in s.items() if not k.startswith("__")})
-        for s in read_samples(urls, **kw)
-    ]
 
 
 def samples_of_bytes(data: bytes, tmp: Path) -> list[tuple[str, dict[str, bytes]]]:
