@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 from tarhelpers import run, samples, tar_bytes, tarfile_members, write_tar
 
+from tarproc.cli import COMMANDS
+from tarproc.cli.run import load
 from tarproc.cli.tarcat import main as tarcat_main
 from tarproc.cli.tarsplit import main as tarsplit_main
 
@@ -40,7 +42,8 @@ def _forget_cached_help_options() -> None:
     # click >= 8.2 caches each command's help option on first use, from the names of the context
     # it is first asked with; a context built without the command's settings (as docs.render()
     # once did) breaks '-h' for the rest of the process. Start each test clean.
-    for command in (tarcat_main, tarsplit_main):
+    for name in COMMANDS:
+        command = load(name)
         if hasattr(command, "_help_option"):
             command._help_option = None
 
