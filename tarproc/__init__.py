@@ -10,8 +10,10 @@ True
 from __future__ import annotations
 
 from .errors import (
+    CompressedShardError,
     CompressionError,
     DuplicateError,
+    IndexFileError,
     OptionError,
     SampleError,
     SinkError,
@@ -19,6 +21,7 @@ from .errors import (
     TarFormatError,
     TarprocError,
 )
+from .index import IndexedShard, ShardIndex, build_index
 from .samples import group_samples, read_samples, split_name
 from .shards import ShardInfo, ShardWriter, parse_size
 from .sinks import open_sink
@@ -28,8 +31,11 @@ from .tario import ReadStats, TarWriter, iter_members
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompressedShardError",
     "CompressionError",
     "DuplicateError",
+    "IndexFileError",
+    "IndexedShard",
     "OptionError",
     "ReadStats",
     "SampleError",
@@ -39,8 +45,10 @@ __all__ = [
     "SourceError",
     "TarFormatError",
     "TarWriter",
+    "ShardIndex",
     "TarprocError",
     "__version__",
+    "build_index",
     "expand_urls",
     "group_samples",
     "iter_members",

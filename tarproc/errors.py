@@ -60,6 +60,14 @@ class DuplicateError(SampleError):
     """A field occurs twice in one sample, or a key reappears non-adjacently in a shard."""
 
 
+class CompressedShardError(TarprocError):
+    """A shard is compressed: offsets into it can't be read at random (index it as a plain tar)."""
+
+
+class IndexFileError(TarprocError):
+    """An index file is malformed, of an unknown version, or stale (made for another shard)."""
+
+
 class OptionError(TarprocError):
     """An argument given to the core is malformed (a bad size, slice or field spec).
 

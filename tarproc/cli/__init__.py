@@ -7,4 +7,5 @@
 COMMANDS = {
     "tarcat": "tarproc.cli.tarcat:main",
     "tarsplit": "tarproc.cli.tarsplit:main",
+    "tarindex": "tarproc.cli.tarindex:main",
 }

@@ -1,0 +1,115 @@
+"""tarindex throughput and IndexedShard random-access latency (issue: tarindex + IndexedShard).
+
+Rows: tarindex MB/s on the ~1 GB JPEG shard and on the small-sample shard, against GNU ``tar -tf``
+listing the same file (which seeks past member data instead of reading it); random access to one
+sample by position with IndexedShard (median and p99 latency), against finding the same sample by
+scanning with read_samples. Latencies are per sample, file in the page cache; lower is better.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import GNU_TAR, Context, Row, alternate, log, spread, warm
+
+SECTION = "index"
+
+
+def run_tarindex(shard: Path, out: Path) -> int:
+    """tarindex as a user runs it; returns the sample count the index announces."""
+    subprocess.run([sys.executable, "-m", "tarproc.cli.tarindex", "-q", "-o", str(out), str(shard)], check=True)
+    with open(out, encoding="utf-8") as f:
+        return int(json.loads(f.readline())["samples"])
+
+
+def run_tar_list(shard: Path, members_per_sample: int = 2) -> int:
+    out = subprocess.run([GNU_TAR, "-tf", str(shard)], check=True, stdout=subprocess.PIPE).stdout
+    return out.count(b"\n") // members_per_sample
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def access_times(shard: Path, positions: list[int]) -> list[float]:
+    """Seconds per ``IndexedShard[i]`` (the index is loaded from SHARD.idx before timing)."""
+    from tarproc.index import IndexedShard
+
+    times = []
+    with IndexedShard(shard) as ds:
+        for i in positions:
+            t0 = time.perf_counter()
+            sample = ds[i]
+            times.append(time.perf_counter() - t0)
+            assert sample["__key__"]
+    return times
+
+
+def scan_times(shard: Path, keys: list[str]) -> list[float]:
+    """Seconds to find each key by reading the shard from the start with read_samples."""
+    import tarproc
+
+    times = []
+    for key in keys:
+        t0 = time.perf_counter()
+        for sample in tarproc.read_samples(str(shard)):
+            if sample["__key__"] == key:
+                break
+        else:
+            raise RuntimeError(f"{key} not found")
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def run(ctx: Context) -> tuple[list[Row], list[str]]:
+    rows: list[Row] = []
+    notes: list[str] = []
+    out_dir = ctx.out_dir
+
+    # -- tarindex throughput --
+    for which in ("big", "small"):
+        shard: Path = getattr(ctx.data, which)
+        n = getattr(ctx.data, which + "_samples")
+        mb = shard.stat().st_size / 1e6
+        label = f"{mb:,.0f} MB JPEG shard" if which == "big" else f"{n:,} small samples ({mb:,.0f} MB)"
+        warm(shard)
+        log(f"tarindex vs tar -tf on {shard.name} ({mb:,.0f} MB)")
+        ta, tb = alternate(
+            ctx.reps, ctx.reps, lambda s=shard: run_tarindex(s, out_dir / "x.idx"), lambda s=shard: run_tar_list(s),
+            n, f"tarindex {which}",
+        )
+        rows.append(Row(f"tarindex, {label}", mb / statistics.median(ta), "MB/s", "GNU tar -tf (seeks past data)",
+                        mb / statistics.median(tb), "report", "—"))
+        notes.append(f"tarindex {which}: {spread(ta)}; tar -tf: {spread(tb)}")
+
+    # -- random access --
+    for which, label in (("jpeg", f"{ctx.data.jpeg_samples:,} JPEG samples"),
+                         ("small", f"{ctx.data.small_samples:,} small samples")):
+        shard = getattr(ctx.data, which)
+        n = getattr(ctx.data, which + "_samples")
+        idx = out_dir / f"{which}.tar"
+        idx.symlink_to(shard)  # IndexedShard finds out_dir/NAME.idx next to the link
+        run_tarindex(idx, out_dir / f"{which}.tar.idx")
+        warm(shard)
+        rng = random.Random(7)
+        positions = [rng.randrange(n) for _ in range(2000 if not ctx.quick else 500)]
+        access_times(idx, positions[:50])  # warm-up: imports, first reads
+        ours = access_times(idx, positions)
+        scan_keys = [f"{'j' if which == 'jpeg' else 's'}{p:07d}" for p in positions[: 10 if ctx.quick else 30]]
+        base = scan_times(shard, scan_keys)
+        for name, p in (("median", 50.0), ("p99", 99.0)):
+            rows.append(Row(f"IndexedShard random access, {label}, {name}", percentile(ours, p) * 1e6, "µs",
+                            "scan with read_samples", percentile(base, p) * 1e6, "report", "—"))
+        notes.append(
+            f"random access {which}: {len(ours)} reads, median {statistics.median(ours) * 1e6:,.0f} µs, "
+            f"p99 {percentile(ours, 99) * 1e6:,.0f} µs, max {max(ours) * 1e6:,.0f} µs; scan baseline "
+            f"{len(base)} keys, median {statistics.median(base) * 1e3:,.1f} ms (lower is better for both)"
+        )
+    return rows, notes

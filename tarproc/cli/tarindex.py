@@ -1,0 +1,128 @@
+"""tarindex: write an index per shard (sample key -> byte offset, size, fields), or for DALI or wids."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from ..errors import OptionError, TarprocError
+from ..index import (
+    FORMATS,
+    ShardIndex,
+    build_index,
+    check_random_access,
+    default_index_url,
+    index_bytes,
+    wids_descriptor,
+)
+from ..sinks import open_sink
+from ..sources import local_path
+from ..tario import ReadStats
+from .common import ReadOptions, TarprocCommand, common_options, input_options, progress, warn
+
+EPILOG = """\b
+Examples:
+  tarindex shards/train-*.tar                       # shards/train-0000.tar.idx ...
+  tarindex --format dali train-0000.tar             # train-0000.idx, for DALI's webdataset reader
+  tarindex --format wids -o train.json 'train-{0000..0147}.tar'
+  tarindex -o - train-0000.tar | head -3            # the index on stdout
+  tarcat big.tar.gz -o big.tar && tarindex big.tar  # compressed shards must be decompressed first
+
+\b
+Formats:
+  tarproc  JSON Lines, version 1: a header {"format": "tarproc-index", "version": 1, "shard",
+           "size", "samples"}, then per sample {"key", "offset", "size", "fields": {field:
+           [data_offset, size]}}; written to SHARD.idx. tarproc.IndexedShard(SHARD) uses it.
+  dali     DALI's wds2idx index (v1.2): "EXT OFFSET SIZE NAME ..." per sample; written to the
+           name wds2idx picks (train-0000.tar -> train-0000.idx).
+  wids     one wids-shard-index-v1 JSON for all shards (url, nsamples, filesize), to stdout or
+           -o; local shard paths are written relative to the -o file's directory.
+
+Samples are grouped as tarcat reads them: the key rule, __name__ metadata skipped, --dup for
+duplicates. Only plain tars can be indexed. Index files are written whole or not at all.
+"""
+
+
+@click.command("tarindex", cls=TarprocCommand, epilog=EPILOG)
+@input_options
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="tarproc", show_default=True,
+              help="Index format (see below).")
+@click.option("-o", "--output", default=None, metavar="URL",
+              help="Where to write ('-' = stdout). Default: next to each shard; stdout for wids. "
+                   "With tarproc or dali, only for a single shard.")
+@click.option("--name", default=None, help="With --format wids: the dataset's name in the JSON.")
+@click.option("-v", "--verbose", is_flag=True, help="Say on stderr what was written for each shard.")
+@common_options
+def main(reading: ReadOptions, quiet: bool, fmt: str, output: str | None, name: str | None, verbose: bool) -> None:
+    """Write an index of tar shards for random access (IndexedShard, DALI, wids).
+
+    INPUTS are shards: paths or URLs (http(s)://, s3://, ... any fsspec URL), with brace lists
+    ('train-{0000..0147}.tar') and '::' joins; not stdin or pipe:, which can't be read at random.
+    """
+    urls = reading.urls
+    if name is not None and fmt != "wids":
+        raise OptionError("--name is only for --format wids")
+    if urls == ["-"]:
+        raise OptionError("no shards given (stdin can't be indexed: random access needs a file or a URL)")
+    for url in urls:
+        check_random_access(url)
+    if output is not None and fmt != "wids" and len(urls) > 1:
+        raise OptionError(f"-o takes a single shard with --format {fmt} ({len(urls)} given); leave it out to "
+                          "write each index next to its shard")
+
+    stats = ReadStats()
+    indexed: list[tuple[str, ShardIndex]] = []
+    for url in progress(urls, quiet or len(urls) < 2, "tarindex", unit="shard"):
+        try:
+            index = build_index(url, dup=reading.dup, max_member_size=reading.max_member_size, stats=stats, warn=warn)
+            if fmt != "wids":
+                data = index_bytes(index, fmt, url)
+                target = output or default_index_url(url, fmt)
+                with open_sink(target, force=True, compression=None) as sink:
+                    sink.write(data)
+                if verbose:
+                    _info(f"tarindex: {url}: {len(index)} samples, {index.size} bytes -> {target}")
+        except TarprocError as e:
+            if reading.on_error == "fail":
+                raise
+            stats.shards_failed += 1
+            warn(f"{e}; no index for this shard")
+            continue
+        indexed.append((url, index))
+
+    if fmt == "wids":
+        target = output or "-"
+        base = _local_dir(target)
+        descriptor = wids_descriptor([(_relative(url, base), index) for url, index in indexed], name)
+        with open_sink(target, force=True, compression=None) as sink:
+            sink.write((json.dumps(descriptor, indent=2) + "\n").encode("utf-8"))
+        if verbose:
+            total = sum(len(index) for _, index in indexed)
+            _info(f"tarindex: {len(indexed)} shards, {total} samples -> {target}")
+
+
+def _info(message: str) -> None:
+    """An informational line on stderr (stdout may carry an index)."""
+    click.echo(message, err=True)
+
+
+def _local_dir(target: str) -> str | None:
+    """The directory of a local output file (shard paths are written relative to it), else None."""
+    if target == "-":
+        return None
+    path = local_path(target)
+    return None if path is None else os.path.dirname(os.path.abspath(path))
+
+
+def _relative(url: str, base: str | None) -> str:
+    """A local shard's path relative to ``base``; URLs and shards outside a base stay as given."""
+    path = local_path(url)
+    if base is None or path is None:
+        return url
+    return os.path.relpath(os.path.abspath(path), base)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(prog_name="tarindex")

@@ -1,0 +1,181 @@
+"""tarindex: the three formats, where they go, wds2idx parity, bad input, real pipes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tarproc.cli.tarindex import main as tarindex
+from tarproc.index import IndexedShard, build_index, parse_index
+
+
+def test_default_outputs_next_to_each_shard(cli, shards):
+    result = cli.run(tarindex, shards.paths)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    got = []
+    for path in shards.paths:
+        index = parse_index(Path(path + ".idx").read_text(), path + ".idx")
+        assert index.shard == os.path.basename(path) and index.size == os.path.getsize(path)
+        with IndexedShard(path) as ds:
+            got += [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}) for s in ds]
+    assert got == shards.expected
+    assert cli.leftovers(shards.dir) == []
+
+
+def test_output_to_stdout_and_file(cli, shards, tmp_path):
+    result = cli.run(tarindex, ["-o", "-", shards.paths[0]])
+    assert result.exit_code == 0
+    index = parse_index(result.stdout)
+    assert [e.key for e in index.entries] == [k for k, _ in shards.expected[:4]]
+    out = tmp_path / "x.idx"
+    assert cli.run(tarindex, ["-o", out, shards.paths[0]]).exit_code == 0
+    assert out.read_text() == result.stdout
+    assert not os.path.exists(shards.paths[0] + ".idx")
+
+
+def test_one_output_for_many_shards_is_a_usage_error(cli, shards, tmp_path):
+    result = cli.run(tarindex, ["-o", tmp_path / "x.idx", *shards.paths])
+    assert result.exit_code == 2
+    assert "-o takes a single shard" in result.stderr
+    assert not (tmp_path / "x.idx").exists()
+
+
+@pytest.mark.parametrize("args", [[], ["-"], ["pipe:cat x.tar"], ["--name", "n", "x.tar"]])
+def test_usage_errors(cli, args):
+    result = cli.run(tarindex, args, input=b"")
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("tarindex: error: ")
+
+
+def test_dali_format_matches_wds2idx(cli, shards, tmp_path):
+    """Byte for byte what DALI's own wds2idx writes for the same shard."""
+    wds2idx = Path(sys.executable).parent / "wds2idx"
+    if not wds2idx.exists() or shutil.which("tar") is None:
+        pytest.skip("DALI's wds2idx (nvidia-dali) or GNU tar is not installed")
+    for path in shards.paths:
+        ours = tmp_path / (os.path.basename(path) + ".ours")
+        assert cli.run(tarindex, ["--format", "dali", "-o", ours, path]).exit_code == 0
+        theirs = tmp_path / (os.path.basename(path) + ".theirs")
+        subprocess.run([str(wds2idx), path, str(theirs)], check=True, capture_output=True)
+        assert ours.read_bytes() == theirs.read_bytes()
+    # the default name is the one wds2idx picks: shard-0.tar -> shard-0.idx
+    assert cli.run(tarindex, ["--format", "dali", shards.paths[1]]).exit_code == 0
+    assert (shards.dir / "shard-1.idx").read_text().startswith("v1.2 4\n")
+
+
+def test_dali_refuses_names_with_spaces(cli, tmp_path):
+    path = cli.write_tar(tmp_path / "sp.tar", [{"__key__": "a b", "txt": b"x"}])
+    result = cli.run(tarindex, ["--format", "dali", path])
+    assert result.exit_code == 1
+    assert "white space" in cli.one_line_error(result, "tarindex")
+    assert not (tmp_path / "sp.idx").exists() and cli.leftovers(tmp_path) == []
+
+
+def test_wids_descriptor(cli, shards, tmp_path):
+    sub = tmp_path / "meta"
+    sub.mkdir()
+    out = sub / "train.json"
+    result = cli.run(tarindex, ["--format", "wids", "--name", "train", "-o", out, *shards.paths])
+    assert result.exit_code == 0, result.stderr
+    desc = json.loads(out.read_text())
+    assert desc["__kind__"] == "wids-shard-index-v1" and desc["wids_version"] == 1 and desc["name"] == "train"
+    assert desc["shardlist"] == [
+        {"url": f"../shard-{i}.tar", "nsamples": 4, "filesize": os.path.getsize(p)}
+        for i, p in enumerate(shards.paths)
+    ]
+    # to stdout, shards are named as given
+    result = cli.run(tarindex, ["--format", "wids", shards.paths[0]])
+    assert json.loads(result.stdout)["shardlist"][0]["url"] == shards.paths[0]
+
+
+def test_wids_reads_our_descriptor(cli, shards, tmp_path, monkeypatch):
+    wids = pytest.importorskip("wids")
+    out = tmp_path / "train.json"
+    assert cli.run(tarindex, ["--format", "wids", "-o", out, *shards.paths]).exit_code == 0
+    monkeypatch.setenv("WIDS_CACHE", str(tmp_path / "cache"))
+    ds = wids.ShardListDataset(str(out), transformations=[])
+    assert len(ds) == 12
+    for i in (0, 5, 11):
+        sample = ds[i]
+        key, fields = shards.expected[i]
+        assert sample["__key__"] == key
+        assert {k[1:]: v.read() if hasattr(v, "read") else v for k, v in sample.items() if k.startswith(".")} == fields
+
+
+def test_compressed_shard(cli, shards, tmp_path):
+    tmp_path = tmp_path / "bad"
+    tmp_path.mkdir()
+    gz = tmp_path / "c.tar.gz"
+    gz.write_bytes(gzip.compress(Path(shards.paths[0]).read_bytes()))
+    result = cli.run(tarindex, [gz])
+    assert result.exit_code == 1
+    line = cli.one_line_error(result, "tarindex")
+    assert line == (
+        f"tarindex: error: {gz}: compressed (gzip) shard: random access needs a plain tar; "
+        f"decompress it first (tarcat {gz} -o {tmp_path / 'c.tar'})"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["c.tar.gz"]
+
+
+def test_truncated_shard_leaves_no_index(cli, shards, tmp_path):
+    tmp_path = tmp_path / "bad"
+    tmp_path.mkdir()
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(Path(shards.paths[2]).read_bytes()[:3000])
+    result = cli.run(tarindex, [cut])
+    assert result.exit_code == 1
+    line = cli.one_line_error(result, "tarindex")
+    assert f"{cut}: truncated" in line and "at byte " in line
+    assert sorted(os.listdir(tmp_path)) == ["cut.tar"]
+
+
+def test_skip_shard_goes_on(cli, shards, tmp_path):
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(Path(shards.paths[2]).read_bytes()[:3000])
+    result = cli.run(tarindex, ["--on-error", "skip-shard", "--format", "wids", shards.paths[0], cut, shards.paths[1]])
+    assert result.exit_code == 0
+    assert "warning: " in result.stderr and "cut.tar: truncated" in result.stderr
+    urls = [s["url"] for s in json.loads(result.stdout)["shardlist"]]
+    assert urls == [shards.paths[0], shards.paths[1]]
+
+
+def test_verbose_says_what_was_written(cli, shards):
+    result = cli.run(tarindex, ["-v", shards.paths[0]])
+    assert result.stderr == f"tarindex: {shards.paths[0]}: 4 samples, {os.path.getsize(shards.paths[0])} bytes " \
+        f"-> {shards.paths[0]}.idx\n"
+
+
+def test_help(cli):
+    result = cli.run(tarindex, ["--help"])
+    assert result.exit_code == 0
+    assert "Examples:" in result.stdout and "tarindex --format dali" in result.stdout
+
+
+def test_real_pipes(shards, tmp_path):
+    """A real subprocess: the index on stdout through head, and a quiet end when head stops early."""
+    cmd = [sys.executable, "-m", "tarproc.cli.tarindex"]
+    proc = subprocess.run(
+        f"{' '.join(cmd)} -o - {shards.paths[0]} | head -2", shell=True, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert json.loads(lines[0])["samples"] == 4 and json.loads(lines[1])["key"] == shards.expected[0][0]
+    # a made-up shard big enough that the index doesn't fit a pipe's buffer
+    big = tmp_path / "many.tar"
+    from tarhelpers import write_tar
+
+    write_tar(big, ({"__key__": f"k{i:06d}", "txt": b"x"} for i in range(20000)))
+    proc = subprocess.run(
+        f"set -o pipefail; {' '.join(cmd)} -o - {big} | head -c 100 >/dev/null; echo ${{PIPESTATUS[0]}}",
+        shell=True, capture_output=True, text=True, executable="/bin/bash", timeout=60,
+    )
+    assert proc.stdout.strip() == "141" and proc.stderr == ""
+    assert build_index(str(big)).entries[-1].key == "k019999"

@@ -1,0 +1,424 @@
+"""Shard indexes and IndexedShard: offsets, formats, loading, random access, stale and bad input."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import io
+import tarfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tarproc.index as index_mod
+from tarproc import TarWriter, read_samples
+from tarproc.errors import DuplicateError, OptionError, SourceError, TarFormatError
+from tarproc.index import (
+    CompressedShardError,
+    IndexedShard,
+    IndexFileError,
+    build_index,
+    default_index_url,
+    index_stream,
+    load_index,
+    parse_index,
+)
+
+LONG_KEY = "deep/" + "d" * 120 + "/sample-long"  # a GNU long-name record (no ustar split fits)
+PREFIX_KEY = "p" * 90 + "/" + "q" * 60  # fits ustar with the 155-byte prefix field
+
+
+def make_samples(n: int = 6, big: int = 3000) -> list[dict[str, Any]]:
+    out = []
+    for i in range(n):
+        key = LONG_KEY if i == 2 else PREFIX_KEY if i == 3 else f"s/{i:04d}"
+        out.append({"__key__": key, "jpg": bytes([i]) * (big + 37 * i), "cls": str(i), "json": {"i": i}})
+    return out
+
+
+def write(path: Path, samples: list[dict[str, Any]]) -> Path:
+    with open(path, "wb") as f, TarWriter(f) as w:
+        for s in samples:
+            w.write_sample(s)
+    return path
+
+
+def as_dicts(samples: Any) -> list[tuple[str, dict[str, bytes]]]:
+    return [(s["__key__"], {k: bytes(v) for k, v in s.items() if not k.startswith("__")}) for s in samples]
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> Path:
+    return write(tmp_path / "s.tar", make_samples())
+
+
+def pax_shard(kit: Any) -> bytes:
+    """Pax headers (a long path and a non-ASCII one), an upper-case extension, a directory entry
+    and a metadata member, written by hand and by Python's tarfile."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in [
+            ("__meta__/info.json", b"{}"),
+            ("x/" + "é" * 80 + ".cls", b"7"),
+            ("x/" + "é" * 80 + ".JPG", b"pax jpeg"),
+            ("y/" + "z" * 150 + ".cls", b"8"),
+            ("y/" + "z" * 150 + ".txt", b"pax long"),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        d = tarfile.TarInfo("y/dir")
+        d.type = tarfile.DIRTYPE
+        tf.addfile(d)
+        info = tarfile.TarInfo("w.cls")
+        info.size = 1
+        tf.addfile(info, io.BytesIO(b"9"))
+    return buf.getvalue()
+
+
+# -------------------------------------------------------------------------------------------
+# building
+
+
+def check_offsets(data: bytes, index: Any) -> None:
+    """Every field's [data_offset, size] holds the bytes read_samples reads, and each sample's
+    [offset, offset + size) is a piece of tar holding exactly that sample."""
+    expected = as_dicts(read_samples_bytes(data))
+    assert [e.key for e in index.entries] == [k for k, _ in expected]
+    for entry, (key, fields) in zip(index.entries, expected, strict=True):
+        assert set(entry.fields) == set(fields)
+        for field, (offset, size) in entry.fields.items():
+            assert data[offset : offset + size] == fields[field]
+        piece = data[entry.offset : entry.offset + entry.size] + bytes(1024)
+        assert as_dicts(read_samples_bytes(piece)) == [(key, fields)]
+
+
+def read_samples_bytes(data: bytes) -> list[dict[str, Any]]:
+    from tarproc.samples import group_samples
+    from tarproc.tario import iter_members
+
+    return list(group_samples(iter_members(io.BytesIO(data), "mem"), "mem"))
+
+
+def test_offsets_long_and_prefix_names(shard, reader):
+    data = shard.read_bytes()
+    index = build_index(str(shard))
+    assert index.size == len(data) and index.shard == "s.tar" and len(index) == 6
+    check_offsets(data, index)
+    assert index.entries[0].offset == 0
+    assert index.entries[2].key == LONG_KEY
+    # the long-name record belongs to its sample: it starts right after the previous sample
+    assert index.entries[2].offset == index.entries[1].offset + index.entries[1].size
+
+
+def test_offsets_pax_uppercase_directory_metadata(kit, reader):
+    data = pax_shard(kit)
+    index = index_stream(io.BytesIO(data), "pax.tar")
+    check_offsets(data, index)
+    keys = [e.key for e in index.entries]
+    assert keys == ["x/" + "é" * 80, "y/" + "z" * 150, "w"]
+    assert index.entries[0].names == {"jpg": "x/" + "é" * 80 + ".JPG"}
+    # the directory entry before w.cls lies inside w's range
+    assert index.entries[2].offset == index.entries[1].offset + index.entries[1].size
+
+
+def test_jsonl_round_trip(shard, kit):
+    for index in (build_index(str(shard)), index_stream(io.BytesIO(pax_shard(kit)), "pax.tar")):
+        text = index.jsonl_text()
+        again = parse_index(text, "x.idx")
+        assert again.entries == index.entries and again.size == index.size and again.shard == index.shard
+        assert text.splitlines()[0].startswith('{"format": "tarproc-index", "version": 1')
+
+
+def test_dup_policies(tmp_path):
+    path = tmp_path / "dup.tar"
+    with open(path, "wb") as f, TarWriter(f) as w:
+        w.add("a.txt", b"1")
+        w.add("b.txt", b"2")
+        w.add("a.cls", b"3")
+    with pytest.raises(DuplicateError, match="reappears"):
+        build_index(str(path))
+    assert [e.key for e in build_index(str(path), dup="skip").entries] == ["a", "b"]
+
+
+def test_compressed_shard_is_refused(shard, tmp_path):
+    gz = tmp_path / "s.tar.gz"
+    gz.write_bytes(gzip.compress(shard.read_bytes()))
+    with pytest.raises(CompressedShardError) as e:
+        build_index(str(gz))
+    assert str(e.value) == (
+        f"{gz}: compressed (gzip) shard: random access needs a plain tar; decompress it first "
+        f"(tarcat {gz} -o {tmp_path / 's.tar'})"
+    )
+    with pytest.raises(CompressedShardError):
+        IndexedShard(gz)
+
+
+def test_truncated_shard(shard, tmp_path):
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(shard.read_bytes()[:5000])
+    with pytest.raises(TarFormatError) as e:
+        build_index(str(cut))
+    assert e.value.url == str(cut) and e.value.offset > 0 and "truncated" in str(e.value)
+
+
+def test_stdin_and_pipes_are_refused():
+    for url in ("-", "pipe:cat x.tar"):
+        with pytest.raises(OptionError, match="random access"):
+            build_index(url)
+
+
+def test_default_index_names():
+    assert default_index_url("a/b.c/train-01.tar") == "a/b.c/train-01.tar.idx"
+    assert default_index_url("a/b.c/train-01.tar", "dali") == "a/b.c/train-01.idx"
+    assert default_index_url("s3://b/x.tar.gz", "dali") == "s3://b/x.idx"
+
+
+# -------------------------------------------------------------------------------------------
+# IndexedShard
+
+
+def test_indexed_shard_access(shard):
+    expected = as_dicts(read_samples(str(shard)))
+    with IndexedShard(shard) as ds:
+        assert len(ds) == 6 and ds.keys() == [k for k, _ in expected]
+        assert as_dicts(ds) == expected
+        assert as_dicts([ds[-1]]) == [expected[-1]] and as_dicts([ds[2]]) == [expected[2]]
+        assert ds[LONG_KEY]["jpg"] == expected[2][1]["jpg"]
+        assert ds[0]["__url__"] == str(shard) and ds[0]["__key__"] == "s/0000"
+        assert LONG_KEY in ds and "nope" not in ds
+        with pytest.raises(IndexError):
+            ds[6]
+        with pytest.raises(IndexError):
+            ds[-7]
+        with pytest.raises(KeyError, match="nope"):
+            ds["nope"]
+        only = ds.get("s/0005", fields=["cls", "nothere"])
+        assert only == {"__key__": "s/0005", "__url__": str(shard), "cls": b"5"}
+    with pytest.raises(ValueError, match="closed"):
+        ds[0]
+
+
+def test_reads_only_the_bytes_asked_for(shard):
+    with IndexedShard(shard) as ds:
+        ds.reads = ds.bytes_read = 0
+        s = ds[4]
+        assert ds.reads == 1  # the sample's members are adjacent: one read
+        entry = ds.index.entries[4]
+        assert ds.bytes_read == entry.size and len(s["jpg"]) == 3000 + 37 * 4
+        ds.reads = ds.bytes_read = 0
+        ds.sample(4, fields=["cls"])  # cls is the first member: its header and its one block
+        assert (ds.reads, ds.bytes_read) == (1, 1024)
+        ds.reads = ds.bytes_read = 0
+        ds.sample(4, fields=["cls", "json"])  # cls, jpg, json in tar order: two reads, jpg skipped
+        assert ds.reads == 2 and ds.bytes_read < 3000
+    with IndexedShard(shard, fields=["json"]) as ds:
+        assert [set(s) for s in ds] == [{"__key__", "__url__", "json"}] * 6
+
+
+def test_pax_names_through_indexed_shard(kit, tmp_path, reader):
+    path = tmp_path / "pax.tar"
+    path.write_bytes(pax_shard(kit))
+    with IndexedShard(path) as ds:
+        assert as_dicts(ds) == as_dicts(read_samples(str(path)))
+        assert ds.get("x/" + "é" * 80, fields=["jpg"])["jpg"] == b"pax jpeg"
+
+
+def test_uses_the_sibling_index_and_rebuilds_a_stale_one(shard, monkeypatch):
+    sibling = Path(default_index_url(str(shard)))
+    sibling.write_text(build_index(str(shard)).jsonl_text())
+
+    def no_scan(*a: Any, **k: Any) -> None:
+        raise AssertionError("scanned although a valid index exists")
+
+    with monkeypatch.context() as m:
+        m.setattr(index_mod, "build_index", no_scan)
+        with IndexedShard(shard) as ds:
+            assert ds["s/0001"]["cls"] == b"1"
+    # the shard is rewritten with other samples: the sibling's size no longer matches -> scan
+    write(shard, make_samples(3, big=10))
+    with IndexedShard(shard) as ds:
+        assert len(ds) == 3
+
+
+def test_explicit_stale_index_is_an_error(shard, tmp_path):
+    idx = tmp_path / "s.idx"
+    idx.write_text(build_index(str(shard)).jsonl_text())
+    write(shard, make_samples(3, big=10))
+    with pytest.raises(IndexFileError, match=r"s\.idx: stale index: made for a shard of \d+ bytes"):
+        IndexedShard(shard, index=idx)
+
+
+def test_rewritten_shard_of_the_same_size_is_detected(tmp_path):
+    """Same size, other content: the checked headers give a clear error, never wrong bytes."""
+    path = tmp_path / "s.tar"
+    write(path, [{"__key__": f"a{i}", "txt": b"x" * 600} for i in range(4)])
+    index = build_index(str(path))
+    size = path.stat().st_size
+    # other keys, same sizes
+    write(path, [{"__key__": f"b{i}", "txt": b"x" * 600} for i in range(4)])
+    assert path.stat().st_size == size
+    with IndexedShard(path, index=index) as ds, pytest.raises(TarFormatError) as e:
+        ds[1]
+    assert e.value.url == str(path) and e.value.offset == index.entries[1].fields["txt"][0] - 512
+    assert "expected member 'a1.txt' of 600 bytes, found member 'b1.txt'" in str(e.value)
+    assert "rebuild the index" in str(e.value)
+    # members shifted: the index points into the middle of data
+    write(path, [{"__key__": f"a{i}", "txt": b"y" * 100} for i in range(6)])
+    assert path.stat().st_size == size
+    with IndexedShard(path, index=index) as ds, pytest.raises(TarFormatError, match="rebuild the index"):
+        ds[3]
+
+
+def test_shard_shorter_than_its_index(shard, tmp_path):
+    index = build_index(str(shard))
+    data = shard.read_bytes()
+    shard.write_bytes(data[: index.entries[3].offset + 700] + bytes(len(data) - index.entries[3].offset - 700))
+    with IndexedShard(shard, index=index) as ds:
+        assert ds[2]["cls"] == b"2"
+        with pytest.raises(TarFormatError, match="found no member there; was the shard changed"):
+            ds[3]
+        assert str(shard) in str(pytest.raises(TarFormatError, ds.__getitem__, 4).value)
+
+
+@pytest.mark.parametrize(
+    "mangle, message",
+    [
+        (lambda lines: lines[:2] + ["{not json"] + lines[3:], r"line 3: not JSON"),
+        (lambda lines: [lines[0].replace('"version": 1', '"version": 9')] + lines[1:], r"line 1: index version 9"),
+        (lambda lines: lines[:-1], r"line 6: the header announces 6 samples but the file has 5"),
+        (lambda lines: ["v1.2 6"] + lines[1:], r"line 1: not a tarproc index"),
+        (lambda lines: lines[:3] + [lines[3].replace('"offset":', '"offset":-')] + lines[4:], r"line 4: .*bad offset"),
+        (lambda lines: lines[:2] + [lines[1]] + lines[3:], r"line 3: .*overlaps"),
+        (lambda lines: lines[:4] + [lines[4].replace('"fields":{', '"fields":{"x":[3,1],')] + lines[5:],
+         r"line 5: .*field 'x'"),
+        (lambda lines: [], r"line 1: empty file"),
+    ],
+)
+def test_corrupt_index_file(shard, tmp_path, mangle, message):
+    lines = build_index(str(shard)).jsonl_text().splitlines()
+    idx = tmp_path / "bad.idx"
+    mangled = mangle(lines)
+    idx.write_text("\n".join(mangled) + "\n" if mangled else "")
+    with pytest.raises(IndexFileError, match=message) as e:
+        IndexedShard(shard, index=idx)
+    assert str(e.value).startswith(f"{idx}: line ")
+    with pytest.raises(IndexFileError):
+        load_index(str(idx))
+
+
+def test_missing_shard():
+    with pytest.raises(SourceError, match="no such file"):
+        IndexedShard("/nonexistent/x.tar")
+
+
+# -------------------------------------------------------------------------------------------
+# URLs: fsspec range reads
+
+
+def test_memory_fs_reads_ranges(shard, monkeypatch):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/idx/s.tar", shard.read_bytes())
+    fs.pipe("/idx/s.tar.idx", build_index(str(shard)).jsonl_text().encode())
+    calls: list[tuple[Any, Any]] = []
+    original = type(fs).cat_file
+
+    def counting(self: Any, path: str, start: Any = None, end: Any = None, **kw: Any) -> bytes:
+        calls.append((start, end))
+        return original(self, path, start=start, end=end, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(type(fs), "cat_file", counting)
+    with IndexedShard("memory://idx/s.tar") as ds:
+        calls.clear()
+        assert as_dicts([ds[5]]) == as_dicts(read_samples(str(shard)))[5:]
+        entry = ds.index.entries[5]
+        assert calls == [(entry.offset, entry.offset + entry.size)]
+    fs.rm("/idx", recursive=True)
+
+
+class _RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves files with Range support (206); records each GET's Range header."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        rng = self.headers.get("Range")
+        self.server.log.append((self.path, rng))  # type: ignore[attr-defined]
+        path = Path(self.directory) / self.path.lstrip("/")
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        if rng and rng.startswith("bytes=") and not self.server.ignore_ranges:  # type: ignore[attr-defined]
+            lo, hi = rng[len("bytes=") :].split("-")
+            a, b = int(lo), min(int(hi) if hi else len(data) - 1, len(data) - 1)
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {a}-{b}/{len(data)}")
+            body = data[a : b + 1]
+        else:
+            self.send_response(200)
+            body = data
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def range_server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    root = tmp_path / "www"
+    root.mkdir()
+
+    def handler(*args: Any, **kw: Any) -> _RangeHandler:
+        return _RangeHandler(*args, directory=str(root), **kw)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    server.log = []  # type: ignore[attr-defined]
+    server.ignore_ranges = False  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server, root, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_http_range_reads(shard, range_server):
+    server, root, base = range_server
+    big = write(root / "s.tar", make_samples(8, big=200_000))
+    (root / "s.tar.idx").write_text(build_index(str(big)).jsonl_text())
+    expected = as_dicts(read_samples(str(big)))
+    with IndexedShard(f"{base}/s.tar") as ds:
+        server.log.clear()
+        ds.bytes_read = 0
+        assert as_dicts([ds[6], ds["s/0001"]]) == [expected[6], expected[1]]
+        assert ds.get("s/0007", fields=["cls"])["cls"] == b"7"
+        shard_gets = [rng for path, rng in server.log if path == "/s.tar"]
+        assert len(shard_gets) == 3 and all(rng and rng.startswith("bytes=") for rng in shard_gets)
+        entries = ds.index.entries
+        assert ds.bytes_read == entries[6].size + entries[1].size + 1024  # not the file
+
+
+def test_http_server_ignoring_ranges_is_an_error(shard, range_server):
+    server, root, base = range_server
+    write(root / "s.tar", make_samples(3))
+    with IndexedShard(f"{base}/s.tar") as ds:  # no index there: built by one streaming read
+        server.ignore_ranges = True
+        with pytest.raises(TarFormatError, match="ignores range requests"):
+            ds[1]
+
+
+def test_http_index_and_shard_not_found(range_server):
+    _, _, base = range_server
+    with pytest.raises(SourceError):
+        IndexedShard(f"{base}/missing.tar")
+
