@@ -25,6 +25,7 @@ from .index import IndexedShard, ShardIndex, build_index
 from .samples import group_samples, read_samples, split_name
 from .shards import ShardInfo, ShardWriter, parse_size
 from .sinks import open_sink
+from .sort import SortStats, sort_samples
 from .sources import expand_urls, open_source
 from .tario import ReadStats, TarWriter, iter_members
 
@@ -42,6 +43,7 @@ __all__ = [
     "ShardInfo",
     "ShardWriter",
     "SinkError",
+    "SortStats",
     "SourceError",
     "TarFormatError",
     "TarWriter",
@@ -56,5 +58,6 @@ __all__ = [
     "open_source",
     "parse_size",
     "read_samples",
+    "sort_samples",
     "split_name",
 ]

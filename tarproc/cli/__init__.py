@@ -8,4 +8,5 @@ COMMANDS = {
     "tarcat": "tarproc.cli.tarcat:main",
     "tarsplit": "tarproc.cli.tarsplit:main",
     "tarindex": "tarproc.cli.tarindex:main",
+    "tarsort": "tarproc.cli.tarsort:main",
 }
