@@ -12,6 +12,7 @@ from __future__ import annotations
 from .errors import (
     CompressedShardError,
     CompressionError,
+    DecodeError,
     DuplicateError,
     IndexFileError,
     OptionError,
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CompressedShardError",
     "CompressionError",
+    "DecodeError",
     "DuplicateError",
     "IndexFileError",
     "IndexedShard",

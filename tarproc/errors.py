@@ -60,6 +60,16 @@ class DuplicateError(SampleError):
     """A field occurs twice in one sample, or a key reappears non-adjacently in a shard."""
 
 
+class DecodeError(SampleError):
+    """An image could not be decoded (corrupt, truncated, not an image) or has no image field."""
+
+    def __init__(self, reason: str, url: str | None = None, key: str | None = None, field: str | None = None) -> None:
+        self.reason = reason
+        self.field = field
+        what = f"field {field!r} of sample {key!r}" if field else f"sample {key!r}"
+        super().__init__(f"cannot decode {what}: {reason}", url, key)
+
+
 class CompressedShardError(TarprocError):
     """A shard is compressed: offsets into it can't be read at random (index it as a plain tar)."""
 

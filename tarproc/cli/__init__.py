@@ -9,4 +9,5 @@ COMMANDS = {
     "tarsplit": "tarproc.cli.tarsplit:main",
     "tarindex": "tarproc.cli.tarindex:main",
     "tarsort": "tarproc.cli.tarsort:main",
+    "tardecode": "tarproc.cli.tardecode:main",
 }

@@ -231,25 +231,44 @@ def _params(options: list[Callable[[Any], Any]]) -> list[click.Parameter]:
     return list(getattr(probe, "__click_params__", []))
 
 
-input_options = _bundle(
-    lambda: [
+def _input_params(on_error: Iterable[str], on_error_help: str) -> list[Callable[[Any], Any]]:
+    return [
         click.argument("inputs", nargs=-1, metavar="[INPUTS]..."),
         click.option("-T", "--files-from", "list_files", multiple=True, metavar="FILE",
                      help="Read input URLs from FILE, one per line ('-' = stdin)."),
-        click.option("--on-error", type=click.Choice(ON_ERROR_POLICIES), default="fail", show_default=True,
-                     help="On a missing or damaged input: stop, or report it and go on with the next shard."),
+        click.option("--on-error", type=click.Choice(list(on_error)), default="fail", show_default=True,
+                     help=on_error_help),
         click.option("--dup", type=click.Choice(DUP_POLICIES), default="error", show_default=True,
                      help="A duplicate field or a key that reappears later in a shard: error, warn and drop, or drop."),
         click.option("--max-member-size", type=SIZE, default=DEFAULT_MAX_MEMBER_SIZE, show_default="2GiB",
                      help="Largest member accepted; a bigger one is an error naming it."),
-    ],
-    lambda v: {
-        "reading": ReadOptions(
-            inputs_or_stdin(v["inputs"], v["list_files"]), v["on_error"], v["dup"], v["max_member_size"]
-        )
-    },
+    ]
+
+
+def _read_options(v: dict[str, Any], on_error: str) -> ReadOptions:
+    return ReadOptions(inputs_or_stdin(v["inputs"], v["list_files"]), on_error, v["dup"], v["max_member_size"])
+
+
+input_options = _bundle(
+    lambda: _input_params(
+        ON_ERROR_POLICIES, "On a missing or damaged input: stop, or report it and go on with the next shard."
+    ),
+    lambda v: {"reading": _read_options(v, v["on_error"])},
 )
 """INPUTS argument, -T lists and the reading policies; the command gets ``reading: ReadOptions``."""
+
+
+decode_input_options = _bundle(
+    lambda: _input_params(
+        ("fail", "skip", "skip-shard"),
+        "On a bad image: stop, or skip it (counted); skip-shard also goes on after a damaged shard.",
+    ),
+    lambda v: {
+        "reading": _read_options(v, "skip-shard" if v["on_error"] == "skip-shard" else "fail"),
+        "on_error": "fail" if v["on_error"] == "fail" else "skip",
+    },
+)
+"""``input_options`` for commands that decode images; they also get ``on_error`` ('fail' or 'skip')."""
 
 
 def _writer_kwargs(values: dict[str, Any]) -> dict[str, Any]:
@@ -295,6 +314,82 @@ common_options = _bundle(
     lambda v: {"quiet": v["quiet"]},  # --traceback is read by TarprocCommand.main itself
 )
 """-q, --traceback and --version; the command gets ``quiet``."""
+
+
+@dataclass
+class DecodeOptions:
+    """What ``decode_options`` collects: the augmentation spec and how to run the decoder."""
+
+    spec: Any  # a tarproc.decode.AugmentSpec
+    device: str
+    batch_size: int
+    processes: int
+
+    def decoder(self) -> Any:
+        from ..decode import make_decoder
+
+        return make_decoder(self.spec, self.device, self.batch_size, self.processes)
+
+
+def _spec(v: dict[str, Any]) -> Any:
+    from ..decode import AugmentSpec, parse_pair, parse_triple
+
+    size, resize = v["size"], v["resize"]
+    if v["random_crop"] and size is None:
+        raise OptionError("--random-crop needs --size")
+    if (v["scale"] or v["ratio"]) and not v["random_crop"]:
+        raise OptionError("--scale and --ratio have no effect without --random-crop")
+    if resize is None and size is not None and not v["random_crop"]:
+        resize = round(size * 8 / 7)  # the usual evaluation transform: 256 then 224
+    if resize == 0:
+        resize = None
+    return AugmentSpec(
+        size=size, resize=resize, random_crop=v["random_crop"],
+        scale=parse_pair(v["scale"], "scale") if v["scale"] else (0.08, 1.0),
+        ratio=parse_pair(v["ratio"], "ratio") if v["ratio"] else (3 / 4, 4 / 3),
+        flip=v["flip"],
+        mean=parse_triple(v["mean"], "mean") if v["mean"] else None,
+        std=parse_triple(v["std"], "std") if v["std"] else None,
+        layout=v["layout"].upper(), dtype=v["dtype"], seed=v["seed"] if v["seed"] is not None else _random_seed(),
+    )
+
+
+def _random_seed() -> int:
+    import secrets
+
+    return secrets.randbits(63)
+
+
+DEVICES = ("auto", "cpu", "dali-cpu", "gpu")  # tarproc.decode.DEVICES, without importing numpy and DALI here
+
+decode_options = _bundle(
+    lambda: [
+        click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+                     help="Backend: cpu (simplejpeg/Pillow), dali-cpu or gpu (NVIDIA DALI); auto = gpu if present."),
+        click.option("-b", "--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
+                     help="Images per batch."),
+        click.option("-p", "--processes", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="cpu: decoding processes; dali-cpu/gpu: DALI threads."),
+        click.option("--size", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Output N x N: centre crop after --resize, or random resized crop."),
+        click.option("--resize", type=click.IntRange(min=0), default=None, metavar="S",
+                     help="Scale the shorter side to S [default with --size: N*8/7; 0 = no resize]."),
+        click.option("--random-crop", is_flag=True, help="Random resized crop (torchvision's) to --size."),
+        click.option("--scale", metavar="LO,HI", help="Area fraction range of --random-crop [default: 0.08,1]."),
+        click.option("--ratio", metavar="LO,HI", help="Aspect ratio range of --random-crop [default: 3/4,4/3]."),
+        click.option("--flip", type=click.FloatRange(0, 1), default=0.0, show_default=True, metavar="P",
+                     help="Mirror horizontally with probability P."),
+        click.option("--mean", metavar="R,G,B", help="Normalize: subtract this mean (0..1 scale; 'imagenet')."),
+        click.option("--std", metavar="R,G,B", help="Normalize: divide by this std (0..1 scale; 'imagenet')."),
+        click.option("--layout", type=click.Choice(["HWC", "CHW"], case_sensitive=False), default="HWC",
+                     show_default=True, help="Array layout."),
+        click.option("--dtype", type=click.Choice(["uint8", "float16", "float32"]), default=None,
+                     help="Array dtype [default: float32 with --mean/--std, else uint8]."),
+        click.option("--seed", type=int, default=None, help="Seed of random crops and flips (per sample key)."),
+    ],
+    lambda v: {"decoding": DecodeOptions(_spec(v), v["device"], v["batch_size"], v["processes"])},
+)
+"""--device, -b, -p and the augmentation options; the command gets ``decoding: DecodeOptions``."""
 
 
 def inputs_or_stdin(inputs: tuple[str, ...], list_files: tuple[str, ...]) -> list[str]:

@@ -1,0 +1,91 @@
+"""The decode stage (issue 5): cpu backend vs Pillow, dali-cpu vs cpu on 2 processes, gpu when present.
+
+All rows decode the same ImageNet-sized JPEGs (ctx.data.jpeg), read into memory first, so only
+decoding is timed. Per-core figures are single-process runs.
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+
+import numpy as np
+from common import Context, Row, alternate, log, spread, timed, yes_no
+from PIL import Image
+
+SECTION = "decode"
+MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255
+STD = np.array([0.229, 0.224, 0.225], np.float32) * 255
+
+
+def load(ctx: Context) -> list[dict]:
+    import tarproc
+
+    return list(tarproc.read_samples(str(ctx.data.jpeg)))
+
+
+def pillow_decode(datas: list[bytes]) -> int:
+    for d in datas:
+        np.asarray(Image.open(io.BytesIO(d)).convert("RGB"))
+    return len(datas)
+
+
+def pillow_pipeline(datas: list[bytes]) -> int:
+    """The plain pipeline: decode, resize shorter side to 256, centre crop 224, normalize."""
+    for d in datas:
+        im = Image.open(io.BytesIO(d)).convert("RGB")
+        w, h = im.size
+        s = 256 / min(w, h)
+        im = im.resize((round(w * s), round(h * s)), Image.Resampling.BILINEAR)
+        x, y = (im.width - 224) // 2, (im.height - 224) // 2
+        a = np.asarray(im.crop((x, y, x + 224, y + 224)), np.float32)
+        _ = (a - MEAN) / STD
+    return len(datas)
+
+
+def run(ctx: Context) -> tuple[list[Row], list[str]]:
+    from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, dali_available, decode_samples, gpu_count
+
+    samples = load(ctx)
+    datas = [bytes(s["jpg"]) for s in samples]
+    n = len(datas)
+    reps = ctx.reps
+    rows: list[Row] = []
+    notes: list[str] = []
+    decode_only = AugmentSpec()
+    pipeline = AugmentSpec(size=224, resize=256, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout="CHW")
+
+    def ours(spec: AugmentSpec, device: str = "cpu", processes: int = 1):  # type: ignore[no-untyped-def]
+        return lambda: sum(1 for _ in decode_samples(samples, spec, device=device, processes=processes))
+
+    log(f"decode: {n} JPEGs, decode only")
+    t_ours, t_pil = alternate(reps, reps, ours(decode_only), lambda: pillow_decode(datas), n, "decode only")
+    r_ours, r_pil = n / statistics.median(t_ours), n / statistics.median(t_pil)
+    rows.append(Row("decode only, img/s per core, `cpu`", r_ours, "img/s", "Pillow decode", r_pil,
+                    "≥ 1.4×", yes_no(r_ours >= 1.4 * r_pil)))
+    notes.append(f"decode only: cpu {spread(t_ours)}; Pillow {spread(t_pil)}")
+
+    log("decode: decode + resize 256 + crop 224 + normalize")
+    t_ours, t_pil = alternate(reps, reps, ours(pipeline), lambda: pillow_pipeline(datas), n, "pipeline")
+    r_ours, r_pil = n / statistics.median(t_ours), n / statistics.median(t_pil)
+    rows.append(Row("decode+resize+crop+normalize, img/s per core, `cpu`", r_ours, "img/s",
+                    "Pillow + numpy", r_pil, "≥ 2×", yes_no(r_ours >= 2 * r_pil)))
+    notes.append(f"pipeline: cpu {spread(t_ours)}; Pillow + numpy {spread(t_pil)}")
+
+    if dali_available():
+        log("decode: dali-cpu 2 threads vs cpu 2 processes")
+        t_dali, t_cpu2 = alternate(reps, reps, ours(pipeline, "dali-cpu", 2), ours(pipeline, "cpu", 2), n, "2 cores")
+        r_dali, r_cpu2 = n / statistics.median(t_dali), n / statistics.median(t_cpu2)
+        rows.append(Row("same, `dali-cpu` 2 threads", r_dali, "img/s", "`cpu` on 2 processes", r_cpu2, "report", "—"))
+        notes.append(f"dali-cpu 2 threads {spread(t_dali)}; cpu -p 2 {spread(t_cpu2)}")
+    else:
+        notes.append("dali-cpu: not measured: NVIDIA DALI is not installed")
+
+    if dali_available() and gpu_count() > 0:
+        ours(pipeline, "gpu", 4)()  # warm-up: CUDA context, nvjpeg
+        t_gpu = [timed(ours(pipeline, "gpu", 4))[0] for _ in range(reps)]
+        r_gpu = n / statistics.median(t_gpu)
+        rows.append(Row("same, `gpu`", r_gpu, "img/s", "—", 0.0, "≥ 10,000 img/s", yes_no(r_gpu >= 10_000)))
+    else:
+        notes.append("gpu: not measured: no GPU in this run")
+    return rows, notes

@@ -1,0 +1,43 @@
+"""Decode and augment images: a stage yielding samples or batches of arrays (cpu, dali-cpu, gpu).
+
+::
+
+    from tarproc import read_samples
+    from tarproc.decode import AugmentSpec, IMAGENET_MEAN, IMAGENET_STD, batches
+
+    spec = AugmentSpec(size=224, random_crop=True, flip=0.5, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                       layout="CHW", seed=1)
+    for keys, images, samples in batches(read_samples("train-{0000..0147}.tar"), spec, batch_size=256):
+        ...  # images: (256, 3, 224, 224) float32
+
+The exact semantics of the spec (windows, interpolation, randomness) are in ``tarproc.decode.spec``;
+the backends are in ``tarproc.decode.cpu`` (simplejpeg + Pillow, process pool) and
+``tarproc.decode.dali`` (NVIDIA DALI on the CPU or the GPU, ``pip install tarproc[gpu]``).
+"""
+
+from __future__ import annotations
+
+from ..errors import DecodeError
+from .cpu import CpuDecoder, ImageError, decode_image, image_size
+from .dali import DaliDecoder, dali_available, gpu_count
+from .spec import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, Plan, parse_pair, parse_triple
+from .stage import (
+    DECODE_ON_ERROR,
+    DEFAULT_FIELDS,
+    DEVICES,
+    Batch,
+    DecodeStats,
+    batches,
+    decode_samples,
+    decoded_batches,
+    make_decoder,
+    npy_bytes,
+    resolve_device,
+)
+
+__all__ = [
+    "DECODE_ON_ERROR", "DEFAULT_FIELDS", "DEVICES", "IMAGENET_MEAN", "IMAGENET_STD", "AugmentSpec", "Batch",
+    "CpuDecoder", "DaliDecoder", "DecodeError", "DecodeStats", "ImageError", "Plan", "batches", "dali_available",
+    "decode_image", "decode_samples", "decoded_batches", "gpu_count", "image_size", "make_decoder", "npy_bytes",
+    "parse_pair", "parse_triple", "resolve_device",
+]

@@ -1,0 +1,232 @@
+"""The augmentation spec and its exact semantics, shared by every decode backend.
+
+Every geometric transform is reduced, on the host, to one **plan** per image: a window
+``(x0, y0, x1, y1)`` in the coordinates of the stored image (continuous pixel coordinates: pixel
+``i`` covers ``[i, i+1)``), the output size ``(width, height)`` the window is resampled to, and a
+horizontal flip flag. The backends only execute plans, so ``cpu`` and ``dali-cpu``/``gpu`` crop the
+same window and flip the same images for the same seed:
+
+- ``size`` and ``resize`` (center crop, the usual evaluation transform): the window is the square
+  of side ``size * min(h, w) / resize`` centred on the image (fractional coordinates allowed), i.e.
+  exactly "scale the shorter side to ``resize``, then crop ``size`` x ``size`` from the centre",
+  done as one resampling step;
+- ``size`` without ``resize``: a ``size`` x ``size`` window of stored pixels at integer offsets
+  ``((w - size) // 2, (h - size) // 2)``, copied without resampling;
+- ``resize`` alone: the whole image, shorter side scaled to ``resize`` (longer side rounded);
+- ``random_crop``: torchvision's ``RandomResizedCrop`` window (area fraction drawn from ``scale``,
+  log-uniform aspect ratio from ``ratio``, 10 attempts then a central fallback; integer window),
+  resampled to ``size`` x ``size``;
+- ``flip``: the image is mirrored horizontally with probability ``flip``.
+
+Resampling is bilinear with antialiasing (a triangle filter widened by the downscale factor:
+Pillow's ``BILINEAR``, DALI's ``INTERP_LINEAR`` with ``antialias=True``). Per-image randomness comes
+from ``random.Random(f"{seed}/{key}")``: the same seed gives the same crops and flips whatever the
+backend, the batch size, the number of processes or the order of the samples.
+
+Pixel values: RGB (grayscale replicated, CMYK converted, alpha dropped), EXIF orientation ignored
+(pixels as stored). Without ``mean``/``std`` the values are 0..255 (as uint8 or float); with them,
+``(pixel / 255 - mean) / std`` per channel, computed in float32 and then cast to ``dtype``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..errors import OptionError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+LAYOUTS = ("HWC", "CHW")
+DTYPES = ("uint8", "float16", "float32")
+
+
+class Plan(NamedTuple):
+    """What to do with one image: resample ``window`` (x0, y0, x1, y1) to ``out`` (w, h), flip."""
+
+    window: tuple[float, float, float, float]
+    out: tuple[int, int]
+    flip: bool
+
+    @property
+    def identity(self) -> bool:
+        """True when the plan copies stored pixels (no resampling needed)."""
+        x0, y0, x1, y1 = self.window
+        return self.out == (round(x1 - x0), round(y1 - y0)) and all(float(v).is_integer() for v in self.window)
+
+
+@dataclass(frozen=True)
+class AugmentSpec:
+    """Decode and augmentation parameters (see the module docstring for the exact semantics).
+
+    >>> spec = AugmentSpec(size=224, resize=256)
+    >>> spec.plan("k", 375, 500).out, spec.output_dtype
+    ((224, 224), 'uint8')
+    >>> AugmentSpec(size=224, mean=IMAGENET_MEAN, std=IMAGENET_STD).output_dtype
+    'float32'
+    """
+
+    size: int | None = None
+    resize: int | None = None
+    random_crop: bool = False
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: float = 0.0
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    layout: str = "HWC"
+    dtype: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size is not None and self.size < 1:
+            raise OptionError(f"bad size {self.size}; must be >= 1")
+        if self.resize is not None and self.resize < 1:
+            raise OptionError(f"bad resize {self.resize}; must be >= 1")
+        if self.random_crop and self.size is None:
+            raise OptionError("a random resized crop needs the output size (--size)")
+        if self.random_crop and self.resize is not None:
+            raise OptionError("--resize has no effect with --random-crop (the crop is resampled to --size)")
+        if self.size is not None and self.resize is not None and self.size > self.resize:
+            raise OptionError(f"crop size {self.size} is larger than the resized shorter side {self.resize}")
+        lo, hi = self.scale
+        if not 0 < lo <= hi <= 1:
+            raise OptionError(f"bad scale {lo},{hi}; need 0 < LO <= HI <= 1")
+        lo, hi = self.ratio
+        if not 0 < lo <= hi:
+            raise OptionError(f"bad ratio {lo},{hi}; need 0 < LO <= HI")
+        if not 0 <= self.flip <= 1:
+            raise OptionError(f"bad flip probability {self.flip}; must be in 0..1")
+        for name, values in (("mean", self.mean), ("std", self.std)):
+            if values is not None and len(values) != 3:
+                raise OptionError(f"bad {name} {values}; give three values (R,G,B)")
+        if self.std is not None and any(v <= 0 for v in self.std):
+            raise OptionError(f"bad std {self.std}; values must be > 0")
+        if self.layout not in LAYOUTS:
+            raise OptionError(f"bad layout {self.layout!r}; use one of {', '.join(LAYOUTS)}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise OptionError(f"bad dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
+        if self.dtype == "uint8" and self.normalized:
+            raise OptionError("normalized values (--mean/--std) need a float dtype (float16 or float32)")
+
+    @property
+    def normalized(self) -> bool:
+        return self.mean is not None or self.std is not None
+
+    @property
+    def output_dtype(self) -> str:
+        """The dtype of the arrays: as given, else float32 when normalizing, else uint8."""
+        return self.dtype or ("float32" if self.normalized else "uint8")
+
+    @property
+    def mean_std_255(self) -> tuple[list[float], list[float]]:
+        """Mean and std in pixel units (0..255), as DALI's crop_mirror_normalize takes them."""
+        mean = self.mean or (0.0, 0.0, 0.0)
+        std = self.std or (1 / 255, 1 / 255, 1 / 255)
+        return [m * 255 for m in mean], [s * 255 for s in std]
+
+    @property
+    def geometric(self) -> bool:
+        """True when images are cropped or resized (else they keep their stored size)."""
+        return self.size is not None or self.resize is not None
+
+    def plan(self, key: str, height: int, width: int) -> Plan:
+        """The plan for the image of sample ``key`` stored as ``height`` x ``width``.
+
+        >>> AugmentSpec(size=100).plan("k", 300, 400)
+        Plan(window=(150, 100, 250, 200), out=(100, 100), flip=False)
+        >>> AugmentSpec(resize=150).plan("k", 300, 400).out
+        (200, 150)
+        """
+        rng = random.Random(f"{self.seed}/{key}")
+        h, w = height, width
+        window: tuple[float, float, float, float]
+        if self.random_crop:
+            assert self.size is not None
+            x, y, cw, ch = random_resized_window(rng, w, h, self.scale, self.ratio)
+            window, out = (x, y, x + cw, y + ch), (self.size, self.size)
+        elif self.size is not None and self.resize is not None:
+            side = self.size * min(h, w) / self.resize
+            x0, y0 = (w - side) / 2, (h - side) / 2
+            window, out = (x0, y0, x0 + side, y0 + side), (self.size, self.size)
+        elif self.size is not None:
+            if self.size > min(h, w):
+                raise ValueError(f"image is {w}x{h}, smaller than the crop size {self.size} (use --resize)")
+            x, y = (w - self.size) // 2, (h - self.size) // 2
+            window, out = (x, y, x + self.size, y + self.size), (self.size, self.size)
+        elif self.resize is not None:
+            s = self.resize / min(h, w)
+            out = (self.resize, max(1, round(h * s))) if w <= h else (max(1, round(w * s)), self.resize)
+            window = (0, 0, w, h)
+        else:
+            window, out = (0, 0, w, h), (w, h)
+        flip = self.flip > 0 and rng.random() < self.flip
+        return Plan(window, out, flip)
+
+
+def random_resized_window(
+    rng: random.Random, width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float]
+) -> tuple[int, int, int, int]:
+    """``(x, y, w, h)`` of a random window as torchvision's ``RandomResizedCrop.get_params`` draws it.
+
+    >>> random_resized_window(random.Random(0), 500, 375, (1.0, 1.0), (4 / 3, 4 / 3))
+    (0, 0, 500, 375)
+    """
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = round(math.sqrt(target * aspect))
+        h = round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, width - w), rng.randint(0, height - h), w, h
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif in_ratio > ratio[1]:
+        w, h = round(height * ratio[1]), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+def parse_triple(text: str, name: str) -> tuple[float, float, float]:
+    """Parse ``R,G,B`` floats (or ``imagenet``) for --mean/--std.
+
+    >>> parse_triple("imagenet", "mean")
+    (0.485, 0.456, 0.406)
+    >>> parse_triple("0.5,0.5,0.5", "std")
+    (0.5, 0.5, 0.5)
+    """
+    if text.strip().lower() == "imagenet":
+        return IMAGENET_MEAN if name == "mean" else IMAGENET_STD
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise OptionError(f"bad --{name} {text!r}; expected R,G,B numbers (0..1) or 'imagenet'") from None
+    if len(values) == 1:
+        values = values * 3
+    if len(values) != 3:
+        raise OptionError(f"bad --{name} {text!r}; expected three numbers R,G,B")
+    return values  # type: ignore[return-value]
+
+
+def parse_pair(text: str, name: str) -> tuple[float, float]:
+    """Parse ``LO,HI`` (``3/4,4/3`` fractions allowed) for --scale/--ratio.
+
+    >>> parse_pair("3/4,4/3", "ratio")
+    (0.75, 1.3333333333333333)
+    """
+
+    def number(part: str) -> float:
+        num, _, den = part.partition("/")
+        return float(num) / float(den) if den else float(num)
+
+    try:
+        lo, hi = (number(p) for p in text.split(","))
+    except (ValueError, ZeroDivisionError):
+        raise OptionError(f"bad --{name} {text!r}; expected LO,HI like 0.08,1 or 3/4,4/3") from None
+    return lo, hi

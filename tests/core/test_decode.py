@@ -1,0 +1,254 @@
+"""The decode stage on the cpu backend: spec semantics, formats, normalization, pool, bad input."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tarproc.decode import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    AugmentSpec,
+    DecodeError,
+    DecodeStats,
+    ImageError,
+    batches,
+    decode_image,
+    decode_samples,
+    image_size,
+)
+from tarproc.decode.cpu import dct_factor
+from tarproc.errors import OptionError
+
+
+def picture(w: int = 96, h: int = 72, seed: int = 0) -> np.ndarray:
+    """A smooth colour field with a little grain, like a photo (random noise would defeat JPEG)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 255 / w, y * 255 / h, (x + y) * 127 / (w + h) + 64], axis=-1)
+    return np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype(np.uint8)
+
+
+def encode(array: np.ndarray, fmt: str = "JPEG", mode: str | None = None, **kw: object) -> bytes:
+    im = Image.fromarray(array)
+    if mode:
+        im = im.convert(mode)
+    buf = io.BytesIO()
+    im.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def reference(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+JPEG = encode(picture(), quality=92)
+
+
+# ---------------------------------------------------------------------------------------------
+# the spec
+
+
+def test_center_window_is_resize_then_center_crop() -> None:
+    plan = AugmentSpec(size=224, resize=256).plan("k", 375, 500)
+    side = 224 * 375 / 256
+    assert plan.out == (224, 224)
+    assert plan.window == pytest.approx(((500 - side) / 2, (375 - side) / 2, (500 + side) / 2, (375 + side) / 2))
+    assert not plan.flip
+
+
+def test_resize_keeps_aspect_with_shorter_side_exact() -> None:
+    assert AugmentSpec(resize=256).plan("k", 375, 500).out == (341, 256)
+    assert AugmentSpec(resize=256).plan("k", 500, 375).out == (256, 341)
+
+
+def test_random_crop_is_deterministic_per_seed_and_key() -> None:
+    spec = AugmentSpec(size=64, random_crop=True, flip=0.5, seed=7)
+    plans = [spec.plan(f"k{i}", 375, 500) for i in range(50)]
+    assert plans == [spec.plan(f"k{i}", 375, 500) for i in range(50)]
+    assert len({p.window for p in plans}) > 40
+    assert 10 < sum(p.flip for p in plans) < 40
+    other = AugmentSpec(size=64, random_crop=True, flip=0.5, seed=8)
+    assert [other.plan(f"k{i}", 375, 500) for i in range(50)] != plans
+    for p in plans:
+        x0, y0, x1, y1 = p.window
+        assert 0 <= x0 < x1 <= 500 and 0 <= y0 < y1 <= 375
+        area = (x1 - x0) * (y1 - y0) / (500 * 375)
+        assert 0.07 < area <= 1.0
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"random_crop": True},
+    {"size": 300, "resize": 256},
+    {"size": 64, "random_crop": True, "resize": 80},
+    {"flip": 1.5},
+    {"mean": (0.5, 0.5)},
+    {"std": (0.0, 1.0, 1.0)},
+    {"layout": "WHC"},
+    {"dtype": "int64"},
+    {"dtype": "uint8", "mean": IMAGENET_MEAN},
+    {"scale": (0.5, 0.1)},
+])
+def test_bad_specs_are_option_errors(kwargs: dict[str, object]) -> None:
+    with pytest.raises(OptionError):
+        AugmentSpec(**kwargs)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# formats: everything becomes RGB, 3 channels
+
+
+@pytest.mark.parametrize("fmt, mode, kw", [
+    ("JPEG", None, {}),
+    ("JPEG", "L", {}),
+    ("JPEG", "CMYK", {}),
+    ("JPEG", None, {"progressive": True}),
+    ("PNG", None, {}),
+    ("PNG", "RGBA", {}),
+    ("PNG", "LA", {}),
+    ("PNG", "P", {}),
+    ("WEBP", None, {"lossless": True}),
+])
+def test_formats_decode_to_rgb(fmt: str, mode: str | None, kw: dict[str, object]) -> None:
+    data = encode(picture(), fmt, mode, **kw)
+    out = decode_image(data, AugmentSpec(), "k")
+    assert out.shape == (72, 96, 3) and out.dtype == np.uint8
+    assert np.abs(out.astype(int) - reference(data)).max() <= 1
+    if mode in (None, "RGBA") and fmt != "JPEG":
+        assert np.array_equal(out, picture())  # lossless: alpha dropped, pixels exact
+
+
+def test_image_size_reads_headers_only() -> None:
+    assert image_size(JPEG) == (72, 96)
+    assert image_size(encode(picture(), "PNG")) == (72, 96)
+    with pytest.raises(ImageError, match="not an image"):
+        image_size(b"hello world, this is text")
+
+
+def test_crop_without_resize_copies_pixels() -> None:
+    data = encode(picture(), "PNG")
+    out = decode_image(data, AugmentSpec(size=50), "k")
+    assert np.array_equal(out, picture()[11:61, 23:73])
+    with pytest.raises(ImageError, match="smaller than the crop size"):
+        decode_image(data, AugmentSpec(size=80), "k")
+
+
+def test_resize_crop_matches_pillow_two_step_pipeline() -> None:
+    """One resampling of the window ~ Pillow's resize(shorter side) then crop (rounding aside)."""
+    data = encode(picture(400, 300), "PNG")
+    out = decode_image(data, AugmentSpec(size=96, resize=128), "k")
+    im = Image.open(io.BytesIO(data)).convert("RGB").resize((171, 128), Image.Resampling.BILINEAR)
+    two_step = np.asarray(im)[16:112, 37:133]
+    assert out.shape == (96, 96, 3)
+    assert np.abs(out.astype(int) - two_step).mean() < 3
+
+
+def test_dct_scaling_used_for_large_downscales_and_stays_close() -> None:
+    big = encode(picture(800, 600), quality=95)
+    spec = AugmentSpec(size=64, resize=72)
+    assert dct_factor(spec.plan("k", 600, 800)) == 8
+    assert dct_factor(AugmentSpec(size=224, resize=256).plan("k", 375, 500)) == 1
+    fast = decode_image(big, spec, "k")
+    exact = decode_image(big, spec, "k", dct_scaling=False)
+    assert fast.shape == exact.shape == (64, 64, 3)
+    diff = np.abs(fast.astype(int) - exact)
+    assert diff.mean() < 2.5 and diff.max() <= 32
+
+
+# ---------------------------------------------------------------------------------------------
+# flip, normalization, dtype, layout
+
+
+def test_flip_normalize_layout_dtype() -> None:
+    data = encode(picture(), "PNG")
+    spec = AugmentSpec(flip=1.0, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout="CHW", dtype="float16")
+    out = decode_image(data, spec, "k")
+    assert out.shape == (3, 72, 96) and out.dtype == np.float16
+    expect = (picture()[:, ::-1] / 255 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
+    assert np.abs(out.astype(np.float64) - expect.transpose(2, 0, 1)).max() < 0.01
+    raw = decode_image(data, AugmentSpec(dtype="float32"), "k")
+    assert raw.dtype == np.float32 and np.array_equal(raw, picture().astype(np.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# the stage
+
+
+def samples(n: int, bad: dict[int, bytes] | None = None) -> list[dict[str, object]]:
+    out = []
+    for i in range(n):
+        image = (bad or {}).get(i, encode(picture(seed=i), quality=90))
+        out.append({"__key__": f"s{i:03d}", "__url__": "shard.tar", "jpg": image, "cls": str(i).encode()})
+    return out
+
+
+def test_stage_replaces_field_keeps_others_and_order() -> None:
+    out = list(decode_samples(samples(5), AugmentSpec(size=32, resize=40), device="cpu", batch_size=2))
+    assert [s["__key__"] for s in out] == [f"s{i:03d}" for i in range(5)]
+    assert all(s["jpg"].shape == (32, 32, 3) for s in out)
+    assert [s["cls"] for s in out] == [str(i).encode() for i in range(5)]
+    renamed = next(decode_samples(samples(1), AugmentSpec(), device="cpu", output_field="npy"))
+    assert "jpg" not in renamed and renamed["npy"].shape == (72, 96, 3)
+
+
+def test_batches_stack_images() -> None:
+    spec = AugmentSpec(size=32, random_crop=True, layout="CHW", mean=IMAGENET_MEAN, std=IMAGENET_STD, seed=1)
+    got = list(batches(samples(7), spec, device="cpu", batch_size=3))
+    assert [len(b.keys) for b in got] == [3, 3, 1]
+    assert got[0].images.shape == (3, 3, 32, 32) and got[0].images.dtype == np.float32
+    assert got[0].samples[0]["cls"] == b"0" and "jpg" not in got[0].samples[0]
+
+
+def test_process_pool_gives_the_same_arrays_in_order() -> None:
+    spec = AugmentSpec(size=48, random_crop=True, flip=0.5, seed=3)
+    one = list(decode_samples(samples(12), spec, device="cpu", batch_size=5))
+    two = list(decode_samples(samples(12), spec, device="cpu", batch_size=5, processes=2))
+    assert [s["__key__"] for s in one] == [s["__key__"] for s in two]
+    assert all(np.array_equal(a["jpg"], b["jpg"]) for a, b in zip(one, two, strict=True))
+
+
+BAD = {
+    "corrupt": JPEG[:300] + bytes(400) + JPEG[700:],
+    "truncated": JPEG[: len(JPEG) // 2],
+    "not an image": b"this is a text file, not a JPEG\n" * 10,
+}
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_bad_image_fails_naming_url_key_and_field(kind: str) -> None:
+    with pytest.raises(DecodeError) as e:
+        list(decode_samples(samples(4, {2: BAD[kind]}), AugmentSpec(size=32), device="cpu"))
+    message = str(e.value)
+    assert message.startswith("shard.tar: cannot decode field 'jpg' of sample 's002': "), message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_bad_images_skipped_and_counted_rest_of_batch_intact(processes: int) -> None:
+    stats, warnings = DecodeStats(), []
+    bad = {1: BAD["corrupt"], 2: BAD["truncated"], 5: BAD["not an image"]}
+    out = list(decode_samples(samples(8, bad), AugmentSpec(size=32), device="cpu", batch_size=4,
+                              processes=processes, on_error="skip", stats=stats, warn=warnings.append))
+    assert [s["__key__"] for s in out] == ["s000", "s003", "s004", "s006", "s007"]
+    assert stats.skipped == 3 and stats.decoded == 5 and stats.backend == "cpu"
+    assert len(warnings) == 3 and "s005" in warnings[2]
+
+
+def test_sample_without_image_field() -> None:
+    items = samples(2)
+    del items[1]["jpg"]
+    with pytest.raises(DecodeError, match="sample 's001': no image field"):
+        list(decode_samples(items, AugmentSpec(), device="cpu"))
+    stats = DecodeStats()
+    assert len(list(decode_samples(items, AugmentSpec(), device="cpu", on_error="skip", stats=stats))) == 1
+    assert stats.skipped == 1
+
+
+def test_bad_stage_arguments() -> None:
+    with pytest.raises(OptionError):
+        list(decode_samples(samples(1), AugmentSpec(), device="tpu"))
+    with pytest.raises(OptionError):
+        list(decode_samples(samples(1), AugmentSpec(), device="cpu", on_error="ignore"))
