@@ -70,6 +70,31 @@ class DecodeError(SampleError):
         super().__init__(f"cannot decode {what}: {reason}", url, key)
 
 
+class PlanError(TarprocError):
+    """A plan row is malformed or names a file that can't be read; ``row`` is its line number."""
+
+    def __init__(self, message: str, url: str | None, row: int | None = None, column: str | None = None) -> None:
+        self.row = row
+        self.column = column
+        where = []
+        if row is not None:
+            where.append(f"row {row}")
+        if column is not None:
+            where.append(f"column {column}")
+        super().__init__(", ".join(where) + ": " + message if where else message, url)
+
+
+
+
+class NoMatchError(TarprocError):
+    """No member (or fewer than asked for) matches (tarfirst)."""
+
+
+
+class ImageDecodeError(TarprocError):
+    """Data that should be an image could not be decoded (tarshow's previews and contact sheets)."""
+
+
 class CompressedShardError(TarprocError):
     """A shard is compressed: offsets into it can't be read at random (index it as a plain tar)."""
 

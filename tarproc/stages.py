@@ -136,12 +136,8 @@ def shuffle(samples: Iterable[Sample], bufsize: int, seed: int | None = None) ->
     yield from buf
 
 
-def rekey(samples: Iterable[Sample], fmt: str = "%09d", start: int = 0) -> Iterator[Sample]:
-    """Replace each ``__key__`` with ``fmt % index`` (index from ``start``).
-
-    >>> [s["__key__"] for s in rekey([{"__key__": "a"}, {"__key__": "b"}], "img-%03d")]
-    ['img-000', 'img-001']
-    """
+def check_key_format(fmt: str) -> None:
+    """Raise OptionError unless ``fmt % i`` gives distinct, writable keys."""
     try:
         first, second = fmt % 0, fmt % 1
         check_key(first)
@@ -151,6 +147,15 @@ def rekey(samples: Iterable[Sample], fmt: str = "%09d", start: int = 0) -> Itera
         raise OptionError(f"bad key format {fmt!r}: {e.message}") from None
     if first == second:
         raise OptionError(f"bad key format {fmt!r}: it gives every sample the same key")
+
+
+def rekey(samples: Iterable[Sample], fmt: str = "%09d", start: int = 0) -> Iterator[Sample]:
+    """Replace each ``__key__`` with ``fmt % index`` (index from ``start``).
+
+    >>> [s["__key__"] for s in rekey([{"__key__": "a"}, {"__key__": "b"}], "img-%03d")]
+    ['img-000', 'img-001']
+    """
+    check_key_format(fmt)
     for i, sample in enumerate(samples, start):
         sample["__key__"] = fmt % i
         yield sample

@@ -10,4 +10,9 @@ COMMANDS = {
     "tarindex": "tarproc.cli.tarindex:main",
     "tarsort": "tarproc.cli.tarsort:main",
     "tardecode": "tarproc.cli.tardecode:main",
+    "tarshow": "tarproc.cli.tarshow:main",
+    "tar2tsv": "tarproc.cli.tar2tsv:main",
+    "tarcreate": "tarproc.cli.tarcreate:main",
+    "tsv2tar": "tarproc.cli.tarcreate:tsv2tar",
+    "tarfirst": "tarproc.cli.tarfirst:main",
 }

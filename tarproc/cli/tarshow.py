@@ -1,0 +1,241 @@
+"""tarshow: look at samples: field previews, JSON lines, a contact sheet, images in the terminal, a lint."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from .. import sinks
+from ..errors import OptionError, SinkError, TarprocError
+from ..imaging import (
+    PROTOCOLS,
+    ImageDecodeError,
+    contact_sheet,
+    decode_image,
+    detect_protocol,
+    encode_for_terminal,
+    format_for_name,
+    save_image,
+)
+from ..samples import Sample
+from ..show import DEFAULT_WIDTH, Summary, format_record, image_fields, label_of, sample_record, summarize
+from ..sinks import open_sink
+from ..stages import parse_fields, slice_samples
+from ..tario import ReadStats
+from .common import ReadOptions, TarprocCommand, common_options, input_options, progress, warn
+
+EPILOG = """\b
+Examples:
+  tarshow train-0000.tar -c 3                         # key, then FIELD TAB SIZE TAB PREVIEW
+  tarcat 'train-{0000..0147}.tar' --shuffle 1000 | tarshow -c 5 -f 'jpg cls' -w 100
+  tarshow train-0000.tar --json | jq -r 'select(.fields.cls.preview == "3") | .__key__'
+  tarshow 'train-{0000..0147}.tar' --summary          # counts, sizes, and what looks wrong
+  tarshow train-0000.tar --grid sheet.png -c 36       # contact sheet: 36 captioned thumbnails
+  tarshow train-0000.tar --view -c 10 -d 1            # images in the terminal, one a second
+
+\b
+Binary fields show as [TYPE], the type sniffed from their first bytes (jpeg, png, npy, ...).
+--json writes one object per sample: {"__key__", "__url__", "fields": {NAME: {"size", "type",
+"preview", "truncated"}}}; "preview" (escaped, cut to --width) only for text and JSON fields.
+--view picks kitty, iTerm2 or sixel graphics from $TERM, $TERM_PROGRAM and $KITTY_WINDOW_ID, and
+colour half blocks elsewhere; --view-protocol overrides it.
+"""
+
+
+@click.command("tarshow", cls=TarprocCommand, epilog=EPILOG)
+@input_options
+@click.option("-c", "--count", type=click.IntRange(min=0), default=None,
+              help="Show this many samples (--grid: this many images, default 16).")
+@click.option("--skip", type=click.IntRange(min=0), default=0, help="Skip this many samples first.")
+@click.option("-f", "--fields", metavar="SPEC",
+              help="Fields to show, e.g. 'jpg,png cls' (first present of jpg/png, and cls); for --grid and "
+                   "--view the image fields.")
+@click.option("-w", "--width", type=click.IntRange(min=0), default=DEFAULT_WIDTH, show_default=True,
+              help="Cut previews to this many characters (0: no limit).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per sample (with --summary: one document).")
+@click.option("--summary", is_flag=True,
+              help="Report on the whole stream instead: fields, sizes, and problems (a lint).")
+@click.option("--grid", metavar="PATH",
+              help="Write a contact sheet of images (format by suffix: .png, .jpg, .webp...; '-' = PNG to stdout).")
+@click.option("--columns", type=click.IntRange(min=1), default=None, help="--grid: columns [default: a square].")
+@click.option("--thumb", type=click.IntRange(min=16, max=4096), default=160, show_default=True, metavar="PX",
+              help="--grid: thumbnail size in pixels.")
+@click.option("--view", is_flag=True, help="Show images in the terminal after each sample's fields.")
+@click.option("--view-protocol", type=click.Choice(("auto", *PROTOCOLS)), default="auto", show_default=True,
+              help="--view: terminal graphics protocol.")
+@click.option("-d", "--delay", type=click.FloatRange(min=0), default=0.0, metavar="SEC",
+              help="Wait this long after each sample.")
+@click.option("--force", is_flag=True, help="Write --grid - even when stdout is a terminal.")
+@common_options
+def main(
+    reading: ReadOptions,
+    quiet: bool,
+    count: int | None,
+    skip: int,
+    fields: str | None,
+    width: int,
+    as_json: bool,
+    summary: bool,
+    grid: str | None,
+    columns: int | None,
+    thumb: int,
+    view: bool,
+    view_protocol: str,
+    delay: float,
+    force: bool,
+) -> None:
+    """Show samples: each field's size and a short preview, or images, or a summary of the stream.
+
+    INPUTS are paths, '-' (stdin, the default), pipe:CMD, http(s)://, s3:// or any fsspec URL, with
+    brace lists and '::' joins, as for tarcat.
+    """
+    modes = [name for name, on in (("--summary", summary), ("--grid", grid is not None), ("--view", view)) if on]
+    if len(modes) > 1:
+        raise OptionError(f"{' and '.join(modes)} cannot be used together")
+    if as_json and (grid is not None or view):
+        raise OptionError("--json works with the previews and --summary, not with --grid or --view")
+    if view_protocol != "auto" and not view:
+        raise OptionError("--view-protocol has no effect without --view")
+    if (columns is not None or thumb != 160) and grid is None:
+        raise OptionError("--columns and --thumb have no effect without --grid")
+    spec = parse_fields(fields) if fields is not None else None
+
+    if summary:
+        if spec is not None or skip:
+            raise OptionError("--summary reads every field of every sample: -f and --skip have no effect")
+        _summary(reading, quiet, count, as_json)
+        return
+
+    stats = ReadStats()
+    source = reading.samples(stats)
+    with contextlib.closing(source):
+        samples: Iterator[Sample] = iter(source)
+        if skip:
+            samples = slice_samples(samples, skip, None)
+        if grid is not None:
+            _grid(samples, grid, spec, 16 if count is None else count, columns, thumb, force, quiet)
+            return
+        if count is not None:
+            samples = slice_samples(samples, 0, count)
+        if view:
+            protocol = detect_protocol(os.environ) if view_protocol == "auto" else view_protocol
+            _view(samples, spec, width, protocol, delay)
+        else:
+            _previews(samples, spec, width, as_json, delay)
+
+
+def _previews(samples: Iterator[Sample], spec: Any, width: int, as_json: bool, delay: float) -> None:
+    out = sys.stdout
+    for i, sample in enumerate(samples):
+        if i and delay:
+            out.flush()
+            time.sleep(delay)
+        record = sample_record(sample, spec, width)
+        if as_json:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        else:
+            out.write(("\n" if i else "") + format_record(record) + "\n")
+    out.flush()
+
+
+def _view(samples: Iterator[Sample], spec: Any, width: int, protocol: str, delay: float) -> None:
+    out = sys.stdout
+    size = shutil.get_terminal_size((80, 24))
+    for i, sample in enumerate(samples):
+        if i and delay:
+            time.sleep(delay)
+        out.write(("\n" if i else "") + format_record(sample_record(sample, spec, width)) + "\n")
+        for name in image_fields(sample, spec):
+            try:
+                out.write(encode_for_terminal(sample[name], protocol, columns=size.columns, rows=size.lines - 2))
+            except ImageDecodeError as e:
+                warn(f"{_where(sample, name)}: {e}")
+        out.flush()
+
+
+def _where(sample: Sample, field: str) -> str:
+    return f"{sample.get('__url__')}: {sample.get('__key__')}.{field}"
+
+
+def _grid(
+    samples: Iterator[Sample],
+    path: str,
+    spec: Any,
+    count: int,
+    columns: int | None,
+    thumb: int,
+    force: bool,
+    quiet: bool,
+) -> None:
+    fmt = "PNG" if path == "-" else format_for_name(path)
+    if fmt is None:
+        raise OptionError(f"--grid {path!r}: no image format for that suffix; use .png, .jpg, .webp, ...")
+    if count == 0:
+        raise OptionError("--grid needs at least one image (-c 0)")
+    if path == "-" and not force and sinks.stdout_is_terminal():
+        raise SinkError("refusing to write an image to a terminal; redirect it, use --force, or try --view", "stdout")
+    items: list[tuple[Any, list[str]]] = []
+    seen = undecodable = no_image = 0
+    for sample in progress(samples, quiet, "tarshow"):
+        seen += 1
+        names = image_fields(sample, spec)
+        if not names:
+            no_image += 1
+            continue
+        try:
+            img = decode_image(sample[names[0]], max_size=thumb)
+        except ImageDecodeError as e:
+            undecodable += 1
+            warn(f"{_where(sample, names[0])}: {e}; skipped")
+            continue
+        label = label_of(sample)
+        items.append((img, [str(sample["__key__"])] + ([label] if label else [])))
+        if len(items) >= count:
+            break
+    if not items:
+        what = f" ({undecodable} undecodable)" if undecodable else ""
+        raise TarprocError(f"no images to put in a grid in {seen} samples{what}; choose the image fields with -f")
+    data = save_image(contact_sheet(items, thumb=thumb, columns=columns), fmt)
+    with open_sink(path, force=force, compression=None) as sink:
+        sink.write(data)
+    if not quiet:
+        notes = [f"{n} {what}" for n, what in ((undecodable, "undecodable"), (no_image, "without an image")) if n]
+        extra = f" ({', '.join(notes)} skipped)" if notes else ""
+        click.echo(f"tarshow: wrote {path}: {len(items)} images from {seen} samples{extra}", err=True)
+
+
+def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool) -> None:
+    acc = Summary()
+
+    def report() -> None:
+        out = sys.stdout
+        if as_json:
+            out.write(json.dumps(acc.as_dict(), ensure_ascii=False) + "\n")
+        else:
+            out.write(acc.format_text() + "\n")
+        out.flush()
+
+    def wrap(members: Any) -> Any:
+        return progress(members, quiet, "tarshow", unit="member")
+
+    try:
+        summarize(
+            reading.urls, on_error=reading.on_error, max_member_size=reading.max_member_size, count=count,
+            warn=warn, summary=acc, wrap=wrap,
+        )
+    except TarprocError:
+        report()  # what was read up to the damage; the error itself goes to stderr (exit 1)
+        raise
+    report()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(prog_name="tarshow")

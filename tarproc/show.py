@@ -1,0 +1,684 @@
+"""Look inside samples: short field previews, and a whole-stream summary that doubles as a lint.
+
+Previews (``preview_field``, ``sample_record``, ``format_record``): text-like fields are decoded,
+control characters escaped and cut to a width; JSON is shown compact; anything else is shown as its
+size and the type sniffed from its magic bytes, never as raw bytes.
+
+>>> format_record(sample_record({"__key__": "a/1", "__url__": "x.tar", "cls": b"3", "jpg": b"\\xff\\xd8\\xff\\xe0"}))
+'__key__\\ta/1\\n__url__\\tx.tar\\ncls\\t1\\t3\\njpg\\t4\\t[jpeg]'
+
+The summary (``Summary``, ``summarize``) works on tar members rather than grouped samples so that
+it can *count* what normal reading rejects or hides: keys that reappear after other keys, fields
+twice in one sample, names with no key, metadata members, and names whose dots split them in a
+surprising place (``Track 2.0.mp3`` -> key ``Track 2``, field ``0.mp3``).
+
+Memory does not grow with the stream: per field the summary keeps counts, min, max and, for the
+median, a histogram of sizes while there are at most ``DISTINCT_SIZES`` of them (exact), then a
+uniform reservoir sample of ``RESERVOIR`` sizes (exact up to that many samples, an estimate beyond,
+marked ``~`` in the report); at most ``MAX_FIELDS`` field names are itemised; the keys of the
+current shard are kept to spot reappearing keys, up to ``MAX_SHARD_KEYS`` per shard (the check
+stops beyond that, and the report says so).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from .errors import TarprocError
+from .samples import is_metadata_name
+from .sniff import sniff_type
+from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
+
+DEFAULT_WIDTH = 60
+RESERVOIR = 10_000  # sizes kept per field for its median once it has too many distinct sizes
+DISTINCT_SIZES = 1024  # a field with at most this many distinct sizes gets an exact median
+FLUSH_EVERY = 4096  # samples between folding the pending sizes into the per-field totals
+MAX_FIELDS = 200
+MAX_SHARD_KEYS = 2_000_000
+EXAMPLES = 3
+_JSON_PARSE_LIMIT = 1 << 16  # bigger JSON is previewed as text rather than parsed
+TEXT_TYPES = ("text", "json", "empty")
+IMAGE_TYPES = ("jpeg", "png", "gif", "bmp", "tiff", "webp", "jpeg2000", "avif", "heic", "heif")
+ELLIPSIS = "…"
+
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+# ---------------------------------------------------------------------------------------------
+# previews
+
+
+def escape_text(text: str) -> str:
+    """Text safe to print on a terminal: control and other non-printable characters escaped.
+
+    >>> escape_text("a\\tb\\x1b[31m\\u200b")
+    'a\\\\tb\\\\x1b[31m\\\\u200b'
+    """
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c in _ESCAPES:
+            out.append(_ESCAPES[c])
+        elif c.isprintable():
+            out.append(c)
+        elif ord(c) < 0x100:
+            out.append(f"\\x{ord(c):02x}")
+        elif ord(c) < 0x10000:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(f"\\U{ord(c):08x}")
+    return "".join(out)
+
+
+def cut(text: str, width: int) -> tuple[str, bool]:
+    """``text`` cut to ``width`` characters (the last one an ellipsis when cut), and whether it was."""
+    if width <= 0 or len(text) <= width:
+        return text, False
+    return text[: max(width - 1, 0)] + ELLIPSIS, True
+
+
+def preview_field(data: bytes | bytearray | memoryview, width: int = DEFAULT_WIDTH) -> dict[str, Any]:
+    """``{"size", "type"}`` plus, for text-like data, ``"preview"`` (and ``"truncated"`` when cut).
+
+    >>> preview_field(b'{ "a": [1, 2] }')
+    {'size': 15, 'type': 'json', 'preview': '{"a":[1,2]}'}
+    >>> preview_field(b"x" * 100, width=10)
+    {'size': 100, 'type': 'text', 'preview': 'xxxxxxxxx…', 'truncated': True}
+    >>> preview_field(bytes([0, 1, 2, 200]))
+    {'size': 4, 'type': 'binary'}
+    """
+    kind = sniff_type(data)
+    out: dict[str, Any] = {"size": len(data), "type": kind}
+    if kind not in TEXT_TYPES:
+        return out
+    text = None
+    if kind == "json" and len(data) <= _JSON_PARSE_LIMIT:
+        try:
+            text = json.dumps(json.loads(bytes(data)), separators=(",", ":"), ensure_ascii=False)
+        except ValueError:
+            text = None
+    if text is None:
+        # only the start is needed: a few bytes per character shown, and a bit for escapes
+        limit = width * 4 + 16 if width > 0 else len(data)
+        head = bytes(data[:limit])
+        text = head.decode("utf-8", errors="replace")
+        if len(head) < len(data) and text.endswith("\ufffd"):
+            text = text.rstrip("\ufffd") + ELLIPSIS  # a character cut by the byte limit
+        if kind == "json":
+            text = " ".join(text.split())
+    shown, truncated = cut(escape_text(text), width)
+    out["preview"] = shown
+    if truncated:
+        out["truncated"] = True
+    return out
+
+
+def pick_fields(sample: dict[str, Any], spec: list[tuple[str, list[str]]] | None) -> list[str]:
+    """The fields of ``sample`` to show: all in sorted order, or the first present alternative of each
+    entry of a ``parse_fields`` spec."""
+    if spec is None:
+        return sorted(k for k in sample if not k.startswith("__"))
+    out = []
+    for _name, alternatives in spec:
+        for alt in alternatives:
+            if alt in sample:
+                out.append(alt)
+                break
+    return out
+
+
+def sample_record(
+    sample: dict[str, Any], spec: list[tuple[str, list[str]]] | None = None, width: int = DEFAULT_WIDTH
+) -> dict[str, Any]:
+    """One sample as a JSON-ready dict: ``{"__key__", "__url__", "fields": {name: preview_field(...)}}``."""
+    fields = {name: preview_field(sample[name], width) for name in pick_fields(sample, spec)}
+    return {"__key__": sample.get("__key__"), "__url__": sample.get("__url__"), "fields": fields}
+
+
+def format_record(record: dict[str, Any]) -> str:
+    """A ``sample_record`` as text lines: ``__key__ TAB key``, ``__url__``, then ``FIELD TAB SIZE TAB PREVIEW``
+    (``[TYPE]`` for binary data)."""
+    lines = [f"__key__\t{escape_text(str(record['__key__']))}"]
+    if record.get("__url__") is not None:
+        lines.append(f"__url__\t{escape_text(str(record['__url__']))}")
+    for name, info in record["fields"].items():
+        shown = info["preview"] if "preview" in info else f"[{info['type']}]"
+        lines.append(f"{escape_text(name)}\t{info['size']}\t{shown}")
+    return "\n".join(lines)
+
+
+def image_fields(sample: dict[str, Any], spec: list[tuple[str, list[str]]] | None = None) -> list[str]:
+    """Fields holding an image: those sniffed as one, or those a ``parse_fields`` spec names."""
+    if spec is not None:
+        return pick_fields(sample, spec)
+    return [name for name in pick_fields(sample, None) if sniff_type(sample[name][:512]) in IMAGE_TYPES]
+
+
+def label_of(sample: dict[str, Any], width: int = 30) -> str | None:
+    """A short label for captions: ``cls``, ``label``, ``txt``, or a label-like key of ``json``."""
+    for name in ("cls", "label", "class", "txt"):
+        value = sample.get(name)
+        if isinstance(value, (bytes, bytearray, memoryview)) and sniff_type(value) in ("text", "json"):
+            return cut(escape_text(" ".join(bytes(value[:256]).decode("utf-8", "replace").split())), width)[0]
+    data = sample.get("json")
+    if isinstance(data, (bytes, bytearray, memoryview)) and len(data) <= _JSON_PARSE_LIMIT:
+        try:
+            doc = json.loads(bytes(data))
+        except ValueError:
+            return None
+        if isinstance(doc, dict):
+            for name in ("label", "cls", "class", "caption", "text"):
+                if name in doc and isinstance(doc[name], (str, int, float)):
+                    return cut(escape_text(str(doc[name])), width)[0]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# summary
+
+
+class FieldStats:
+    """Counts and sizes of one field: exact count/min/max/total, and for the median either an exact
+    histogram (while the field has at most ``DISTINCT_SIZES`` distinct sizes) or a reservoir sample.
+
+    Sizes are first appended to ``pending`` (the cheapest thing to do per member) and folded in by
+    ``flush`` every ``FLUSH_EVERY`` samples and at the end.
+    """
+
+    __slots__ = ("samples", "duplicates", "bytes", "min", "max", "hist", "sizes", "pending", "missing_examples",
+                 "next_replace", "weight")
+
+    def __init__(self) -> None:
+        self.samples = 0  # samples having this field (flushed)
+        self.duplicates = 0  # further members of this field in a sample that has it already
+        self.bytes = 0  # of all its members, duplicates included
+        self.min = 1 << 62  # of the first member of each sample
+        self.max = -1
+        self.hist: Counter[int] | None = Counter()  # size -> samples, until there are too many sizes
+        self.sizes: list[int] = []  # the reservoir, once hist is None
+        self.pending: list[int] = []  # sizes not yet folded in
+        self.missing_examples: list[str] = []
+        self.next_replace = 0  # the sample number whose size goes into the full reservoir next
+        self.weight = 1.0
+
+    @property
+    def median_exact(self) -> bool:
+        return self.hist is not None or len(self.sizes) == self.samples
+
+    def flush(self, rng: random.Random, k: int) -> None:
+        """Fold ``pending`` into the totals and the histogram or the reservoir of ``k`` sizes.
+
+        Reservoir sampling, algorithm L (Li 1994): rather than drawing a random number per size,
+        draw which later size is the next to replace one, O(k log(n/k)) draws in all.
+        """
+        chunk = self.pending
+        if not chunk:
+            return
+        self.pending = []
+        n0 = self.samples
+        n1 = self.samples = n0 + len(chunk)
+        self.bytes += sum(chunk)
+        self.min = min(self.min, min(chunk))
+        self.max = max(self.max, max(chunk))
+        if self.hist is not None:
+            self.hist.update(chunk)
+            if len(self.hist) <= DISTINCT_SIZES:
+                return
+            # too many distinct sizes: from now on a uniform sample of k of them
+            hist, self.hist = self.hist, None
+            self.sizes = rng.sample(list(hist), counts=list(hist.values()), k=min(k, n1))
+            if n1 > k:
+                # the k-th smallest of n1 uniform keys, as algorithm L would have it at this point
+                self.weight = rng.betavariate(k, n1 - k + 1)
+                self.next_replace = n1
+                self._skip(rng)
+            return
+        sizes = self.sizes
+        room = k - len(sizes)
+        if room > 0:
+            sizes.extend(chunk[:room])
+            if len(sizes) < k:
+                return
+            self.next_replace = k
+            self._plan(rng, k)
+        while self.next_replace <= n1:
+            sizes[rng.randrange(k)] = chunk[self.next_replace - n0 - 1]
+            self._plan(rng, k)
+
+    def _plan(self, rng: random.Random, k: int) -> None:
+        self.weight *= math.exp(math.log(rng.random() or 1e-300) / k)
+        self._skip(rng)
+
+    def _skip(self, rng: random.Random) -> None:
+        weight = min(max(self.weight, 1e-300), 1 - 1e-16)
+        self.next_replace += int(math.log(rng.random() or 1e-300) / math.log1p(-weight)) + 1
+
+    def median(self) -> float | None:
+        if self.hist is not None:
+            return _hist_median(self.hist, self.samples)
+        if not self.sizes:
+            return None
+        s = sorted(self.sizes)
+        mid = len(s) // 2
+        return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def _hist_median(hist: Counter[int], n: int) -> float | None:
+    if not n:
+        return None
+    lo_rank, hi_rank = (n - 1) // 2, n // 2  # 0-based ranks of the middle one or two
+    seen = 0
+    lo = None
+    for size in sorted(hist):
+        seen += hist[size]
+        if lo is None and seen > lo_rank:
+            lo = size
+        if seen > hi_rank:
+            assert lo is not None
+            return (lo + size) / 2
+    return None  # pragma: no cover - n is the sum of the counts
+
+
+# what makes a field surprising (the reason shown, and a test on the field name)
+_DIGIT_START = re.compile(r"\d")
+_VERSION_START = re.compile(r"v\d+\.")
+
+
+def surprising_reason(key: str, field: str) -> str | None:
+    """Why ``KEY.FIELD`` is probably not split where its author meant, or None.
+
+    >>> surprising_reason("Track 2", "0.mp3")
+    'a number was split at its dot'
+    >>> surprising_reason("model", "v2.jpg")
+    'a version-like part became part of the field'
+    >>> surprising_reason("img", "seg.png") is None
+    True
+    """
+    if _DIGIT_START.match(field):
+        base = key.rsplit("/", 1)[-1]
+        if base[-1:].isdigit():
+            return "a number was split at its dot"
+        return "the field starts with a digit"
+    if "." in field and _VERSION_START.match(field):
+        return "a version-like part became part of the field"
+    return None
+
+
+class Summary:
+    """Accumulates the summary of a stream of members; see the module docstring for its memory bounds.
+
+    >>> s = Summary()
+    >>> members = [("a", "cls", b"1", 0), ("a", "jpg", b"123", 1024), ("b", "cls", b"2", 2048),
+    ...            ("b", "jpg", b"45", 3072), ("c", "cls", b"3", 4096)]
+    >>> s.add_members(members, "x.tar")
+    >>> s.finish()
+    >>> s.samples, s.fields["cls"].samples, s.missing()
+    (3, 3, {'jpg': {'count': 1, 'examples': ['c']}})
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self.stats = ReadStats()
+        self.samples = 0
+        self.fields: dict[str, FieldStats] = {}
+        self.other_fields = 0  # members of fields beyond MAX_FIELDS
+        self.non_adjacent = 0
+        self.non_adjacent_examples: list[dict[str, Any]] = []
+        self.duplicates = 0
+        self.duplicate_examples: list[dict[str, Any]] = []
+        self.surprising: dict[str, tuple[str, list[str]]] = {}  # field -> (reason, example names)
+        self.errors: list[str] = []
+        self.key_check_stopped: list[str] = []  # shards with too many keys to check them all
+        self.stopped_early = False
+        self._rng = random.Random(seed)
+        self._want_examples: set[str] = set()  # fields still collecting examples of samples lacking them
+        self._want_names: set[str] = set()  # surprising fields still collecting example names
+        # the sample being read
+        self._key = ""  # no sample: keys are never empty
+        self._sample_fields: dict[str, int] = {}
+
+    # -- reading --
+
+    def _end_sample(self) -> None:
+        if not self._key:
+            return
+        self.samples += 1
+        if self._want_examples and len(self._sample_fields) < len(self.fields):
+            self._note_missing(self._key, self._sample_fields)
+        self._key = ""
+        self._sample_fields = {}
+
+    def _note_missing(self, key: str, have: dict[str, int]) -> None:
+        for name in list(self._want_examples):
+            if name not in have:
+                examples = self.fields[name].missing_examples
+                examples.append(key)
+                if len(examples) >= EXAMPLES:
+                    self._want_examples.discard(name)
+
+    def _new_field(self, key: str, field: str) -> FieldStats | None:
+        if len(self.fields) >= MAX_FIELDS:
+            return None
+        fs = self.fields[field] = FieldStats()
+        self._want_examples.add(field)
+        reason = surprising_reason(key, field)
+        if reason is not None:
+            self.surprising[field] = (reason, [])
+            self._want_names.add(field)
+        return fs
+
+    def _note_name(self, key: str, field: str) -> None:
+        examples = self.surprising[field][1]
+        examples.append(f"{key}.{field}")
+        if len(examples) >= EXAMPLES:
+            self._want_names.discard(field)
+
+    def _flush(self) -> None:
+        for fs in self.fields.values():
+            fs.flush(self._rng, RESERVOIR)
+
+    def add_members(
+        self, members: Iterable[tuple[str | None, str, bytes, int]], url: str | None, count: int | None = None
+    ) -> None:
+        """Add one shard's ``(key, field, data, offset)`` members (as ``iter_keyed_members`` yields them).
+
+        With ``count``, stop before the sample that would make ``self.samples`` exceed it
+        (``stopped_early`` is then set).
+        """
+        stats = self.stats
+        fields = self.fields
+        want_examples = self._want_examples
+        want_names = self._want_names
+        seen_keys: set[str] = set()  # keys of this shard already finished
+        key_offsets: dict[str, int] = {}
+        check_keys = True
+        # the sample being read and the sample count, in locals for speed; written back at the end
+        cur_key = self._key
+        have = self._sample_fields
+        samples = self.samples
+        limit = count if count is not None else -1
+        try:
+            for key, field, data, offset in members:
+                if key != cur_key:
+                    if key is None:
+                        stats.no_key_count += 1
+                        if len(stats.no_key) < EXAMPLES:
+                            stats.no_key.append(field)
+                        continue
+                    if (key[0] == "_" or field[:2] == "__") and is_metadata_name(f"{key}.{field}"):
+                        stats.metadata += 1
+                        continue
+                    if cur_key:  # the end of a sample
+                        samples += 1
+                        if want_examples and len(have) < len(fields):
+                            self._note_missing(cur_key, have)
+                        if not samples % FLUSH_EVERY:
+                            self._flush()
+                        cur_key, have = "", {}
+                    if samples == limit:
+                        self.stopped_early = True
+                        return
+                    if check_keys:
+                        if key in seen_keys:
+                            self.non_adjacent += 1
+                            if len(self.non_adjacent_examples) < EXAMPLES:
+                                self.non_adjacent_examples.append(
+                                    {"key": key, "url": url, "offset": offset, "first_offset": key_offsets.get(key)}
+                                )
+                        elif len(seen_keys) < MAX_SHARD_KEYS:
+                            seen_keys.add(key)
+                            if len(key_offsets) < 1000:  # offsets only for examples, so a few suffice
+                                key_offsets[key] = offset
+                        else:
+                            check_keys = False
+                            self.key_check_stopped.append(str(url))
+                    cur_key = key
+                    have = {}
+                elif field[:2] == "__":
+                    stats.metadata += 1
+                    continue
+                if field in have:
+                    self._duplicate(cur_key, field, url, offset, have[field], len(data))
+                    continue
+                have[field] = offset
+                fs = fields.get(field)
+                if fs is None:
+                    fs = self._new_field(cur_key, field)
+                    if fs is None:
+                        self.other_fields += 1
+                        continue
+                if want_names and field in want_names:
+                    self._note_name(cur_key, field)
+                fs.pending.append(len(data))
+        finally:
+            # a damaged shard: what was read up to the damage still counts
+            self.samples = samples
+            self._key, self._sample_fields = cur_key, have
+            self._end_sample()
+            self._flush()
+
+    def _duplicate(self, key: str, field: str, url: str | None, offset: int, first: int, size: int) -> None:
+        self.duplicates += 1
+        if len(self.duplicate_examples) < EXAMPLES:
+            self.duplicate_examples.append(
+                {"key": key, "field": field, "url": url, "offset": offset, "first_offset": first}
+            )
+        fs = self.fields.get(field)
+        if fs is not None:
+            fs.duplicates += 1
+            fs.bytes += size
+
+    def add_shard(
+        self,
+        url: str,
+        *,
+        max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+        count: int | None = None,
+        wrap: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
+    ) -> None:
+        """Read one shard (any URL ``open_source`` takes); a ``TarprocError`` is recorded and re-raised."""
+        from .sources import open_source
+
+        self.stats.shards += 1
+        try:
+            with open_source(url) as stream:
+                members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=self.stats)
+                self.add_members(wrap(members) if wrap else members, url, count)
+        except TarprocError as e:
+            self.stats.shards_failed += 1
+            self.errors.append(str(e))
+            raise
+
+    def finish(self) -> None:
+        self._end_sample()
+        self._flush()
+
+    # -- results --
+
+    def missing(self) -> dict[str, dict[str, Any]]:
+        """Fields most samples have (over half) that some lack: ``{field: {"count", "examples"}}``."""
+        out = {}
+        for name, fs in sorted(self.fields.items()):
+            if 2 * fs.samples > self.samples and fs.samples < self.samples:
+                out[name] = {"count": self.samples - fs.samples, "examples": fs.missing_examples[:EXAMPLES]}
+        return out
+
+    def rare_fields(self) -> dict[str, int]:
+        """Fields found in under 10% of the samples (only said once there are 20 samples or more)."""
+        if self.samples < 20:
+            return {}
+        return {name: fs.samples for name, fs in sorted(self.fields.items()) if 10 * fs.samples < self.samples}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The summary as one JSON-ready document."""
+        st = self.stats
+        return {
+            "shards": st.shards,
+            "shards_failed": st.shards_failed,
+            "samples": self.samples,
+            "members": st.members,
+            "bytes": st.bytes,
+            "fields": {
+                name: {
+                    "samples": fs.samples,
+                    "members": fs.samples + fs.duplicates,
+                    "bytes": fs.bytes,
+                    "min": fs.min if fs.samples else None,
+                    "median": fs.median(),
+                    "max": fs.max if fs.samples else None,
+                    "median_exact": fs.median_exact,
+                }
+                for name, fs in sorted(self.fields.items())
+            },
+            "other_fields_members": self.other_fields,
+            "missing": self.missing(),
+            "rare_fields": self.rare_fields(),
+            "non_adjacent_keys": {"count": self.non_adjacent, "examples": self.non_adjacent_examples},
+            "key_check_stopped": self.key_check_stopped,
+            "duplicate_fields": {"count": self.duplicates, "examples": self.duplicate_examples},
+            "names_without_key": {"count": st.no_key_count, "examples": st.no_key[:EXAMPLES]},
+            "metadata_members": st.metadata,
+            "skipped_entries": dict(sorted(st.skipped_entries.items())),
+            "surprising_names": sorted(
+                (
+                    {"field": field, "reason": reason, "count": self.fields[field].samples, "examples": examples}
+                    for field, (reason, examples) in self.surprising.items()
+                ),
+                key=lambda x: (-x["count"], x["field"]),
+            ),
+            "errors": list(self.errors),
+            "stopped_early": self.stopped_early,
+        }
+
+    def format_text(self) -> str:
+        """A readable report."""
+        d = self.as_dict()
+        lines = [
+            f"shards      {d['shards']}" + (f" ({d['shards_failed']} failed)" if d["shards_failed"] else ""),
+            f"samples     {d['samples']}" + (" (stopped at -c)" if self.stopped_early else ""),
+            f"members     {d['members']}",
+            f"bytes       {d['bytes']}",
+            "",
+            "fields      samples       %        min     median        max",
+        ]
+        n = max(d["samples"], 1)
+        for name, f in d["fields"].items():
+            median = "-" if f["median"] is None else f"{f['median']:g}" + ("" if f["median_exact"] else "~")
+            lines.append(
+                f"  {escape_text(name):<10}{f['samples']:>7} {100 * f['samples'] / n:>6.1f}%"
+                f" {f['min']:>10} {median:>10} {f['max']:>10}"
+            )
+        if d["other_fields_members"]:
+            lines.append(f"  (more than {MAX_FIELDS} fields: {d['other_fields_members']} members not itemised)")
+        lines.append("")
+
+        def examples(items: Iterable[Any]) -> str:
+            shown = ", ".join(escape_text(repr(x)) if isinstance(x, str) else x for x in items)
+            return f" (e.g. {shown})" if shown else ""
+
+        problems = 0
+        missing = d["missing"]
+        if missing:
+            problems += 1
+            lines.append("samples missing a field most samples have:")
+            for name, m in missing.items():
+                lines.append(f"  {escape_text(name)}: {m['count']} samples{examples(m['examples'])}")
+        if d["rare_fields"]:
+            problems += 1
+            lines.append("fields in under 10% of samples:")
+            for name, c in d["rare_fields"].items():
+                lines.append(f"  {escape_text(name)}: {c} samples")
+        na = d["non_adjacent_keys"]
+        if na["count"]:
+            problems += 1
+            lines.append(f"keys that reappear after other keys (tar made without --sort=name?): {na['count']}")
+            for e in na["examples"]:
+                first = "" if e["first_offset"] is None else f", first at byte {e['first_offset']}"
+                lines.append(f"  {escape_text(repr(e['key']))} in {escape_text(str(e['url']))} at byte {e['offset']}{first}")
+        for url in d["key_check_stopped"]:
+            lines.append(f"reappearing keys: not checked past {MAX_SHARD_KEYS} keys in {escape_text(url)}")
+        dup = d["duplicate_fields"]
+        if dup["count"]:
+            problems += 1
+            lines.append(f"fields twice in one sample: {dup['count']}")
+            for e in dup["examples"]:
+                lines.append(
+                    f"  {escape_text(repr(e['key']))} field {escape_text(repr(e['field']))} in "
+                    f"{escape_text(str(e['url']))} at bytes {e['first_offset']} and {e['offset']}"
+                )
+        nk = d["names_without_key"]
+        if nk["count"]:
+            problems += 1
+            lines.append(f"names without a key (no dot in the basename, or a leading dot): {nk['count']}"
+                         f"{examples(nk['examples'])}")
+        surprising = [s for s in d["surprising_names"] if s["count"]]
+        if surprising:
+            problems += 1
+            lines.append("dotted names that split surprisingly (key = basename up to its first dot):")
+            for s in surprising:
+                lines.append(f"  field {escape_text(repr(s['field']))}: {s['count']} sample(s), "
+                             f"{s['reason']}{examples(s['examples'])}")
+        other = []
+        if d["metadata_members"]:
+            other.append(f"metadata members skipped: {d['metadata_members']}")
+        if d["skipped_entries"]:
+            other.append("entries that are not files: " + ", ".join(f"{k} {v}" for k, v in d["skipped_entries"].items()))
+        lines.extend(other)
+        for error in d["errors"]:
+            problems += 1
+            lines.append(f"damaged or unreadable: {escape_text(error)}")
+        if not problems:
+            lines.append("no problems found")
+        return "\n".join(lines)
+
+
+def summarize(
+    urls: Iterable[str],
+    *,
+    on_error: str = "fail",
+    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    count: int | None = None,
+    warn: Callable[[str], None] | None = None,
+    summary: Summary | None = None,
+    wrap: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
+) -> Summary:
+    """Summarize the members of all ``urls``. With ``on_error="fail"`` a damaged shard raises (the
+    partial summary is in ``summary`` if one was passed); ``"skip-shard"`` records it and goes on."""
+    summary = summary if summary is not None else Summary()
+    for url in urls:
+        try:
+            summary.add_shard(url, max_member_size=max_member_size, count=count, wrap=wrap)
+        except TarprocError as e:
+            if on_error == "fail":
+                summary.finish()
+                raise
+            if warn is not None:
+                warn(f"{e}; skipping the rest of this shard")
+        if summary.stopped_early:
+            break
+    summary.finish()
+    return summary
+
+
+__all__ = [
+    "DEFAULT_WIDTH",
+    "IMAGE_TYPES",
+    "FieldStats",
+    "Summary",
+    "cut",
+    "escape_text",
+    "format_record",
+    "image_fields",
+    "label_of",
+    "pick_fields",
+    "preview_field",
+    "sample_record",
+    "summarize",
+    "surprising_reason",
+]

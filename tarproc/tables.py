@@ -1,0 +1,656 @@
+"""Tables of samples: column specs and cell values (tar2tsv), table formats, and plans (tarcreate).
+
+Column specs (``parse_columns``): columns separated by spaces, alternatives by ``;`` (the first one
+a sample has gives the cell), ``NAME=SPEC`` renames a column (the header is the spec text
+otherwise). An alternative is
+
+- ``__key__`` or ``__url__``;
+- a field (``cls``, ``seg.png``): its text, decoded as UTF-8;
+- a dotted JSON path into a JSON field (``json.label``, ``meta.json.boxes.0``): the field is the
+  name up to its first ``json`` component; strings as they are, other values as compact JSON;
+- ``FIELD:size``, ``FIELD:sha256``, ``FIELD:type`` (``sniff_type``): for binary fields; a
+  modifier on the last alternative applies to all (``jpg;png:size`` = ``jpg:size;png:size``).
+
+Binary is never dumped raw: a field that is not UTF-8 text (or holds control characters other
+than tab, newline, CR and FF) without a ``:size|:sha256|:type`` modifier is an error naming the
+sample and field. A missing field is an empty cell (``null`` in JSONL), or an error with
+``strict``.
+
+Formats: ``tsv`` escapes backslash, tab, newline and CR as ``\\\\ \\t \\n \\r`` (as PostgreSQL
+and MySQL do); ``csv`` is RFC 4180 (the csv module: quotes where needed, CRLF line ends);
+``jsonl`` writes one JSON object per line. ``read_plan`` reads back all three exactly.
+
+Plans (``plan_samples``): a table with a header row (TSV/CSV) or JSON objects (JSONL), one row a
+sample. The key column (``__key__``) or a printf key format names samples; every other column is
+a field whose cell is its text, and a column named ``@FIELD`` holds paths of files (relative to a
+base directory) whose contents become the field. Empty cells (and JSON nulls) mean the field is
+absent. Errors name the plan, the row (its line number; the header is row 1) and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import OptionError, PlanError, SampleError
+from .samples import Sample
+from .sniff import sniff_type
+from .stages import check_key_format
+from .tario import check_key
+
+TABLE_FORMATS = ("tsv", "csv", "jsonl")
+MODIFIERS = ("size", "sha256", "type")
+KEY_COLUMN = "__key__"
+_META_COLUMNS = ("__key__", "__url__")
+_CHUNK = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------
+# column specs
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One way to fill a cell: ``field`` (or ``__key__``/``__url__``), a JSON ``path``, a ``modifier``."""
+
+    field: str
+    path: tuple[str, ...] = ()
+    modifier: str | None = None
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    alternatives: tuple[Alternative, ...]
+
+
+def parse_alternative(text: str) -> Alternative:
+    """Parse ``FIELD[.JSONPATH][:MODIFIER]``.
+
+    >>> parse_alternative("json.label")
+    Alternative(field='json', path=('label',), modifier=None)
+    >>> parse_alternative("seg.png:sha256")
+    Alternative(field='seg.png', path=(), modifier='sha256')
+    >>> parse_alternative("meta.json.boxes.0")
+    Alternative(field='meta.json', path=('boxes', '0'), modifier=None)
+    """
+    body, sep, modifier = text.partition(":")
+    if sep and modifier not in MODIFIERS:
+        raise OptionError(f"bad column {text!r}: unknown modifier {modifier!r}; use one of {', '.join(MODIFIERS)}")
+    if not body:
+        raise OptionError(f"bad column {text!r}: no field name")
+    if body in _META_COLUMNS:
+        if sep:
+            raise OptionError(f"bad column {text!r}: {body} takes no modifier")
+        return Alternative(body)
+    if "/" in body or body.startswith("__"):
+        raise OptionError(f"bad column {text!r}: not a field name")
+    parts = body.split(".")
+    if any(not p for p in parts):
+        raise OptionError(f"bad column {text!r}: empty component in a dotted name")
+    field = body
+    path: tuple[str, ...] = ()
+    if "json" in parts[:-1]:  # a path only after a 'json' component: 'x.json' is just a field
+        i = parts.index("json")
+        field, path = ".".join(parts[: i + 1]), tuple(parts[i + 1 :])
+    if path and sep:
+        raise OptionError(f"bad column {text!r}: a JSON path takes no modifier")
+    return Alternative(field, path, modifier or None)
+
+
+def parse_columns(spec: str) -> list[Column]:
+    """Parse a column spec: space-separated columns, ``;`` between alternatives, ``NAME=`` to rename.
+
+    >>> [(c.name, [a.field for a in c.alternatives]) for c in parse_columns("__key__ img=jpg;png cls")]
+    [('__key__', ['__key__']), ('img', ['jpg', 'png']), ('cls', ['cls'])]
+    >>> [a.modifier for a in parse_columns("jpg;png:size")[0].alternatives]
+    ['size', 'size']
+    """
+    columns = []
+    for item in spec.split():
+        name, sep, body = item.partition("=")
+        if not sep:
+            name, body = item, item
+        if not name or not body:
+            raise OptionError(f"bad column {item!r}: expected SPEC or NAME=SPEC")
+        texts = body.split(";")
+        if any(not a for a in texts):
+            raise OptionError(f"bad column {item!r}: empty alternative")
+        alternatives = [parse_alternative(a) for a in texts]
+        last = alternatives[-1].modifier
+        if last is not None:  # 'jpg;png:size' means 'jpg:size;png:size'
+            alternatives = [
+                Alternative(a.field, (), last) if a.modifier is None and not a.path and a.field not in _META_COLUMNS
+                else a
+                for a in alternatives
+            ]
+        columns.append(Column(name, tuple(alternatives)))
+    if not columns:
+        raise OptionError("no columns in the column spec")
+    names = [c.name for c in columns]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise OptionError(f"column {dups[0]!r} appears twice; rename one with NAME=SPEC")
+    return columns
+
+
+def default_columns(sample: Sample) -> list[Column]:
+    """``__key__`` and every field of ``sample`` in sorted order; non-text fields as ``FIELD:size``."""
+    columns = [Column(KEY_COLUMN, (Alternative(KEY_COLUMN),))]
+    for field in sorted(k for k in sample if not k.startswith("__")):
+        if _as_text(sample[field]) is None:
+            columns.append(Column(f"{field}:size", (Alternative(field, (), "size"),)))
+        else:
+            columns.append(Column(field, (Alternative(field),)))
+    return columns
+
+
+# ---------------------------------------------------------------------------------------------
+# cell values
+
+_MISSING = object()
+_CONTROL = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f]")
+
+
+def _as_text(data: Any) -> str | None:
+    """``data`` as text, or None when it is not UTF-8 text (binary must not be dumped raw)."""
+    if isinstance(data, str):
+        text = data
+    else:
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return None if _CONTROL.search(text) else text
+
+
+def cell_text(value: Any) -> str:
+    """The text of a cell value in TSV/CSV: empty for missing, compact JSON for non-strings.
+
+    >>> cell_text(None), cell_text("a"), cell_text(3), cell_text({"b": [1, True]}), cell_text(False)
+    ('', 'a', '3', '{"b":[1,true]}', 'false')
+    """
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return str(value)
+
+
+class RowExtractor:
+    """Turn samples into rows of cell values (``str``, ``int`` or JSON values; None for missing)."""
+
+    def __init__(self, columns: list[Column], strict: bool = False) -> None:
+        self.columns = columns
+        self.names = [c.name for c in columns]
+        self.strict = strict
+        self._getters = [self._getter(c) for c in columns]
+
+    def __call__(self, sample: Sample) -> list[Any]:
+        cache: dict[str, Any] = {}  # parsed JSON fields, for the columns of this sample
+        return [getter(sample, cache) for getter in self._getters]
+
+    def _getter(self, column: Column) -> Callable[[Sample, dict[str, Any]], Any]:
+        strict = self.strict
+        name = column.name
+        if len(column.alternatives) == 1 and not strict:  # the common case, without a wrapper
+            return self._alternative(column.alternatives[0], None)
+        alternatives = [self._alternative(a, _MISSING) for a in column.alternatives]
+
+        def get(sample: Sample, cache: dict[str, Any]) -> Any:
+            for alternative in alternatives:
+                value = alternative(sample, cache)
+                if value is not _MISSING:
+                    return value
+            if strict:
+                have = ", ".join(sorted(k for k in sample if not k.startswith("__"))) or "none"
+                raise SampleError(
+                    f"sample {sample['__key__']!r} has no {name!r} (its fields: {have})",
+                    sample.get("__url__"),
+                    sample["__key__"],
+                )
+            return None
+
+        return get
+
+    @staticmethod
+    def _alternative(alt: Alternative, missing: Any) -> Callable[[Sample, dict[str, Any]], Any]:
+        """A function giving the value of ``alt`` in a sample, or ``missing``."""
+        field = alt.field
+        if field in _META_COLUMNS:
+            return lambda sample, cache: sample.get(field, missing)
+        if alt.modifier == "size":
+            return lambda sample, cache: missing if (d := sample.get(field)) is None else len(d)
+        if alt.modifier == "sha256":
+            return lambda sample, cache: missing if (d := sample.get(field)) is None else hashlib.sha256(d).hexdigest()
+        if alt.modifier == "type":
+            return lambda sample, cache: missing if (d := sample.get(field)) is None else sniff_type(d)
+        if not alt.path:
+
+            def text(sample: Sample, cache: dict[str, Any]) -> Any:
+                data = sample.get(field)
+                if data is None:
+                    return missing
+                value = _as_text(data)
+                if value is None:
+                    raise _binary_error(sample, field, len(data))
+                return value
+
+            return text
+        path = alt.path
+
+        def json_path(sample: Sample, cache: dict[str, Any]) -> Any:
+            doc = cache.get(field, _MISSING)
+            if doc is _MISSING:
+                data = sample.get(field)
+                if data is None:
+                    return missing
+                try:
+                    doc = json.loads(data)
+                except ValueError as e:
+                    raise SampleError(
+                        f"sample {sample['__key__']!r}: field {field!r} is not valid JSON ({e})",
+                        sample.get("__url__"),
+                        sample["__key__"],
+                    ) from None
+                cache[field] = doc
+            value = _walk(doc, path)
+            return missing if value is _MISSING else value
+
+        return json_path
+
+
+def _walk(doc: Any, path: tuple[str, ...]) -> Any:
+    """Follow a dotted path through objects (keys) and arrays (indexes); _MISSING if it leads nowhere."""
+    for part in path:
+        if isinstance(doc, dict):
+            if part not in doc:
+                return _MISSING
+            doc = doc[part]
+        elif isinstance(doc, list) and part.isdigit() and int(part) < len(doc):
+            doc = doc[int(part)]
+        else:
+            return _MISSING
+    return doc
+
+
+def _binary_error(sample: Sample, field: str, size: int) -> SampleError:
+    return SampleError(
+        f"sample {sample['__key__']!r}: field {field!r} is binary ({size} bytes), not text; "
+        f"use {field}:size, {field}:sha256 or {field}:type",
+        sample.get("__url__"),
+        sample["__key__"],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# writing tables
+
+_TSV_SPECIAL = re.compile(r"[\\\t\n\r]")
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_TSV_UNESCAPE = re.compile(r"\\([\\tnr])")
+_TSV_UNESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
+
+
+def tsv_escape(text: str) -> str:
+    r"""Escape backslash, tab, newline and CR for a TSV cell.
+
+    >>> tsv_escape("a\tb\nc\\d")
+    'a\\tb\\nc\\\\d'
+    """
+    return text.translate(_TSV_ESCAPES) if _TSV_SPECIAL.search(text) else text
+
+
+def tsv_unescape(text: str) -> str:
+    r"""Undo ``tsv_escape``; other backslashes are kept as they are (hand-written paths).
+
+    >>> tsv_unescape(tsv_escape("a\tb\nc\\d\r")) == "a\tb\nc\\d\r"
+    True
+    >>> tsv_unescape(r"C:\x")
+    'C:\\x'
+    """
+    if "\\" not in text:
+        return text
+    return _TSV_UNESCAPE.sub(lambda m: _TSV_UNESCAPES[m.group(1)], text)
+
+
+class _Lines:
+    """A file-like ``write`` target for csv.writer that collects what it writes."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return len(text)
+
+
+def format_table(rows: Iterable[list[Any]], names: list[str], fmt: str, header: bool = True) -> Iterator[str]:
+    """Yield the text of a table, one row (with its line end) at a time.
+
+    >>> list(format_table([["a", 3, None]], ["__key__", "n", "x"], "tsv"))
+    ['__key__\\tn\\tx\\n', 'a\\t3\\t\\n']
+    >>> list(format_table([["a", 3, None]], ["__key__", "n", "x"], "jsonl"))
+    ['{"__key__":"a","n":3,"x":null}\\n']
+    """
+    if fmt == "tsv":
+        if header:
+            yield "\t".join(tsv_escape(n) for n in names) + "\n"
+        search = _TSV_SPECIAL.search
+        for row in rows:
+            cells = [v if type(v) is str else str(v) if type(v) is int else cell_text(v) for v in row]
+            if search("".join(cells)):  # one look per row; escaping is rare
+                cells = [tsv_escape(c) for c in cells]
+            yield "\t".join(cells) + "\n"
+    elif fmt == "csv":
+        out = _Lines()
+        writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180; CR and LF in cells get quoted
+        if header:
+            writer.writerow(names)
+            yield out.parts.pop()
+        for row in rows:
+            writer.writerow([v if type(v) is str else cell_text(v) for v in row])
+            yield out.parts.pop()
+    elif fmt == "jsonl":
+        dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+        for row in rows:
+            yield dumps(dict(zip(names, row, strict=True))) + "\n"
+    else:
+        raise OptionError(f"bad table format {fmt!r}; use one of {', '.join(TABLE_FORMATS)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# reading plans
+
+_SUFFIXES = {".tsv": "tsv", ".tab": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+_COMPRESSED = (".gz", ".tgz", ".zst", ".zstd", ".xz", ".bz2")
+
+
+def format_for_name(name: str) -> str | None:
+    """The table format a name's suffix says (ignoring a compression suffix), or None.
+
+    >>> format_for_name("plan.csv.gz"), format_for_name("x.jsonl"), format_for_name("-")
+    ('csv', 'jsonl', None)
+    """
+    lower = name.lower()
+    for suffix in _COMPRESSED:
+        if lower.endswith(suffix):
+            lower = lower[: -len(suffix)]
+            break
+    return _SUFFIXES.get(os.path.splitext(lower)[1])
+
+
+def _raw_lines(stream: Any) -> Iterator[bytes]:
+    """Lines of a byte stream, each with its ``\\n`` (the last one may lack it), read in chunks."""
+    rest = b""
+    while True:
+        chunk = stream.read(_CHUNK)
+        if not chunk:
+            break
+        if rest:
+            chunk = rest + chunk
+        lines = chunk.split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line + b"\n"
+    if rest:
+        yield rest
+
+
+def _text_lines(stream: Any, url: str | None) -> Iterator[str]:
+    """Decoded lines; a byte-order mark at the start (spreadsheets write one) is dropped."""
+    for number, raw in enumerate(_raw_lines(stream), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise PlanError(f"not UTF-8 text (byte {e.start} of the line)", url, number) from None
+        if number == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        yield line
+
+
+def _sniff(line: str) -> str:
+    if line.lstrip().startswith("{"):
+        return "jsonl"
+    if "\t" in line:
+        return "tsv"
+    return "csv" if "," in line else "tsv"
+
+
+def read_table(stream: Any, url: str | None, fmt: str | None = None) -> Iterator[tuple[int, dict[str, str | None]]]:
+    """Yield ``(row, {column: cell})`` for each record of a TSV/CSV/JSONL table, one at a time.
+
+    ``row`` is the line number where the record starts (the header is row 1); blank lines are
+    skipped. Cells are text or None (a JSON null); JSON numbers, booleans, objects and arrays
+    become their compact JSON text. ``fmt`` None: from the first line (``{`` JSONL, a tab TSV,
+    a comma CSV, else TSV).
+
+    >>> import io
+    >>> list(read_table(io.BytesIO(b"__key__\\tcls\\na\\t1\\n"), "p.tsv", "tsv"))
+    [(2, {'__key__': 'a', 'cls': '1'})]
+    """
+    lines = _text_lines(stream, url)
+    if fmt is None:
+        first = next(lines, None)
+        if first is None:
+            raise PlanError("no header row (an empty plan)", url)
+        fmt = _sniff(first)
+        lines = _chain_one(first, lines)
+    if fmt == "tsv":
+        yield from _read_tsv(lines, url)
+    elif fmt == "csv":
+        yield from _read_csv(lines, url)
+    elif fmt == "jsonl":
+        yield from _read_jsonl(lines, url)
+    else:
+        raise OptionError(f"bad table format {fmt!r}; use one of {', '.join(TABLE_FORMATS)}")
+
+
+def _chain_one(first: str, rest: Iterator[str]) -> Iterator[str]:
+    yield first
+    yield from rest
+
+
+def _check_header(names: list[str], url: str | None) -> None:
+    for name in names:
+        if not name:
+            raise PlanError("empty column name in the header", url, 1)
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise PlanError(f"column {name!r} appears twice in the header", url, 1)
+        seen.add(name)
+
+
+def _read_tsv(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, dict[str, str | None]]]:
+    names: list[str] | None = None
+    for number, line in enumerate(lines, 1):
+        line = line.rstrip("\n")
+        if line.endswith("\r"):  # a CRLF file; a CR in a cell is written escaped
+            line = line[:-1]
+        if not line:
+            continue
+        cells = [tsv_unescape(c) for c in line.split("\t")]
+        if names is None:
+            names = cells
+            _check_header(names, url)
+            continue
+        if len(cells) != len(names):
+            raise PlanError(f"{len(cells)} cells, but the header has {len(names)} columns", url, number)
+        yield number, dict(zip(names, cells, strict=True))
+    if names is None:
+        raise PlanError("no header row (an empty plan)", url)
+
+
+def _read_csv(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, dict[str, str | None]]]:
+    reader = csv.reader(lines, strict=True)
+    names: list[str] | None = None
+    start = 1
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            raise PlanError(f"bad CSV: {e}", url, start) from None
+        number, start = start, reader.line_num + 1
+        if not cells:
+            continue
+        if names is None:
+            names = cells
+            _check_header(names, url)
+            continue
+        if len(cells) != len(names):
+            raise PlanError(f"{len(cells)} cells, but the header has {len(names)} columns", url, number)
+        yield number, dict(zip(names, cells, strict=True))
+    if names is None:
+        raise PlanError("no header row (an empty plan)", url)
+
+
+def _read_jsonl(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, dict[str, str | None]]]:
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line.rstrip("\r\n"))
+        except json.JSONDecodeError as e:
+            raise PlanError(f"bad JSON: {e.msg} at column {e.colno}", url, number) from None
+        if not isinstance(obj, dict):
+            raise PlanError(f"expected a JSON object, got {type(obj).__name__}", url, number)
+        yield number, {k: v if v is None or isinstance(v, str) else cell_text(v) for k, v in obj.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# plans -> samples
+
+
+def safe_relative(path: str) -> bool:
+    """Whether ``path`` stays inside its base directory: not absolute, no ``..`` escape.
+
+    >>> safe_relative("imgs/a.jpg"), safe_relative("/etc/passwd"), safe_relative("a/../../b")
+    (True, False, False)
+    """
+    if os.path.isabs(path):
+        return False
+    norm = os.path.normpath(path)
+    return norm != ".." and not norm.startswith(".." + os.sep)
+
+
+def plan_samples(
+    rows: Iterable[tuple[int, dict[str, str | None]]],
+    url: str | None,
+    *,
+    base_dir: str = ".",
+    key_column: str = KEY_COLUMN,
+    key_format: str | None = None,
+    absolute_names: bool = False,
+) -> Iterator[Sample]:
+    """Turn plan rows (``read_table``) into samples, reading ``@FIELD`` files relative to ``base_dir``.
+
+    Columns named ``__...__`` other than the key column are ignored (``__url__``). With
+    ``key_format`` keys are ``key_format % i`` for the i-th sample (from 0) and a key column is
+    ignored. A key seen before is an error; so is a row with no fields, or an ``@`` path that is
+    absolute or climbs out of ``base_dir`` (unless ``absolute_names``).
+
+    >>> rows = [(2, {"__key__": "a", "cls": "1", "txt": ""})]
+    >>> list(plan_samples(rows, "p.tsv"))
+    [{'__key__': 'a', 'cls': b'1'}]
+    """
+    if key_format is not None:
+        check_key_format(key_format)
+    seen: set[str] = set()  # keys so far: a few dozen bytes a row, no file data
+    layout: tuple[tuple[str, str, bool], ...] | None = None
+    layout_of: tuple[str, ...] | None = None
+    index = 0
+    for number, cells in rows:
+        names = tuple(cells)
+        if names != layout_of:  # the same for every row of a TSV/CSV plan; may vary in JSONL
+            layout = _layout(names, url, number, key_column)
+            layout_of = names
+        assert layout is not None
+        if key_format is not None:
+            key = key_format % index
+        else:
+            value = cells.get(key_column)
+            if not value:
+                raise PlanError("no key", url, number, key_column)
+            key = value
+            try:
+                check_key(key)
+            except SampleError as e:
+                raise PlanError(e.message, url, number, key_column) from None
+            if key in seen:
+                raise PlanError(f"duplicate key {key!r}", url, number, key_column)
+            seen.add(key)
+        sample: Sample = {"__key__": key}
+        for column, field, is_file in layout:
+            value = cells[column]
+            if value is None or value == "":
+                continue
+            sample[field] = _read_file(value, base_dir, absolute_names, url, number, field) if is_file else value.encode()
+        if len(sample) == 1:
+            raise PlanError(f"sample {key!r} has no fields (every cell is empty)", url, number)
+        index += 1
+        yield sample
+
+
+def _layout(names: tuple[str, ...], url: str | None, row: int, key_column: str) -> tuple[tuple[str, str, bool], ...]:
+    """``(column, field, is_file)`` for the field columns of a header."""
+    out = []
+    fields: dict[str, str] = {}
+    for column in names:
+        if column == key_column or (column.startswith("__") and column.endswith("__")):
+            continue
+        is_file = column.startswith("@")
+        field = column[1:] if is_file else column
+        if not field or "/" in field or field.startswith("__"):
+            raise PlanError(f"bad column name {column!r}: not a field name", url, row)
+        if field in fields:
+            raise PlanError(f"columns {fields[field]!r} and {column!r} both give field {field!r}", url, row)
+        fields[field] = column
+        out.append((column, field, is_file))
+    return tuple(out)
+
+
+def _read_file(path: str, base_dir: str, absolute_names: bool, url: str | None, row: int, field: str) -> bytes:
+    if not absolute_names and not safe_relative(path):
+        raise PlanError(f"path {path!r} is absolute or leaves -C DIR; use --absolute-names to allow it", url, row, field)
+    try:
+        with open(os.path.join(base_dir, path), "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise PlanError(f"no such file {path!r}", url, row, field) from None
+    except IsADirectoryError:
+        raise PlanError(f"{path!r} is a directory, not a file", url, row, field) from None
+    except OSError as e:
+        raise PlanError(f"cannot read {path!r}: {e.strerror}", url, row, field) from None
+
+
+__all__ = [
+    "KEY_COLUMN",
+    "MODIFIERS",
+    "TABLE_FORMATS",
+    "Alternative",
+    "Column",
+    "PlanError",
+    "RowExtractor",
+    "cell_text",
+    "default_columns",
+    "format_for_name",
+    "format_table",
+    "parse_alternative",
+    "parse_columns",
+    "plan_samples",
+    "read_table",
+    "safe_relative",
+    "tsv_escape",
+    "tsv_unescape",
+]

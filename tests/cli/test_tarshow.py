@@ -1,0 +1,292 @@
+"""tarshow: previews, --json, --summary, --grid and --view, through the CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+import tarproc.sinks
+from tarproc.cli import tarshow as tarshow_module
+from tarproc.cli.tarshow import main as tarshow
+from tarproc.tario import TarWriter
+
+
+@pytest.fixture(autouse=True)
+def _fresh_help_option():
+    # click caches the help option per command (see conftest._forget_cached_help_options)
+    tarshow._help_option = None
+    yield
+    tarshow._help_option = None
+
+
+def jpeg(colour, size=(64, 48)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, "JPEG", quality=95)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def images(tmp_path, cli):
+    """A shard of 6 samples: jpg + cls + json; sample 2 has a png instead, sample 4 a broken jpg."""
+    samples = []
+    for i in range(6):
+        s = {"__key__": f"img/{i:04d}", "jpg": jpeg((40 * i, 100, 200)), "cls": str(i % 3).encode(),
+             "json": json.dumps({"caption": f"thing {i}", "i": i}).encode()}
+        if i == 2:
+            buf = io.BytesIO()
+            Image.new("RGB", (30, 30), (0, 255, 0)).save(buf, "PNG")
+            del s["jpg"]
+            s["png"] = buf.getvalue()
+        if i == 4:
+            s["jpg"] = b"\xff\xd8\xff\xe0" + b"broken" * 10
+        samples.append(s)
+    return cli.write_tar(tmp_path / "images.tar", samples)
+
+
+def records(out: str) -> list[list[str]]:
+    return [block.splitlines() for block in out.strip("\n").split("\n\n")]
+
+
+# ---------------------------------------------------------------------------------------------
+# previews
+
+
+def test_text_previews_per_sample(cli, shards):
+    r = cli.run(tarshow, [shards.paths[0], "-c", "2"])
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr == ""
+    first, second = records(r.stdout)
+    assert first[:2] == ["__key__\ts0/0000", f"__url__\t{shards.paths[0]}"]
+    assert first[2:] == ["cls\t1\t0", "jpg\t200\t[binary]", 'json\t8\t{"i":0}']
+    assert second[0] == "__key__\ts0/0001" and "png\t297\t[binary]" in second
+
+
+def test_skip_count_fields_and_width(cli, shards):
+    r = cli.run(tarshow, [*shards.paths, "--skip", "5", "-c", "3", "-f", "json jpg,png", "-w", "5"])
+    assert r.exit_code == 0, r.stderr
+    blocks = records(r.stdout)
+    assert [b[0] for b in blocks] == ["__key__\ts1/0005", "__key__\ts1/0006", "__key__\ts1/0007"]
+    assert blocks[0][2:] == ['json\t8\t{"i"…', "png\t685\t[binary]"]  # -f order, first alternative present
+
+
+def test_stdin_is_the_default_input(cli, shards):
+    with open(shards.paths[1], "rb") as f:
+        r = cli.run(tarshow, ["-c", "1"], input=f.read())
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.startswith("__key__\ts1/0004\n__url__\t-\n")
+
+
+def test_json_lines(cli, images):
+    r = cli.run(tarshow, [images, "--json"])
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    docs = [json.loads(line) for line in lines]
+    assert [d["__key__"] for d in docs] == [f"img/{i:04d}" for i in range(6)]
+    d = docs[0]
+    assert d["__url__"] == str(images)
+    assert d["fields"]["jpg"]["type"] == "jpeg" and "preview" not in d["fields"]["jpg"]
+    assert d["fields"]["cls"] == {"size": 1, "type": "text", "preview": "0"}
+    assert d["fields"]["json"]["preview"] == '{"caption":"thing 0","i":0}'
+    assert docs[2]["fields"]["png"]["type"] == "png"
+
+
+def test_never_prints_raw_binary_or_escapes(cli, tmp_path):
+    evil = {"__key__": "k\x1b[2J", "txt": b"ok\x1b]0;owned\x07", "bin": bytes(range(256)), "note": "é\u202e".encode()}
+    path = cli.write_tar(tmp_path / "evil.tar", [evil])
+    for args in ([], ["--json"]):
+        r = cli.run(tarshow, [path, *args])
+        assert r.exit_code == 0, r.stderr
+        assert all(c.isprintable() or c in "\n\t" for c in r.stdout), repr(r.stdout)
+    r = cli.run(tarshow, [path])
+    assert "note\t5\té\\u202e" in r.stdout and "txt\t12\t[binary]" in r.stdout and "bin\t256\t[binary]" in r.stdout
+
+
+def test_damaged_input_one_line_error(cli, shards, tmp_path):
+    data = open(shards.paths[0], "rb").read()
+    bad = tmp_path / "cut.tar"
+    bad.write_bytes(data[:2000])
+    r = cli.run(tarshow, [bad])
+    assert r.exit_code == 1
+    line = cli.one_line_error(r, "tarshow")
+    assert str(bad) in line and "at byte" in line
+
+
+def test_usage_errors_exit_2(cli, shards, tmp_path):
+    for args in (["--summary", "--view"], ["--grid", tmp_path / "g.png", "--json"], ["--view-protocol", "kitty"],
+                 ["--columns", "3"], ["--grid", tmp_path / "g.tar"], ["--summary", "-f", "jpg"], ["-w", "-1"]):
+        r = cli.run(tarshow, [shards.paths[0], *args])
+        assert r.exit_code == 2, (args, r.stderr)
+        assert r.stdout == ""
+    assert not list(tmp_path.glob("g.*"))
+
+
+def test_help_has_examples(cli):
+    r = cli.run(tarshow, ["--help"])
+    assert r.exit_code == 0
+    assert "Examples:" in r.stdout and "--summary" in r.stdout and "tarshow train-0000.tar --grid" in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) <= 100
+
+
+# ---------------------------------------------------------------------------------------------
+# --summary
+
+
+def test_summary_text(cli, shards):
+    r = cli.run(tarshow, [*shards.paths, "--summary"])
+    assert r.exit_code == 0, r.stderr
+    out = r.stdout
+    assert "shards      3" in out and "samples     12" in out and "members     36" in out
+    assert "jpg: 3 samples (e.g. 's0/0001', 's1/0005', 's2/0009')" in out  # the png samples lack a jpg
+    assert "non-adjacent" not in out and "reappear" not in out
+
+
+def test_summary_json_finds_the_lint_problems(cli, tmp_path):
+    members = [("a.jpg", b"1"), ("a.cls", b"1"), ("b.cls", b"2"), ("a.txt", b"x"), ("c.cls", b"3"),
+               ("c.cls", b"4"), ("NOTES", b"n"), ("Track 2.0.mp3", b"ID3")]
+    path = tmp_path / "lint.tar"
+    with open(path, "wb") as f, TarWriter(f) as w:
+        for name, data in members:
+            w.add(name, data)
+    r = cli.run(tarshow, [path, "--summary", "--json"])
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["samples"] == 5 and d["members"] == 8  # a, b, a again, c, Track 2; NOTES is a member too
+    assert d["non_adjacent_keys"]["count"] == 1 and d["non_adjacent_keys"]["examples"][0]["key"] == "a"
+    assert d["duplicate_fields"]["count"] == 1 and d["duplicate_fields"]["examples"][0]["key"] == "c"
+    assert d["names_without_key"] == {"count": 1, "examples": ["NOTES"]}
+    assert d["surprising_names"][0]["field"] == "0.mp3"
+    # normal reading of the same shard refuses it: the lint is the way to see why
+    assert cli.run(tarshow, [path]).exit_code == 1
+
+
+def test_summary_of_a_damaged_shard_reports_then_fails(cli, shards, tmp_path):
+    data = open(shards.paths[0], "rb").read()
+    bad = tmp_path / "cut.tar"
+    bad.write_bytes(data[: 512 * 9 + 100])
+    r = cli.run(tarshow, [shards.paths[1], bad, shards.paths[2], "--summary"])
+    assert r.exit_code == 1
+    line = cli.one_line_error(r, "tarshow")
+    assert str(bad) in line and "at byte" in line
+    assert "shards      2 (1 failed)" in r.stdout and "damaged or unreadable" in r.stdout
+    r = cli.run(tarshow, [shards.paths[1], bad, shards.paths[2], "--summary", "--json", "--on-error", "skip-shard"])
+    assert r.exit_code == 0
+    d = json.loads(r.stdout)
+    assert d["shards"] == 3 and d["shards_failed"] == 1 and d["samples"] >= 8 and len(d["errors"]) == 1
+    assert "warning: " in r.stderr and str(bad) in r.stderr
+
+
+def test_summary_count(cli, shards):
+    r = cli.run(tarshow, [*shards.paths, "--summary", "--json", "-c", "5"])
+    d = json.loads(r.stdout)
+    assert d["samples"] == 5 and d["stopped_early"] is True and d["shards"] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# --grid
+
+
+def test_grid_writes_a_contact_sheet(cli, images, tmp_path):
+    out = tmp_path / "sheet.png"
+    r = cli.run(tarshow, [images, "--grid", out, "--thumb", "32", "--columns", "5"])
+    assert r.exit_code == 0, r.stderr
+    # sample 4's jpg is broken: warned about, counted, skipped
+    assert "img/0004.jpg" in r.stderr and "cannot decode" in r.stderr
+    assert "5 images from 6 samples (1 undecodable skipped)" in r.stderr
+    sheet = Image.open(out)
+    assert sheet.format == "PNG" and sheet.width == 5 * 32 + 4 * 4
+    assert sheet.getpixel((16 + 2 * 36, 16)) == (0, 255, 0)  # the third cell is the png sample
+    assert cli.leftovers(tmp_path) == []
+
+
+def test_grid_count_stops_early_and_jpeg_by_suffix(cli, images, tmp_path):
+    out = tmp_path / "two.jpg"
+    r = cli.run(tarshow, [images, "--grid", out, "-c", "2", "-q"])
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr == ""
+    assert Image.open(out).format == "JPEG" and Image.open(out).width == 2 * 160 + 4
+
+
+def test_grid_to_stdout_and_refused_on_a_terminal(cli, images, monkeypatch):
+    r = cli.run(tarshow, [images, "--grid", "-", "-c", "1", "-q"])
+    assert r.exit_code == 0
+    assert Image.open(io.BytesIO(r.stdout_bytes)).format == "PNG"
+    monkeypatch.setattr(tarproc.sinks, "stdout_is_terminal", lambda: True)
+    r = cli.run(tarshow, [images, "--grid", "-"])
+    assert r.exit_code == 1 and "terminal" in cli.one_line_error(r, "tarshow")
+
+
+def test_grid_with_no_images_or_damage_leaves_nothing(cli, shards, images, tmp_path):
+    out = tmp_path / "none.png"
+    r = cli.run(tarshow, [shards.paths[0], "--grid", out])  # fake jpgs: not decodable
+    assert r.exit_code == 1 and "no images" in r.stderr.splitlines()[-1]
+    bad = tmp_path / "cut.tar"
+    bad.write_bytes(open(images, "rb").read()[:5000])
+    r = cli.run(tarshow, [bad, "--grid", out])
+    assert r.exit_code == 1 and str(bad) in r.stderr
+    assert not out.exists() and cli.leftovers(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# --view
+
+
+@pytest.mark.parametrize("protocol, marker", [("kitty", "\x1b_Ga=T,f=100"), ("iterm", "\x1b]1337;File=inline=1;"),
+                                              ("sixel", "\x1bP0;1;0q"), ("blocks", "▀")])
+def test_view_protocols(cli, images, protocol, marker):
+    r = cli.run(tarshow, [images, "--view", "--view-protocol", protocol, "-c", "3"])
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.count("__key__") == 3
+    if protocol == "blocks":
+        assert marker in r.stdout and "\x1b[38;2;" in r.stdout
+    else:
+        assert r.stdout.count(marker) == 3  # one image per sample
+
+
+def test_view_detects_kitty_from_the_environment_and_warns_on_bad_images(cli, images, monkeypatch):
+    monkeypatch.setenv("TERM", "xterm-kitty")
+    r = cli.run(tarshow, [images, "--view", "--skip", "4", "-c", "1"])
+    assert r.exit_code == 0
+    assert "\x1b_G" not in r.stdout and "img/0004.jpg" in r.stderr
+    r = cli.run(tarshow, [images, "--view", "-c", "1", "-f", "jpg"])
+    assert r.stdout.count("\x1b_Ga=T,f=100") == 1
+
+
+def test_delay_between_samples(cli, shards, monkeypatch):
+    sleeps: list[float] = []
+    monkeypatch.setattr(tarshow_module.time, "sleep", sleeps.append)
+    r = cli.run(tarshow, [shards.paths[0], "-d", "0.5"])
+    assert r.exit_code == 0 and sleeps == [0.5, 0.5, 0.5]
+
+
+# ---------------------------------------------------------------------------------------------
+# real pipes
+
+
+def run_module(args, **kw):
+    return subprocess.run([sys.executable, "-m", "tarproc.cli.tarshow", *args], capture_output=True, **kw)
+
+
+def test_pipeline_tarcat_to_tarshow(shards):
+    cat = subprocess.Popen([sys.executable, "-m", "tarproc.cli.tarcat", *shards.paths, "-f", "cls json"],
+                           stdout=subprocess.PIPE)
+    show = subprocess.run([sys.executable, "-m", "tarproc.cli.tarshow", "--json"], stdin=cat.stdout,
+                          capture_output=True)
+    cat.stdout.close()
+    assert cat.wait() == 0 and show.returncode == 0, show.stderr
+    docs = [json.loads(line) for line in show.stdout.decode().splitlines()]
+    assert len(docs) == 12 and set(docs[5]["fields"]) == {"cls", "json"}
+
+
+def test_head_ends_quietly(tmp_path, cli):
+    path = cli.write_tar(tmp_path / "many.tar", [{"__key__": f"k{i:05d}", "txt": b"x" * 50} for i in range(3000)])
+    proc = subprocess.run(f"{sys.executable} -m tarproc.cli.tarshow {path} | head -n 2", shell=True,
+                          capture_output=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert proc.returncode == 0
+    assert proc.stdout.decode().splitlines() == ["__key__\tk00000", f"__url__\t{path}"]
+    assert proc.stderr == b""

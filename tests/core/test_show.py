@@ -1,0 +1,244 @@
+"""tarproc.show: field previews and the whole-stream summary (lint)."""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+
+import pytest
+
+from tarproc import show
+from tarproc.errors import TarFormatError
+from tarproc.show import Summary, format_record, label_of, preview_field, sample_record, summarize
+from tarproc.stages import parse_fields
+from tarproc.tario import TarWriter, iter_keyed_members
+
+
+def tar(samples=(), members=()) -> bytes:
+    buf = io.BytesIO()
+    with TarWriter(buf) as w:
+        for s in samples:
+            w.write_sample(s)
+        for name, data in members:
+            w.add(name, data)
+    return buf.getvalue()
+
+
+def summary_of(data: bytes, url: str = "x.tar") -> Summary:
+    s = Summary()
+    s.add_members(iter_keyed_members(io.BytesIO(data), url, stats=s.stats), url)
+    s.finish()
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# previews
+
+
+def test_text_preview_is_cut_to_width_with_an_ellipsis():
+    p = preview_field(b"abcdefghij" * 10, width=8)
+    assert p == {"size": 100, "type": "text", "preview": "abcdefg…", "truncated": True}
+    assert preview_field(b"short", width=8) == {"size": 5, "type": "text", "preview": "short"}
+    assert preview_field(b"x" * 500, width=0)["preview"] == "x" * 500  # 0 = no limit
+
+
+def test_json_preview_is_compact_and_keeps_unicode():
+    p = preview_field(b'{\n  "label": "chat noir",\n  "n": [1, 2]\n}')
+    assert p["type"] == "json" and p["preview"] == '{"label":"chat noir","n":[1,2]}'
+    assert preview_field('{"é": "ü"}'.encode())["preview"] == '{"é":"ü"}'
+
+
+def test_control_characters_are_escaped_never_printed():
+    # text with an ANSI escape is not text to sniff_type: it is shown as [binary], never printed
+    assert preview_field(b"red \x1b[31mALERT\x1b[0m") == {"size": 18, "type": "binary"}
+    # newlines, tabs and invisible format characters (a right-to-left override) are escaped
+    p = preview_field("a\nb\tc\u202eevil".encode(), width=0)
+    assert p == {"size": 12, "type": "text", "preview": "a\\nb\\tc\\u202eevil"}
+
+
+def test_binary_fields_show_type_and_size_only():
+    assert preview_field(b"\xff\xd8\xff\xe0" + bytes(100)) == {"size": 104, "type": "jpeg"}
+    assert preview_field(b"\x93NUMPY" + bytes(50)) == {"size": 56, "type": "npy"}
+    assert preview_field(bytes(range(256))) == {"size": 256, "type": "binary"}
+    assert preview_field(b"") == {"size": 0, "type": "empty", "preview": ""}
+
+
+def test_multibyte_text_cut_by_the_byte_limit_does_not_show_garbage():
+    p = preview_field(("é" * 400).encode(), width=20)
+    assert p["preview"] == "é" * 19 + "…"
+    assert "\ufffd" not in p["preview"]
+
+
+def test_sample_record_and_text_format():
+    sample = {"__key__": "a/1", "__url__": "s.tar", "jpg": b"\x89PNG\r\n\x1a\n" + bytes(8), "cls": b"7\n"}
+    rec = sample_record(sample)
+    assert list(rec["fields"]) == ["cls", "jpg"]  # sorted
+    assert format_record(rec).splitlines() == ["__key__\ta/1", "__url__\ts.tar", "cls\t2\t7\\n", "jpg\t16\t[png]"]
+    json.dumps(rec)  # JSON-ready
+
+
+def test_field_spec_picks_first_present_alternative_in_spec_order():
+    sample = {"__key__": "k", "png": b"\x89PNG\r\n\x1a\n", "cls": b"1", "txt": b"t"}
+    rec = sample_record(sample, parse_fields("txt jpg,png nothere"))
+    assert list(rec["fields"]) == ["txt", "png"]
+
+
+def test_keys_with_control_characters_are_escaped():
+    rec = sample_record({"__key__": "a\x1b]0;x\x07", "cls": b"1"})
+    assert "\x1b" not in format_record(rec) and "\x07" not in format_record(rec)
+
+
+def test_label_from_cls_or_json():
+    assert label_of({"cls": b"  12\n"}) == "12"
+    assert label_of({"json": b'{"caption": "a dog", "x": 1}'}) == "a dog"
+    assert label_of({"json": b"[1, 2]"}) is None
+    assert label_of({"jpg": b"\xff\xd8\xff"}) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# summary
+
+
+def test_summary_counts_fields_and_sizes():
+    samples = [{"__key__": f"s{i:03d}", "txt": b"x" * (10 + i), "cls": b"%d" % (i % 10)} for i in range(15)]
+    s = summary_of(tar(samples))
+    d = s.as_dict()
+    assert (d["samples"], d["members"], d["shards"]) == (15, 30, 0)  # add_members alone counts no shards
+    assert d["bytes"] == sum(10 + i for i in range(15)) + 15
+    f = d["fields"]["txt"]
+    assert (f["samples"], f["min"], f["median"], f["max"], f["median_exact"]) == (15, 10, 17.0, 24, True)
+    assert d["missing"] == {} and d["non_adjacent_keys"]["count"] == 0
+    assert "no problems found" in s.format_text()
+
+
+def test_summary_reports_samples_missing_a_common_field():
+    samples = [{"__key__": f"s{i}", "jpg": b"\xff\xd8\xff", "cls": b"1"} for i in range(5)]
+    del samples[3]["jpg"]
+    s = summary_of(tar(samples))
+    assert s.missing() == {"jpg": {"count": 1, "examples": ["s3"]}}
+    assert "jpg: 1 samples (e.g. 's3')" in s.format_text()
+
+
+def test_summary_counts_what_reading_rejects_or_hides():
+    members = [
+        ("a.jpg", b"1"), ("a.cls", b"1"),
+        ("b.jpg", b"22"), ("b.jpg", b"33"),          # a field twice in one sample
+        ("a.txt", b"late"),                           # key 'a' reappears after 'b'
+        ("README", b"no key"), ("dir/.hidden", b"x"),  # names without a key
+        ("__meta__/info.json", b"{}"),                # metadata
+        ("Track 2.0.mp3", b"ID3"), ("model.v2.jpg", b"x"),  # dotted names split surprisingly
+    ]
+    s = summary_of(tar(members=members))
+    d = s.as_dict()
+    assert d["non_adjacent_keys"]["count"] == 1
+    assert d["non_adjacent_keys"]["examples"][0]["key"] == "a"
+    assert d["non_adjacent_keys"]["examples"][0]["first_offset"] == 0
+    assert d["duplicate_fields"]["count"] == 1
+    dup = d["duplicate_fields"]["examples"][0]
+    assert (dup["key"], dup["field"], dup["first_offset"], dup["offset"]) == ("b", "jpg", 2048, 3072)
+    assert d["names_without_key"] == {"count": 2, "examples": ["README", "dir/.hidden"]}
+    assert d["metadata_members"] == 1
+    reasons = {(x["field"], x["reason"]): (x["count"], x["examples"]) for x in d["surprising_names"]}
+    assert reasons[("0.mp3", "a number was split at its dot")] == (1, ["Track 2.0.mp3"])
+    assert reasons[("v2.jpg", "a version-like part became part of the field")] == (1, ["model.v2.jpg"])
+    assert d["members"] == 10 and d["samples"] == 5  # a, b, a again, Track 2, model
+    text = s.format_text()
+    assert "reappear" in text and "twice in one sample" in text and "'README'" in text
+    assert "field '0.mp3': 1 sample(s), a number was split at its dot (e.g. 'Track 2.0.mp3')" in text
+
+
+def test_rare_fields_are_listed():
+    samples = [{"__key__": f"s{i:02d}", "cls": b"1"} for i in range(30)]
+    samples[7]["seg.png"] = b"\x89PNG\r\n\x1a\n"
+    assert summary_of(tar(samples)).rare_fields() == {"seg.png": 1}
+
+
+def test_median_is_exact_from_a_histogram_while_sizes_repeat():
+    s = Summary()
+    s.add_members([(f"k{i:06d}", "cls", b"x" * (1 + i % 3), i) for i in range(50_001)], "x")
+    s.finish()
+    fs = s.fields["cls"]
+    assert fs.sizes == [] and len(fs.hist) == 3  # memory: one entry per distinct size
+    assert fs.median() == statistics.median(1 + i % 3 for i in range(50_001))
+    assert s.as_dict()["fields"]["cls"]["median_exact"] is True
+
+
+def test_median_uses_a_bounded_reservoir(monkeypatch):
+    monkeypatch.setattr(show, "RESERVOIR", 100)
+    monkeypatch.setattr(show, "DISTINCT_SIZES", 20)
+    monkeypatch.setattr(show, "FLUSH_EVERY", 64)
+    s = Summary()
+    # a few repeated sizes first (histogram), then many distinct ones (switch to the reservoir)
+    sizes = [5] * 300 + [i % 1000 for i in range(20_000)]
+    s.add_members([(f"k{i:05d}", "bin", bytes(n), i) for i, n in enumerate(sizes)], "x")
+    s.finish()
+    fs = s.fields["bin"]
+    assert fs.hist is None and len(fs.sizes) == 100  # memory does not grow with the stream
+    assert (fs.min, fs.max, fs.samples, fs.bytes) == (0, 999, 20_300, sum(sizes))
+    assert abs(fs.median() - statistics.median(sizes)) < 150  # an estimate
+    assert s.as_dict()["fields"]["bin"]["median_exact"] is False
+
+
+def test_reservoir_is_a_uniform_sample(monkeypatch):
+    monkeypatch.setattr(show, "DISTINCT_SIZES", 0)
+    monkeypatch.setattr(show, "RESERVOIR", 1000)
+    s = Summary(seed=3)
+    # size 0 in the first half, 1..n in the second: about half the reservoir should be zeros
+    s.add_members([(f"k{i:06d}", "x", bytes(0 if i < 20_000 else 1 + i % 7), i) for i in range(40_000)], "x")
+    s.finish()
+    zeros = s.fields["x"].sizes.count(0)
+    assert 430 < zeros < 570
+
+
+def test_field_count_is_bounded(monkeypatch):
+    monkeypatch.setattr(show, "MAX_FIELDS", 3)
+    s = Summary()
+    s.add_members([("k", f"f{i}", b"x", i) for i in range(10)], "x")
+    s.finish()
+    assert len(s.fields) == 3 and s.other_fields == 7
+
+
+def test_count_stops_before_the_next_sample():
+    s = Summary()
+    s.add_members([(f"k{i}", f, b"x", i) for i in range(10) for f in ("a", "b")], "x", count=4)
+    s.finish()
+    assert s.samples == 4 and s.stopped_early and s.fields["b"].samples == 4
+
+
+def test_summarize_damaged_shard_reports_up_to_the_damage(tmp_path):
+    good = tar([{"__key__": f"s{i}", "txt": b"t" * 600} for i in range(4)])
+    damaged = tmp_path / "bad.tar"
+    damaged.write_bytes(good[: 1536 * 3 + 512 + 100])  # each member is 1536 bytes: cut inside the 4th one's data
+    acc = Summary()
+    with pytest.raises(TarFormatError) as e:
+        summarize([str(damaged)], summary=acc)
+    assert e.value.url == str(damaged) and e.value.offset > 0
+    assert "truncated" in e.value.reason and e.value.member == "s3.txt"
+    assert acc.samples == 3 and acc.stats.shards_failed == 1
+    assert str(e.value) in acc.as_dict()["errors"]
+
+
+def test_summarize_skip_shard_goes_on(tmp_path):
+    good = tar([{"__key__": f"s{i}", "txt": b"t"} for i in range(4)])
+    (tmp_path / "a.tar").write_bytes(good)
+    (tmp_path / "b.tar").write_bytes(b"garbage" * 100)
+    (tmp_path / "c.tar").write_bytes(good)
+    warnings: list[str] = []
+    urls = [str(tmp_path / n) for n in ("a.tar", "b.tar", "c.tar")]
+    s = summarize(urls, on_error="skip-shard", warn=warnings.append)
+    assert s.samples == 8 and s.stats.shards == 3 and s.stats.shards_failed == 1
+    assert len(warnings) == 1 and "b.tar" in warnings[0]
+    assert "damaged or unreadable: " in s.format_text()
+
+
+def test_keys_reappearing_in_another_shard_are_not_flagged(tmp_path):
+    data = tar([{"__key__": "a", "txt": b"1"}, {"__key__": "b", "txt": b"2"}])
+    (tmp_path / "a.tar").write_bytes(data)
+    s = summarize([str(tmp_path / "a.tar")] * 2)
+    assert s.non_adjacent == 0 and s.samples == 4
+
+
+def test_a_name_without_a_key_first_in_the_shard():
+    s = summary_of(tar(members=[("README", b"x"), ("a.txt", b"1"), ("NOTES", b"y"), ("a.cls", b"2")]))
+    assert s.stats.no_key_count == 2 and s.samples == 1 and s.fields["cls"].samples == 1
