@@ -3,11 +3,14 @@
 The core never imports click; the commands in ``tarproc.cli`` are thin layers over it.
 
 >>> import tarproc
->>> callable(tarproc.read_samples)
-True
+>>> callable(tarproc.read_samples), callable(tarproc.IndexedShard)
+(True, True)
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     CompressedShardError,
@@ -15,6 +18,7 @@ from .errors import (
     DecodeError,
     DuplicateError,
     IndexFileError,
+    JobError,
     OptionError,
     SampleError,
     SinkError,
@@ -22,15 +26,38 @@ from .errors import (
     TarFormatError,
     TarprocError,
 )
-from .index import IndexedShard, ShardIndex, build_index
 from .samples import group_samples, read_samples, split_name
 from .shards import ShardInfo, ShardWriter, parse_size
 from .sinks import open_sink
-from .sort import SortStats, sort_samples
 from .sources import expand_urls, open_source
 from .tario import ReadStats, TarWriter, iter_members
 
+if TYPE_CHECKING:
+    from .index import IndexedShard, ShardIndex, build_index
+    from .process import map_samples, shell_samples
+    from .sort import SortStats, sort_samples
+
 __version__ = "0.1.0"
+
+# imported on first use, so that commands which don't need them start faster
+_LAZY = {
+    "IndexedShard": "index",
+    "ShardIndex": "index",
+    "build_index": "index",
+    "map_samples": "process",
+    "shell_samples": "process",
+    "SortStats": "sort",
+    "sort_samples": "sort",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tarproc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "CompressedShardError",
@@ -39,6 +66,7 @@ __all__ = [
     "DuplicateError",
     "IndexFileError",
     "IndexedShard",
+    "JobError",
     "OptionError",
     "ReadStats",
     "SampleError",
@@ -56,10 +84,12 @@ __all__ = [
     "expand_urls",
     "group_samples",
     "iter_members",
+    "map_samples",
     "open_sink",
     "open_source",
     "parse_size",
     "read_samples",
+    "shell_samples",
     "sort_samples",
     "split_name",
 ]

@@ -70,6 +70,10 @@ class DecodeError(SampleError):
         super().__init__(f"cannot decode {what}: {reason}", url, key)
 
 
+class JobError(SampleError):
+    """A sample's command or function failed (or timed out) and the policy is ``fail``."""
+
+
 class PlanError(TarprocError):
     """A plan row is malformed or names a file that can't be read; ``row`` is its line number."""
 

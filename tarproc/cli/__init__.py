@@ -15,4 +15,5 @@ COMMANDS = {
     "tarcreate": "tarproc.cli.tarcreate:main",
     "tsv2tar": "tarproc.cli.tarcreate:tsv2tar",
     "tarfirst": "tarproc.cli.tarfirst:main",
+    "tarproc": "tarproc.cli.tarproc:main",
 }

@@ -231,12 +231,14 @@ def _params(options: list[Callable[[Any], Any]]) -> list[click.Parameter]:
     return list(getattr(probe, "__click_params__", []))
 
 
-def _input_params(on_error: Iterable[str], on_error_help: str) -> list[Callable[[Any], Any]]:
+def _input_params(
+    on_error: Iterable[str], on_error_help: str, on_error_flag: str = "--on-error"
+) -> list[Callable[[Any], Any]]:
     return [
         click.argument("inputs", nargs=-1, metavar="[INPUTS]..."),
         click.option("-T", "--files-from", "list_files", multiple=True, metavar="FILE",
                      help="Read input URLs from FILE, one per line ('-' = stdin)."),
-        click.option("--on-error", type=click.Choice(list(on_error)), default="fail", show_default=True,
+        click.option(on_error_flag, "input_on_error", type=click.Choice(list(on_error)), default="fail", show_default=True,
                      help=on_error_help),
         click.option("--dup", type=click.Choice(DUP_POLICIES), default="error", show_default=True,
                      help="A duplicate field or a key that reappears later in a shard: error, warn and drop, or drop."),
@@ -253,7 +255,7 @@ input_options = _bundle(
     lambda: _input_params(
         ON_ERROR_POLICIES, "On a missing or damaged input: stop, or report it and go on with the next shard."
     ),
-    lambda v: {"reading": _read_options(v, v["on_error"])},
+    lambda v: {"reading": _read_options(v, v["input_on_error"])},
 )
 """INPUTS argument, -T lists and the reading policies; the command gets ``reading: ReadOptions``."""
 
@@ -264,11 +266,22 @@ decode_input_options = _bundle(
         "On a bad image: stop, or skip it (counted); skip-shard also goes on after a damaged shard.",
     ),
     lambda v: {
-        "reading": _read_options(v, "skip-shard" if v["on_error"] == "skip-shard" else "fail"),
-        "on_error": "fail" if v["on_error"] == "fail" else "skip",
+        "reading": _read_options(v, "skip-shard" if v["input_on_error"] == "skip-shard" else "fail"),
+        "on_error": "fail" if v["input_on_error"] == "fail" else "skip",
     },
 )
 """``input_options`` for commands that decode images; they also get ``on_error`` ('fail' or 'skip')."""
+
+
+job_input_options = _bundle(
+    lambda: _input_params(
+        ON_ERROR_POLICIES,
+        "On a missing or damaged input: stop, or report it and go on with the next shard.",
+        on_error_flag="--on-bad-shard",
+    ),
+    lambda v: {"reading": _read_options(v, v["input_on_error"])},
+)
+"""``input_options`` for commands whose ``--on-error`` is about failing samples (tarproc)."""
 
 
 def _writer_kwargs(values: dict[str, Any]) -> dict[str, Any]:
