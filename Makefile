@@ -36,6 +36,23 @@ demo: install
 	@echo "== 4. read the shards back: tarcat --stats over a brace list, first sample listed by GNU tar"
 	$(BIN)/tarcat '$(DEMO)/shards/demo-{000000..000003}.tar' --stats -q -o $(DEMO)/all.tar.gz
 	$(BIN)/tarcat $(DEMO)/all.tar.gz -c 1 | tar -tvf -
+	@echo "== 5. look inside: previews of 2 samples, then a lint of the whole dataset"
+	$(BIN)/tarshow $(DEMO)/all.tar.gz -c 2
+	$(BIN)/tarshow '$(DEMO)/shards/demo-{000000..000003}.tar' --summary
+	@echo "== 6. a table out (tar2tsv), and a tar back from it (tarcreate): byte-identical"
+	$(BIN)/tar2tsv $(DEMO)/shards/demo-000000.tar -f '__key__ cls json.label jpg:size jpg:sha256' -c 3
+	$(BIN)/tar2tsv $(DEMO)/all.tar.gz -f '__key__ cls json' | $(BIN)/tarcreate -o $(DEMO)/labels.tar
+	$(BIN)/tarcat $(DEMO)/all.tar.gz -f 'cls json' | cmp - $(DEMO)/labels.tar && echo "round trip: identical"
+	@echo "== 7. a command on every sample, 2 at a time (tarproc), then sorted by class (tarsort)"
+	$(BIN)/tarproc -p 2 -q -c 'wc -c < sample.jpg | tr -d " \\n" > sample.size.txt' $(DEMO)/all.tar.gz \
+	  | $(BIN)/tarsort -k cls --numeric -q | $(BIN)/tar2tsv -f '__key__ cls size.txt' -c 4
+	@echo "== 8. random access: an index per shard, then one sample by key"
+	$(BIN)/tarindex -v '$(DEMO)/shards/demo-{000000..000003}.tar'
+	$(BIN)/python -c 'import tarproc; s = tarproc.IndexedShard("$(DEMO)/shards/demo-000002.tar")["sample-000123"]; print(s["__key__"], s["json"].decode())'
+	@echo "== 9. decode and crop the images into arrays (cpu backend), first one shown"
+	$(BIN)/tardecode --device cpu --size 64 -q $(DEMO)/all.tar.gz -o $(DEMO)/decoded.tar
+	$(BIN)/tarshow $(DEMO)/decoded.tar -c 1
+	$(BIN)/tarshow $(DEMO)/all.tar.gz --grid $(DEMO)/sheet.png -c 16 && echo "contact sheet: $(DEMO)/sheet.png"
 
 test: install-dev
 	$(BIN)/python -m pytest
