@@ -34,6 +34,7 @@ from .tario import ReadStats, TarWriter, iter_members
 
 if TYPE_CHECKING:
     from .index import IndexedShard, ShardIndex, build_index
+    from .pcat import parallel_samples
     from .process import map_samples, shell_samples
     from .sort import SortStats, sort_samples
 
@@ -45,6 +46,7 @@ _LAZY = {
     "ShardIndex": "index",
     "build_index": "index",
     "map_samples": "process",
+    "parallel_samples": "pcat",
     "shell_samples": "process",
     "SortStats": "sort",
     "sort_samples": "sort",
@@ -85,6 +87,7 @@ __all__ = [
     "group_samples",
     "iter_members",
     "map_samples",
+    "parallel_samples",
     "open_sink",
     "open_source",
     "parse_size",

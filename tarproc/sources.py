@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 from braceexpand import braceexpand
@@ -232,8 +232,14 @@ def enlarge_pipe(fileobj: Any, size: int = 1 << 20) -> None:
         pass
 
 
-def open_source(url: str, *, stdin: IO[bytes] | None = None) -> Source:
-    """Open a URL for reading; raises ``SourceError`` naming it when it can't be opened."""
+def open_source(
+    url: str, *, stdin: IO[bytes] | None = None, on_start: Callable[[subprocess.Popen[bytes]], None] | None = None
+) -> Source:
+    """Open a URL for reading; raises ``SourceError`` naming it when it can't be opened.
+
+    ``on_start`` is called with a ``pipe:`` command's process as soon as it starts, before its
+    first byte is read, so that another thread can end a command that stalls.
+    """
     if url == "-":
         stream = stdin if stdin is not None else sys.stdin.buffer
         enlarge_pipe(stream)
@@ -249,6 +255,8 @@ def open_source(url: str, *, stdin: IO[bytes] | None = None) -> Source:
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # so an early stop can kill the whole pipeline it starts
         )
+        if on_start is not None:
+            on_start(proc)
         assert proc.stdout is not None
         return Source(url, _Unclosable(proc.stdout, closes=True), proc)
     path = local_path(url)

@@ -7,13 +7,14 @@
 COMMANDS = {
     "tarcat": "tarproc.cli.tarcat:main",
     "tarsplit": "tarproc.cli.tarsplit:main",
-    "tarindex": "tarproc.cli.tarindex:main",
-    "tarsort": "tarproc.cli.tarsort:main",
-    "tardecode": "tarproc.cli.tardecode:main",
+    "tarpcat": "tarproc.cli.tarpcat:main",
     "tarshow": "tarproc.cli.tarshow:main",
     "tar2tsv": "tarproc.cli.tar2tsv:main",
     "tarcreate": "tarproc.cli.tarcreate:main",
     "tsv2tar": "tarproc.cli.tarcreate:tsv2tar",
     "tarfirst": "tarproc.cli.tarfirst:main",
+    "tarindex": "tarproc.cli.tarindex:main",
     "tarproc": "tarproc.cli.tarproc:main",
+    "tarsort": "tarproc.cli.tarsort:main",
+    "tardecode": "tarproc.cli.tardecode:main",
 }
