@@ -275,20 +275,16 @@ def alternate(
     """
     ta: list[float] = []
     tb: list[float] = []
+    sides = (("tarproc", reps_a, a, ta), ("baseline", reps_b, b, tb))
     for r in range(max(reps_a, reps_b)):
         line = f"  rep {r + 1}:"
-        if r < reps_a:
-            t, n = timed(a)
-            if n != expect:
-                raise RuntimeError(f"{what}: tarproc counted {n}, expected {expect}")
-            ta.append(t)
-            line += f" tarproc {t:.3f} s"
-        if r < reps_b:
-            t, n = timed(b)
-            if n != expect:
-                raise RuntimeError(f"{what}: baseline counted {n}, expected {expect}")
-            tb.append(t)
-            line += f" baseline {t:.3f} s"
+        for name, reps, run, times in sides:
+            if r < reps:
+                t, n = timed(run)
+                if n != expect:
+                    raise RuntimeError(f"{what}: {name} counted {n}, expected {expect}")
+                times.append(t)
+                line += f" {name} {t:.3f} s"
         log(line)
     return ta, tb
 

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import OptionError, TarprocError
-from .samples import DUP_POLICIES, ON_ERROR_POLICIES, Sample, group_keyed
+from .samples import Sample, check_read_policies, group_keyed
 from .sources import Source, expand_urls, open_source
 from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
 
@@ -367,10 +367,7 @@ def parallel_samples(
         raise OptionError("prefetch must be at least 1 sample and 1 byte")
     if order not in ORDERS:
         raise OptionError(f"bad order {order!r}; use one of {', '.join(ORDERS)}")
-    if on_error not in ON_ERROR_POLICIES:
-        raise OptionError(f"bad error policy {on_error!r}; use one of {', '.join(ON_ERROR_POLICIES)}")
-    if dup not in DUP_POLICIES:
-        raise OptionError(f"bad duplicate policy {dup!r}; use one of {', '.join(DUP_POLICIES)}")
+    check_read_policies(on_error, dup)
     url_list = expand_urls([urls] if isinstance(urls, str) else urls)
     if url_list.count("-") > 1:
         raise OptionError("stdin ('-') can be read only once")

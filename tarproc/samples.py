@@ -42,6 +42,13 @@ def _check_dup_policy(dup: str) -> None:
         raise OptionError(f"bad duplicate policy {dup!r}; use one of {', '.join(DUP_POLICIES)}")
 
 
+def check_read_policies(on_error: str, dup: str) -> None:
+    """Raise OptionError unless ``dup`` is one of DUP_POLICIES and ``on_error`` one of ON_ERROR_POLICIES."""
+    _check_dup_policy(dup)
+    if on_error not in ON_ERROR_POLICIES:
+        raise OptionError(f"bad error policy {on_error!r}; use one of {', '.join(ON_ERROR_POLICIES)}")
+
+
 def is_metadata_name(name: str) -> bool:
     """True for ``__name__/...`` members and ``KEY.__field__`` names, which readers skip."""
     first = name.split("/", 1)[0]
@@ -189,9 +196,7 @@ def read_samples(
     """
     from .sources import expand_urls, open_source
 
-    _check_dup_policy(dup)
-    if on_error not in ON_ERROR_POLICIES:
-        raise OptionError(f"bad error policy {on_error!r}; use one of {', '.join(ON_ERROR_POLICIES)}")
+    check_read_policies(on_error, dup)
     if stats is None:
         stats = ReadStats()
     if warn is None:

@@ -583,47 +583,48 @@ class Summary:
             return f" (e.g. {shown})" if shown else ""
 
         problems = 0
+
+        def problem(heading: str, details: Iterable[str] = ()) -> None:
+            nonlocal problems
+            problems += 1
+            lines.append(heading)
+            lines.extend(details)
+
         missing = d["missing"]
         if missing:
-            problems += 1
-            lines.append("samples missing a field most samples have:")
-            for name, m in missing.items():
-                lines.append(f"  {escape_text(name)}: {m['count']} samples{examples(m['examples'])}")
+            problem("samples missing a field most samples have:", (
+                f"  {escape_text(name)}: {m['count']} samples{examples(m['examples'])}" for name, m in missing.items()
+            ))
         if d["rare_fields"]:
-            problems += 1
-            lines.append("fields in under 10% of samples:")
-            for name, c in d["rare_fields"].items():
-                lines.append(f"  {escape_text(name)}: {c} samples")
+            problem("fields in under 10% of samples:", (
+                f"  {escape_text(name)}: {c} samples" for name, c in d["rare_fields"].items()
+            ))
         na = d["non_adjacent_keys"]
         if na["count"]:
-            problems += 1
-            lines.append(f"keys that reappear after other keys (tar made without --sort=name?): {na['count']}")
-            for e in na["examples"]:
-                first = "" if e["first_offset"] is None else f", first at byte {e['first_offset']}"
-                lines.append(f"  {escape_text(repr(e['key']))} in {escape_text(str(e['url']))} at byte {e['offset']}{first}")
+            problem(f"keys that reappear after other keys (tar made without --sort=name?): {na['count']}", (
+                f"  {escape_text(repr(e['key']))} in {escape_text(str(e['url']))} at byte {e['offset']}"
+                + ("" if e["first_offset"] is None else f", first at byte {e['first_offset']}")
+                for e in na["examples"]
+            ))
         for url in d["key_check_stopped"]:
             lines.append(f"reappearing keys: not checked past {MAX_SHARD_KEYS} keys in {escape_text(url)}")
         dup = d["duplicate_fields"]
         if dup["count"]:
-            problems += 1
-            lines.append(f"fields twice in one sample: {dup['count']}")
-            for e in dup["examples"]:
-                lines.append(
-                    f"  {escape_text(repr(e['key']))} field {escape_text(repr(e['field']))} in "
-                    f"{escape_text(str(e['url']))} at bytes {e['first_offset']} and {e['offset']}"
-                )
+            problem(f"fields twice in one sample: {dup['count']}", (
+                f"  {escape_text(repr(e['key']))} field {escape_text(repr(e['field']))} in "
+                f"{escape_text(str(e['url']))} at bytes {e['first_offset']} and {e['offset']}"
+                for e in dup["examples"]
+            ))
         nk = d["names_without_key"]
         if nk["count"]:
-            problems += 1
-            lines.append(f"names without a key (no dot in the basename, or a leading dot): {nk['count']}"
-                         f"{examples(nk['examples'])}")
+            problem(f"names without a key (no dot in the basename, or a leading dot): {nk['count']}"
+                    f"{examples(nk['examples'])}")
         surprising = [s for s in d["surprising_names"] if s["count"]]
         if surprising:
-            problems += 1
-            lines.append("dotted names that split surprisingly (key = basename up to its first dot):")
-            for s in surprising:
-                lines.append(f"  field {escape_text(repr(s['field']))}: {s['count']} sample(s), "
-                             f"{s['reason']}{examples(s['examples'])}")
+            problem("dotted names that split surprisingly (key = basename up to its first dot):", (
+                f"  field {escape_text(repr(s['field']))}: {s['count']} sample(s), {s['reason']}{examples(s['examples'])}"
+                for s in surprising
+            ))
         other = []
         if d["metadata_members"]:
             other.append(f"metadata members skipped: {d['metadata_members']}")
@@ -631,8 +632,7 @@ class Summary:
             other.append("entries that are not files: " + ", ".join(f"{k} {v}" for k, v in d["skipped_entries"].items()))
         lines.extend(other)
         for error in d["errors"]:
-            problems += 1
-            lines.append(f"damaged or unreadable: {escape_text(error)}")
+            problem(f"damaged or unreadable: {escape_text(error)}")
         if not problems:
             lines.append("no problems found")
         return "\n".join(lines)

@@ -470,15 +470,15 @@ def _check_header(names: list[str], url: str | None) -> None:
         seen.add(name)
 
 
-def _read_tsv(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, dict[str, str | None]]]:
+def _header_rows(
+    rows: Iterable[tuple[int, list[str]]], url: str | None
+) -> Iterator[tuple[int, dict[str, str | None]]]:
+    """The rows (line number, cells; blank lines left out) after the header, as dicts by column name.
+
+    The first row is the header; a row with another number of cells, or no header at all, is an error.
+    """
     names: list[str] | None = None
-    for number, line in enumerate(lines, 1):
-        line = line.rstrip("\n")
-        if line.endswith("\r"):  # a CRLF file; a CR in a cell is written escaped
-            line = line[:-1]
-        if not line:
-            continue
-        cells = [tsv_unescape(c) for c in line.split("\t")]
+    for number, cells in rows:
         if names is None:
             names = cells
             _check_header(names, url)
@@ -490,29 +490,36 @@ def _read_tsv(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, dict
         raise PlanError("no header row (an empty plan)", url)
 
 
+def _read_tsv(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, dict[str, str | None]]]:
+    return _header_rows(_tsv_cells(lines), url)
+
+
+def _tsv_cells(lines: Iterator[str]) -> Iterator[tuple[int, list[str]]]:
+    for number, line in enumerate(lines, 1):
+        line = line.rstrip("\n")
+        if line.endswith("\r"):  # a CRLF file; a CR in a cell is written escaped
+            line = line[:-1]
+        if line:
+            yield number, [tsv_unescape(c) for c in line.split("\t")]
+
+
 def _read_csv(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, dict[str, str | None]]]:
+    return _header_rows(_csv_cells(lines, url), url)
+
+
+def _csv_cells(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, list[str]]]:
     reader = csv.reader(lines, strict=True)
-    names: list[str] | None = None
     start = 1
     while True:
         try:
             cells = next(reader)
         except StopIteration:
-            break
+            return
         except csv.Error as e:
             raise PlanError(f"bad CSV: {e}", url, start) from None
         number, start = start, reader.line_num + 1
-        if not cells:
-            continue
-        if names is None:
-            names = cells
-            _check_header(names, url)
-            continue
-        if len(cells) != len(names):
-            raise PlanError(f"{len(cells)} cells, but the header has {len(names)} columns", url, number)
-        yield number, dict(zip(names, cells, strict=True))
-    if names is None:
-        raise PlanError("no header row (an empty plan)", url)
+        if cells:
+            yield number, cells
 
 
 def _read_jsonl(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, dict[str, str | None]]]:

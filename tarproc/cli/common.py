@@ -24,7 +24,7 @@ from .. import __version__
 from ..errors import OptionError, TarprocError
 from ..samples import DUP_POLICIES, ON_ERROR_POLICIES, Sample, read_samples
 from ..shards import parse_size
-from ..sinks import remove_live_temporaries
+from ..sinks import open_sink, remove_live_temporaries
 from ..sources import expand_urls
 from ..tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, TarWriter
 
@@ -284,6 +284,36 @@ job_input_options = _bundle(
 """``input_options`` for commands whose ``--on-error`` is about failing samples (tarproc)."""
 
 
+# single options several commands declare with the same meaning
+
+output_option = click.option(
+    "-o", "--output", default="-", show_default=True, metavar="URL",
+    help="Where to write: '-' (stdout), a path (compressed by suffix) or a URL.",
+)
+"""-o/--output of the commands that write one tar stream."""
+
+count_option = click.option(
+    "-c", "--count", type=click.IntRange(min=0), default=None, help="Stop after this many samples."
+)
+"""-c/--count: stop after this many samples."""
+
+shuffle_option = click.option(
+    "--shuffle", "shuffle_size", type=click.IntRange(min=1), default=None, metavar="N",
+    help="Shuffle with a buffer of N samples (filled before the first output).",
+)
+"""--shuffle N: a shuffle buffer; the command gets ``shuffle_size``."""
+
+
+def seed_option(what: str) -> Callable[[F], F]:
+    """--seed, the random seed for ``what`` (the options it makes reproducible)."""
+    return click.option("--seed", type=int, default=None, help=f"Random seed for {what}.")
+
+
+def stats_option(what: str = "shards, samples, members, bytes, skipped names and duplicates") -> Callable[[F], F]:
+    """--stats, reporting ``what`` on stderr; the command gets ``show_stats``."""
+    return click.option("--stats", "show_stats", is_flag=True, help=f"Report {what} on stderr.")
+
+
 def _writer_kwargs(values: dict[str, Any]) -> dict[str, Any]:
     """TarWriter arguments from the option values, checked by building a writer once."""
     try:
@@ -438,6 +468,26 @@ def _stderr_is_terminal() -> bool:
         return os.isatty(sys.stderr.fileno())
     except (AttributeError, OSError, ValueError):
         return False
+
+
+def write_tar(samples: Iterable[Sample], output: str, writing: WriteOptions) -> TarWriter:
+    """Write ``samples`` as one tar stream to ``output`` (``open_sink``: '-', a path or a URL).
+
+    Returns the closed writer, whose ``samples`` and ``members`` count what was written.
+    """
+    with open_sink(output, force=writing.force) as sink:
+        writer = TarWriter(sink, **writing.tar)
+        for sample in samples:
+            writer.write_sample(sample)
+        writer.close()
+    return writer
+
+
+def report_stats(prog: str, stats: ReadStats, writer: TarWriter, output: str, detail: str = "") -> None:
+    """The ``--stats`` report of a command that wrote one tar stream with ``write_tar``;
+    ``detail`` (the command's own counts) comes before what was written."""
+    written = f"wrote {writer.samples} samples, {writer.members} members to {output}"
+    click.echo(format_stats(prog, stats, f"{detail}; {written}" if detail else written), err=True)
 
 
 def format_stats(prog: str, stats: ReadStats, written: str) -> str:

@@ -12,7 +12,7 @@ from ..sinks import open_sink
 from ..stages import slice_samples
 from ..tables import TABLE_FORMATS, RowExtractor, default_columns, format_for_name, format_table, parse_columns
 from ..tario import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, input_options, progress
+from .common import ReadOptions, TarprocCommand, common_options, count_option, input_options, progress
 
 EPILOG = """\b
 Examples:
@@ -48,7 +48,7 @@ tarcreate reads all three back exactly.
 @click.option("--header/--no-header", default=True, show_default=True, help="Write a header row (TSV/CSV).")
 @click.option("--noheader", "noheader", is_flag=True, hidden=True)
 @click.option("--strict", is_flag=True, help="A sample missing a column is an error naming its key.")
-@click.option("-c", "--count", type=click.IntRange(min=0), default=None, help="Stop after this many samples.")
+@count_option
 @click.option("--skip", type=click.IntRange(min=0), default=0, help="Skip this many input samples first.")
 @click.option("-o", "--output", default="-", show_default=True, metavar="URL",
               help="Where to write: '-' (stdout), a path (compressed by suffix, e.g. .tsv.gz) or a URL.")

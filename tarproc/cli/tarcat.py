@@ -7,18 +7,23 @@ import contextlib
 import click
 
 from ..errors import OptionError
-from ..sinks import open_sink
 from ..stages import parse_fields, parse_slice, select_fields, shuffle, slice_samples
 from ..stages import rekey as rekey_samples
-from ..tario import ReadStats, TarWriter
+from ..tario import ReadStats
 from .common import (
     ReadOptions,
     TarprocCommand,
     WriteOptions,
     common_options,
-    format_stats,
+    count_option,
     input_options,
+    output_option,
     progress,
+    report_stats,
+    seed_option,
+    shuffle_option,
+    stats_option,
+    write_tar,
     writer_options,
 )
 
@@ -35,21 +40,18 @@ Samples are selected in this order: --skip, --slice, -f, --shuffle, -c, --rekey.
 
 @click.command("tarcat", cls=TarprocCommand, epilog=EPILOG)
 @input_options
-@click.option("-o", "--output", default="-", show_default=True, metavar="URL",
-              help="Where to write: '-' (stdout), a path (compressed by suffix) or a URL.")
-@click.option("-c", "--count", type=click.IntRange(min=0), default=None, help="Stop after this many samples.")
+@output_option
+@count_option
 @click.option("--skip", type=click.IntRange(min=0), default=0, help="Skip this many input samples first.")
 @click.option("--slice", "slice_spec", metavar="LO:HI[:STEP]", help="Keep input samples LO..HI-1 every STEP.")
 @click.option("-f", "--fields", metavar="SPEC",
               help="Keep and rename fields: 'image:jpg,jpeg,png cls' keeps cls and the first of jpg/jpeg/png as image.")
 @click.option("--missing", type=click.Choice(["error", "skip", "keep"]), default="error", show_default=True,
               help="With -f: a sample lacking a field is an error, dropped, or written without it.")
-@click.option("--shuffle", "shuffle_size", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Shuffle with a buffer of N samples (filled before the first output).")
-@click.option("--seed", type=int, default=None, help="Random seed for --shuffle.")
+@shuffle_option
+@seed_option("--shuffle")
 @click.option("--rekey", metavar="FORMAT", help="Renumber keys with a printf FORMAT, e.g. %09d.")
-@click.option("--stats", "show_stats", is_flag=True,
-              help="Report shards, samples, members, bytes, skipped names and duplicates on stderr.")
+@stats_option()
 @writer_options
 @common_options
 def main(
@@ -95,14 +97,9 @@ def main(
             samples = slice_samples(samples, 0, count)
         if rekey:
             samples = rekey_samples(samples, rekey)
-        with open_sink(output, force=writing.force) as sink:
-            writer = TarWriter(sink, **writing.tar)
-            for sample in progress(samples, quiet, "tarcat"):
-                writer.write_sample(sample)
-            writer.close()
+        writer = write_tar(progress(samples, quiet, "tarcat"), output, writing)
     if show_stats:
-        written = f"wrote {writer.samples} samples, {writer.members} members to {output}"
-        click.echo(format_stats("tarcat", stats, written), err=True)
+        report_stats("tarcat", stats, writer, output)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,12 +7,10 @@ from typing import Any
 
 import click
 
-from ..sinks import open_sink
 from ..sources import open_source
 from ..stages import check_key_format
 from ..tables import KEY_COLUMN, TABLE_FORMATS, format_for_name, plan_samples, read_table
-from ..tario import TarWriter
-from .common import TarprocCommand, WriteOptions, common_options, progress, writer_options
+from .common import TarprocCommand, WriteOptions, common_options, output_option, progress, write_tar, writer_options
 
 EPILOG = """\b
 Examples:
@@ -41,8 +39,7 @@ at a time; keys are remembered (to refuse duplicates), file contents are not.
 def _options(f: Any) -> Any:
     decorators = [
         click.argument("plan", default="-", metavar="[PLAN]"),
-        click.option("-o", "--output", default="-", show_default=True, metavar="URL",
-                     help="Where to write: '-' (stdout), a path (compressed by suffix) or a URL."),
+        output_option,
         click.option("-C", "--directory", "base_dir", default=".", show_default=True, metavar="DIR",
                      help="Directory that @FIELD paths are relative to."),
         click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default=None,
@@ -88,11 +85,8 @@ def create(
             rows, plan, base_dir=base_dir, key_column=key_column, key_format=key_format,
             absolute_names=absolute_names,
         )
-        with contextlib.closing(samples), open_sink(output, force=writing.force) as sink:
-            writer = TarWriter(sink, **writing.tar)
-            for sample in progress(samples, quiet, prog):
-                writer.write_sample(sample)
-            writer.close()
+        with contextlib.closing(samples):
+            write_tar(progress(samples, quiet, prog), output, writing)
 
 
 main = click.command("tarcreate", cls=TarprocCommand, epilog=EPILOG)(_options(create))

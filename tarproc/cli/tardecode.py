@@ -8,8 +8,8 @@ import click
 
 from ..decode import DEFAULT_FIELDS, DecodeStats, decoded_batches, npy_bytes
 from ..errors import OptionError
-from ..sinks import open_sink
-from ..tario import ReadStats, TarWriter
+from ..samples import Sample
+from ..tario import ReadStats
 from .common import (
     DecodeOptions,
     ReadOptions,
@@ -18,9 +18,12 @@ from .common import (
     common_options,
     decode_input_options,
     decode_options,
-    format_stats,
+    output_option,
     progress,
+    report_stats,
+    stats_option,
     warn,
+    write_tar,
     writer_options,
 )
 
@@ -42,13 +45,12 @@ every backend; cpu and DALI results agree to within a few levels (different resi
 
 @click.command("tardecode", cls=TarprocCommand, epilog=EPILOG)
 @decode_input_options
-@click.option("-o", "--output", default="-", show_default=True, metavar="URL",
-              help="Where to write: '-' (stdout), a path (compressed by suffix) or a URL.")
+@output_option
 @click.option("--field", default=DEFAULT_FIELDS, show_default=True, metavar="NAMES",
               help="The image field: the first of these names a sample has.")
 @click.option("--output-field", default="npy", show_default=True, metavar="NAME",
               help="Field name of the decoded array (written as KEY.NAME).")
-@click.option("--stats", "show_stats", is_flag=True, help="Report what was read, decoded and skipped on stderr.")
+@stats_option("what was read, decoded and skipped")
 @decode_options
 @writer_options
 @common_options
@@ -84,20 +86,20 @@ def main(
                 output_field=output_field, device=decoder, batch_size=decoding.batch_size,
                 on_error=on_error, stats=decode_stats, warn=warn,
             )
-            with open_sink(output, force=writing.force) as sink:
-                writer = TarWriter(sink, **writing.tar)
-                for batch in batches:
-                    for sample in batch:
-                        sample[output_field] = npy_bytes(sample[output_field])
-                        writer.write_sample(sample)
-                writer.close()
+            arrays = (_with_npy(sample, output_field) for batch in batches for sample in batch)
+            writer = write_tar(arrays, output, writing)
     finally:
         decoder.close()
     if show_stats:
-        written = f"wrote {writer.samples} samples, {writer.members} members to {output}"
-        click.echo(format_stats("tardecode", stats, written), err=True)
+        report_stats("tardecode", stats, writer, output)
         click.echo(f"tardecode: decoded {decode_stats.decoded} images on {decoder.describe()}; "
                    f"skipped {decode_stats.skipped} bad images", err=True)
+
+
+def _with_npy(sample: Sample, field: str) -> Sample:
+    """``sample`` with its decoded array in ``field`` replaced by the .npy bytes of it."""
+    sample[field] = npy_bytes(sample[field])
+    return sample
 
 
 if __name__ == "__main__":  # pragma: no cover

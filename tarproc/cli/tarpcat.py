@@ -8,19 +8,24 @@ import click
 
 from ..errors import OptionError
 from ..pcat import DEFAULT_PREFETCH, DEFAULT_PREFETCH_BYTES, DEFAULT_READERS, ORDERS, parallel_samples
-from ..sinks import open_sink
 from ..stages import shuffle, slice_samples
-from ..tario import ReadStats, TarWriter
+from ..tario import ReadStats
 from .common import (
     SIZE,
     ReadOptions,
     TarprocCommand,
     WriteOptions,
     common_options,
-    format_stats,
+    count_option,
     input_options,
+    output_option,
     progress,
+    report_stats,
+    seed_option,
+    shuffle_option,
+    stats_option,
     warn,
+    write_tar,
     writer_options,
 )
 
@@ -42,8 +47,7 @@ exactly once. --shuffle then mixes further with a buffer of N samples.
 
 @click.command("tarpcat", cls=TarprocCommand, epilog=EPILOG)
 @input_options
-@click.option("-o", "--output", default="-", show_default=True, metavar="URL",
-              help="Where to write: '-' (stdout), a path (compressed by suffix) or a URL.")
+@output_option
 @click.option("-p", "--readers", type=click.IntRange(min=1), default=DEFAULT_READERS, show_default=True,
               help="Shards read at once. 4 hides the latency of http/s3 shards and keeps a 2-core machine "
                    "busy; raise it for slow, high-latency stores.")
@@ -53,12 +57,10 @@ exactly once. --shuffle then mixes further with a buffer of N samples.
               help="Bytes read ahead per shard being read (all buffers together: up to about 4 x -p x this).")
 @click.option("--order", type=click.Choice(ORDERS), default="roundrobin", show_default=True,
               help="How samples of the shards being read are interleaved.")
-@click.option("--seed", type=int, default=None, help="Random seed for --order random and --shuffle.")
-@click.option("--shuffle", "shuffle_size", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Shuffle with a buffer of N samples (filled before the first output).")
-@click.option("-c", "--count", type=click.IntRange(min=0), default=None, help="Stop after this many samples.")
-@click.option("--stats", "show_stats", is_flag=True,
-              help="Report shards, samples, members, bytes, skipped names and duplicates on stderr.")
+@seed_option("--order random and --shuffle")
+@shuffle_option
+@count_option
+@stats_option()
 @writer_options
 @common_options
 def main(
@@ -97,14 +99,9 @@ def main(
             samples = shuffle(samples, shuffle_size, seed)
         if count is not None:
             samples = slice_samples(samples, 0, count)
-        with open_sink(output, force=writing.force) as sink:
-            writer = TarWriter(sink, **writing.tar)
-            for sample in progress(samples, quiet, "tarpcat"):
-                writer.write_sample(sample)
-            writer.close()
+        writer = write_tar(progress(samples, quiet, "tarpcat"), output, writing)
     if show_stats:
-        written = f"wrote {writer.samples} samples, {writer.members} members to {output}"
-        click.echo(format_stats("tarpcat", stats, written), err=True)
+        report_stats("tarpcat", stats, writer, output)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,16 +10,17 @@ import click
 
 from ..errors import OptionError
 from ..process import ON_JOB_ERROR, JobStats, map_samples, shell_samples
-from ..sinks import open_sink
-from ..tario import ReadStats, TarWriter
+from ..tario import ReadStats
 from .common import (
     ReadOptions,
     TarprocCommand,
     WriteOptions,
     common_options,
     job_input_options,
+    output_option,
     progress,
     warn,
+    write_tar,
     writer_options,
 )
 
@@ -48,8 +49,7 @@ def _names(values: tuple[str, ...]) -> list[str]:
 
 @click.command("tarproc", cls=TarprocCommand, epilog=EPILOG)
 @job_input_options  # --on-error here is about failing samples; damaged shards: --on-bad-shard
-@click.option("-o", "--output", default="-", show_default=True, metavar="URL",
-              help="Where to write: '-' (stdout), a path (compressed by suffix) or a URL.")
+@output_option
 @click.option("-c", "--command", metavar="CMD", help="Shell command run by bash in each sample's directory.")
 @click.option("-s", "--script", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
               help="Bash script run in each sample's directory (instead of -c).")
@@ -125,11 +125,8 @@ def main(
                 exclude=_names(exclude), tmpdir=tmpdir, max_file_size=reading.max_member_size, stats=jobs,
                 on_log=_forward_log, warn=warn,
             )
-        with contextlib.closing(processed), open_sink(output, force=writing.force) as sink:
-            writer = TarWriter(sink, **writing.tar)
-            for sample in progress(processed, quiet, "tarproc"):
-                writer.write_sample(sample)
-            writer.close()
+        with contextlib.closing(processed):
+            write_tar(progress(processed, quiet, "tarproc"), output, writing)
     if not quiet:
         click.echo(f"tarproc: {jobs.summary()}", err=True)
 

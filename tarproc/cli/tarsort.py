@@ -8,18 +8,21 @@ import os
 import click
 
 from ..errors import OptionError
-from ..sinks import open_sink
 from ..sort import DEFAULT_MEMORY, MISSING_POLICIES, UNIQUE_POLICIES, SortStats, sort_samples
-from ..tario import ReadStats, TarWriter
+from ..tario import ReadStats
 from .common import (
     SIZE,
     ReadOptions,
     TarprocCommand,
     WriteOptions,
     common_options,
-    format_stats,
     input_options,
+    output_option,
     progress,
+    report_stats,
+    seed_option,
+    stats_option,
+    write_tar,
     writer_options,
 )
 
@@ -42,14 +45,13 @@ Duplicate keys are checked only when sorting by __key__, where they end up next 
 
 @click.command("tarsort", cls=TarprocCommand, epilog=EPILOG)
 @input_options
-@click.option("-o", "--output", default="-", show_default=True, metavar="URL",
-              help="Where to write: '-' (stdout), a path (compressed by suffix) or a URL.")
+@output_option
 @click.option("-k", "--key-field", "key_field", default="__key__", show_default=True, metavar="FIELD",
               help="Sort by this field's value (UTF-8 text, stripped); 'json.a.b' reads a JSON field.")
 @click.option("-n", "--numeric", is_flag=True, help="Compare values (or keys) as numbers: int or float.")
 @click.option("-r", "--reverse", is_flag=True, help="Largest first (still stable).")
 @click.option("--random", "shuffle", is_flag=True, help="Shuffle: sort by a random key instead.")
-@click.option("--seed", type=int, default=None, help="Random seed for --random (same seed, same input: same order).")
+@seed_option("--random (same seed, same input: same order)")
 @click.option("-S", "--memory", type=SIZE, default=DEFAULT_MEMORY, show_default="512MiB",
               help="Memory bound for buffered samples and merge buffers: 512M, 2GiB... (at least 256KiB).")
 @click.option("--tmpdir", "tmpdir", default=None, metavar="DIR",
@@ -58,8 +60,7 @@ Duplicate keys are checked only when sorting by __key__, where they end up next 
               help="Keep the first or last (in input order) of samples with the same key, instead of an error.")
 @click.option("--missing", type=click.Choice(MISSING_POLICIES), default="error", show_default=True,
               help="With -k: a sample lacking the field is an error, or sorts after all others.")
-@click.option("--stats", "show_stats", is_flag=True,
-              help="Report samples read, runs spilled to disk, merge passes and duplicates dropped on stderr.")
+@stats_option("samples read, runs spilled to disk, merge passes and duplicates dropped")
 @writer_options
 @common_options
 def main(
@@ -104,14 +105,10 @@ def main(
             tmpdir=tmpdir, unique=unique, missing=missing, stats=sort_stats,
         )
         # closing the sort removes its temporaries at once, whatever stops the writing loop
-        with contextlib.closing(ordered), open_sink(output, force=writing.force) as sink:
-            writer = TarWriter(sink, **writing.tar)
-            for sample in ordered:
-                writer.write_sample(sample)
-            writer.close()
+        with contextlib.closing(ordered):
+            writer = write_tar(ordered, output, writing)
     if show_stats:
-        written = f"{sort_stats.describe()}; wrote {writer.samples} samples, {writer.members} members to {output}"
-        click.echo(format_stats("tarsort", read_stats, written), err=True)
+        report_stats("tarsort", read_stats, writer, output, sort_stats.describe())
 
 
 if __name__ == "__main__":  # pragma: no cover

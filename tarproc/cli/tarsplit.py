@@ -18,6 +18,7 @@ from .common import (
     format_stats,
     input_options,
     progress,
+    stats_option,
     writer_options,
 )
 
@@ -50,7 +51,7 @@ first, and -v says which one closed each shard.
               help="Shell command run on each finished shard: '{}' is replaced by its path, else the path is appended.")
 @click.option("--manifest", metavar="FILE", help="Write one JSON line per shard: shard, samples, bytes, sha256...")
 @click.option("-v", "--verbose", is_flag=True, help="Report each shard on stderr, with the limit that closed it.")
-@click.option("--stats", "show_stats", is_flag=True, help="Report samples, members, bytes and skipped names on stderr.")
+@stats_option("samples, members, bytes and skipped names")
 @writer_options
 @common_options
 def main(

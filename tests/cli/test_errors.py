@@ -322,7 +322,7 @@ def test_no_traceback_without_the_flag_even_for_internal_errors(cli, shards, mon
     def boom(*a, **k):
         raise RuntimeError("kaboom\nsecond line")
 
-    monkeypatch.setattr(mod, "TarWriter", boom)
+    monkeypatch.setattr(mod, "write_tar", boom)
     r = cli.run(cli.tarcat, [shards.paths[0]])
     assert r.exit_code == 1
     line = cli.one_line_error(r, "tarcat")
