@@ -2,8 +2,10 @@
 
 ``parallel_samples(urls, readers=4)`` reads up to ``readers`` shards concurrently, each in its own
 thread with a bounded buffer in front of it, and yields their samples interleaved. Threads are
-right here: the work is waiting for files, pipes and network connections, and the tar parsing in
-between is the C fast path.
+right here: the work is waiting for pipes and network connections, and the tar parsing in
+between is the C fast path. When every input is a local file, which the kernel serves without
+waiting, the same lanes are read in the consumer's own thread instead: under the GIL, threads
+would only add their hand-offs (the output is the same either way).
 
 **Order.** There are ``P = min(readers, number of shards)`` *lanes*. Lane ``i`` starts with shard
 ``i``; when a lane's shard is used up it goes on with the next shard not started yet, in input
@@ -49,7 +51,7 @@ from typing import Any
 
 from .errors import OptionError, TarprocError
 from .samples import Sample, check_read_policies, group_keyed
-from .sources import Source, expand_urls, open_source
+from .sources import Source, expand_urls, local_path, open_source
 from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
 
 ORDERS = ("roundrobin", "random")
@@ -288,6 +290,70 @@ class _Pool:
                 thread.join()
 
 
+class _InlinePool:
+    """The lanes' shards read in the consumer's own thread, for inputs that are all local files.
+
+    Threads only pay off while a reader waits (network, pipes): on files, which the kernel serves
+    at once, they would add a hand-off per chunk under the GIL. The lanes, and so the order of the
+    output, are exactly those of ``_Pool``.
+    """
+
+    def __init__(
+        self,
+        urls: list[str],
+        readers: int,
+        on_error: str,
+        read_shard: Callable[[int, ReadStats, Callable[[str], None]], Iterator[Sample]],
+        stats: ReadStats,
+        warn: Callable[[str], None],
+    ) -> None:
+        self.lanes = min(readers, len(urls))
+        self.on_error = on_error
+        self.read_shard = read_shard
+        self.stats = stats
+        self.warn = warn
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}  # stays empty: no pipe: inputs here
+        self.buffers: dict[int, _InlineBuffer] = {}
+
+    def start(self) -> None:
+        pass
+
+    def buffer(self, index: int) -> _InlineBuffer:
+        buf = self.buffers[index] = _InlineBuffer(self.read_shard(index, self.stats, self.warn), self.on_error)
+        return buf
+
+    def shard_done(self, index: int) -> None:
+        self.buffers.pop(index).close()
+
+    def stop(self) -> None:
+        for buf in self.buffers.values():
+            buf.close()
+        self.buffers.clear()
+
+
+class _InlineBuffer:
+    """One shard's samples, read when the consumer asks (``_Buffer.get``'s protocol)."""
+
+    def __init__(self, samples: Iterator[Sample], on_error: str) -> None:
+        self.samples = samples
+        self.on_error = on_error
+
+    def get(self) -> tuple[int, Any]:
+        try:
+            return _SAMPLES, (next(self.samples),)
+        except StopIteration:
+            return _END, None
+        except TarprocError as e:
+            if self.on_error == "fail":
+                raise
+            return _END, e
+
+    def close(self) -> None:
+        self.samples.close()  # type: ignore[attr-defined]
+
+
 def _terminate(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM a pipe: command's process group (its reader's Source reaps it)."""
     if proc.poll() is None:
@@ -297,7 +363,7 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
             pass
 
 
-def _open(url: str, index: int, pool: _Pool) -> Source:
+def _open(url: str, index: int, pool: _Pool | _InlinePool) -> Source:
     """``open_source``, with a ``pipe:`` command known to the pool before its first byte is read.
 
     ``Source`` reads the first bytes when it is made, so a stalled command would keep the reader
@@ -398,7 +464,6 @@ def _interleave(
 ) -> Iterator[Sample]:
     if not urls:
         return
-    pool: _Pool
 
     def read_shard(index: int, local: ReadStats, shard_warn: Callable[[str], None]) -> Iterator[Sample]:
         url = urls[index]
@@ -407,10 +472,14 @@ def _interleave(
             members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=local)
             yield from group_keyed(members, url, dup=dup, stats=local, warn=shard_warn)
 
-    pool = _Pool(urls, readers, prefetch, prefetch_bytes, on_error, read_shard, stats)
+    pool: _Pool | _InlinePool
+    if all(local_path(url) is not None for url in urls):
+        pool = _InlinePool(urls, readers, on_error, read_shard, stats, warn)
+    else:
+        pool = _Pool(urls, readers, prefetch, prefetch_bytes, on_error, read_shard, stats)
     rng = random.Random(seed) if order == "random" else None
     # a lane: [shard index, its buffer, samples of the chunk taken from the buffer, not yet emitted]
-    lanes: list[tuple[int, _Buffer, deque[Sample]]] = [(i, pool.buffer(i), deque()) for i in range(pool.lanes)]
+    lanes: list[tuple[int, _Buffer | _InlineBuffer, deque[Sample]]] = [(i, pool.buffer(i), deque()) for i in range(pool.lanes)]
     next_shard = pool.lanes
     turn = 0
     draw = True  # random order: draw a lane once per sample (not per chunk: chunking depends on timing)

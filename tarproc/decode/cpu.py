@@ -91,6 +91,9 @@ def decode_rgb(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = Tru
                     array = simplejpeg.decode_jpeg(data, colorspace="RGB")
             except (ValueError, KeyError) as e:
                 raise ImageError(str(e) or type(e).__name__) from None
+            if plan.identity:  # no resampling: crop in place, without a round trip through Pillow
+                x0, y0, x1, y1 = (int(v) for v in plan.window)
+                return array[y0:y1, x0:x1], plan
             return _resample(Image.fromarray(array), plan, f), plan
     return _decode_pillow(data, spec, key)
 

@@ -73,26 +73,50 @@ def all_keys() -> list[str]:
     return [k for s, n in enumerate(SIZES) for k in shard_keys(s, n)]
 
 
+def via(paths: list[str], how: str) -> list[str]:
+    """The shards as local files (read in the consumer's thread) or through pipe: (reader threads)."""
+    return paths if how == "file" else [f"pipe:cat {shlex.quote(p)}" for p in paths]
+
+
+def test_local_files_are_read_without_threads(many):
+    baseline = threading.active_count()
+    gen = parallel_samples(many, readers=8)
+    first = list(itertools.islice(gen, 20))
+    assert len(first) == 20 and threading.active_count() == baseline
+    gen.close()
+
+
+@pytest.mark.parametrize("how", ["file", "pipe"])
 @pytest.mark.parametrize("order", ["roundrobin", "random"])
 @pytest.mark.parametrize("readers", [1, 3, 8, 60])
-def test_every_sample_exactly_once(many, order, readers):
+def test_every_sample_exactly_once(many, order, readers, how):
     stats = ReadStats()
-    samples = list(parallel_samples(many, readers=readers, order=order, seed=1, prefetch=4, stats=stats))
+    urls = via(many, how)
+    samples = list(parallel_samples(urls, readers=readers, order=order, seed=1, prefetch=4, stats=stats))
     keys = [s["__key__"] for s in samples]
     assert Counter(keys) == Counter(all_keys())
     assert len(keys) == sum(SIZES)
     for s in samples:  # fields and __url__ belong to the sample's own shard
         shard = int(s["__key__"][1:3])
-        assert s["__url__"] == many[shard]
+        assert s["__url__"] == urls[shard]
         assert s["txt"].startswith(s["__key__"].encode())
     assert stats.shards == len(SIZES) and stats.samples == sum(SIZES) and stats.members == 2 * sum(SIZES)
 
 
+@pytest.mark.parametrize("how", ["file", "pipe"])
 @pytest.mark.parametrize("readers", [1, 2, 3, 8, 36, 37, 100])
 @pytest.mark.parametrize("prefetch", [1, 3, 256])
-def test_roundrobin_order_is_exactly_as_documented(many, readers, prefetch):
-    keys = [s["__key__"] for s in parallel_samples(many, readers=readers, prefetch=prefetch)]
+def test_roundrobin_order_is_exactly_as_documented(many, readers, prefetch, how):
+    keys = [s["__key__"] for s in parallel_samples(via(many, how), readers=readers, prefetch=prefetch)]
     assert keys == model_roundrobin(SIZES, readers)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_order_is_the_same_with_and_without_threads(many, seed):
+    def keys(how: str) -> list[str]:
+        return [s["__key__"] for s in parallel_samples(via(many, how), readers=5, order="random", seed=seed)]
+
+    assert keys("file") == keys("pipe")
 
 
 def test_small_roundrobin_example(tmp_path):
@@ -200,7 +224,7 @@ def test_read_ahead_is_bounded(tmp_path):
         path.write_bytes(tar_of(shard_keys(s, 200)))
         urls.append(str(path))
     stats = ReadStats()
-    gen = parallel_samples(urls, readers=2, prefetch=8, stats=stats)
+    gen = parallel_samples(via(urls, "pipe"), readers=2, prefetch=8, stats=stats)  # read-ahead: threads
     next(gen)
     time.sleep(0.3)  # let the readers fill every buffer they may
     gen.close()
@@ -217,7 +241,7 @@ def test_byte_bound_holds_for_big_samples(tmp_path):
             w.write_sample({"__key__": f"k{i:03d}", "bin": bytes(100_000)})
     path.write_bytes(buf.getvalue())
     stats = ReadStats()
-    gen = parallel_samples([str(path)], readers=1, prefetch=1000, prefetch_bytes=300_000, stats=stats)
+    gen = parallel_samples(via([str(path)], "pipe"), readers=1, prefetch=1000, prefetch_bytes=300_000, stats=stats)
     next(gen)
     time.sleep(0.3)
     gen.close()
@@ -238,10 +262,11 @@ def damaged(tmp_path: Path, name: str = "bad.tar", n: int = 10) -> tuple[str, in
 
 
 @pytest.mark.parametrize("readers", [1, 4])
-def test_damaged_shard_fails_with_url_and_offset(many, tmp_path, readers):
+@pytest.mark.parametrize("how", ["file", "pipe"])
+def test_damaged_shard_fails_with_url_and_offset(many, tmp_path, readers, how):
     bad, _ = damaged(tmp_path)
     baseline_threads = threading.active_count()
-    urls = many[:10] + [bad] + many[10:]
+    urls = via(many[:10], how) + [bad] + via(many[10:], how)
     with pytest.raises(TarFormatError) as info:
         list(parallel_samples(urls, readers=readers))
     assert info.value.url == bad
@@ -266,10 +291,11 @@ def test_failure_is_raised_promptly_not_after_the_other_shards(tmp_path):
 
 @pytest.mark.parametrize("readers", [1, 3])
 @pytest.mark.parametrize("order", ["roundrobin", "random"])
-def test_skip_shard_keeps_everything_else(many, tmp_path, readers, order):
+@pytest.mark.parametrize("how", ["file", "pipe"])
+def test_skip_shard_keeps_everything_else(many, tmp_path, readers, order, how):
     bad, cut = damaged(tmp_path)
     missing = str(tmp_path / "missing.tar")
-    urls = many[:3] + [bad] + many[3:20] + [missing] + many[20:]
+    urls = via(many[:3], how) + [bad] + via(many[3:20], how) + [missing] + via(many[20:], how)
     warnings: list[str] = []
     stats = ReadStats()
     keys = [
