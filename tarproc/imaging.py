@@ -20,6 +20,7 @@ import base64
 import io
 import math
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,6 +58,14 @@ def detect_protocol(environ: Mapping[str, str]) -> str:
 # decoding and thumbnails
 
 
+def rgb_image(img: Any) -> Any:
+    """``img`` as 8-bit RGB: alpha dropped, grey replicated, CMYK converted, and 16/32-bit grey
+    scaled to 8 bits (``convert`` alone would clip 16-bit values to white)."""
+    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+        img = img.convert("I").point(lambda v: v * (1 / 256)).convert("L")
+    return img.convert("RGB")
+
+
 def decode_image(data: bytes | bytearray | memoryview, max_size: int | None = None, url: str | None = None) -> Any:
     """A Pillow RGB image from encoded bytes, reduced to fit ``max_size`` pixels when given.
 
@@ -66,7 +75,10 @@ def decode_image(data: bytes | bytearray | memoryview, max_size: int | None = No
     from PIL import Image
 
     try:
-        img: Any = Image.open(io.BytesIO(bytes(data)))
+        with warnings.catch_warnings():
+            # a "decompression bomb" is an error here, not a warning: a thumbnail isn't worth it
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img: Any = Image.open(io.BytesIO(bytes(data)))
         if max_size is not None and img.format == "JPEG":
             img.draft("RGB", (max_size, max_size))
         img.load()
@@ -75,11 +87,11 @@ def decode_image(data: bytes | bytearray | memoryview, max_size: int | None = No
             rgba = img.convert("RGBA")
             background = Image.new("RGBA", rgba.size, (128, 128, 128, 255))
             img = Image.alpha_composite(background, rgba)
-        img = img.convert("RGB")
+        img = rgb_image(img)
         if max_size is not None:
             img.thumbnail((max_size, max_size))
         return img
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise ImageDecodeError(f"cannot decode image: {e}", url) from None
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -49,6 +50,7 @@ MODIFIERS = ("size", "sha256", "type")
 KEY_COLUMN = "__key__"
 _META_COLUMNS = ("__key__", "__url__")
 _CHUNK = 1 << 20
+_MAX_CSV_CELL = (1 << 31) - 1  # the largest limit the csv module accepts on every platform
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +256,7 @@ class RowExtractor:
                 if data is None:
                     return missing
                 try:
-                    doc = json.loads(data)
+                    doc = load_json(data)
                 except ValueError as e:
                     raise SampleError(
                         f"sample {sample['__key__']!r}: field {field!r} is not valid JSON ({e})",
@@ -268,6 +270,34 @@ class RowExtractor:
         return json_path
 
 
+def load_json(data: str | bytes | bytearray) -> Any:
+    """``json.loads`` for strict JSON: NaN, Infinity and numbers too large for a float are
+    errors (they can't be written back as JSON), and so is nesting too deep to parse.
+
+    >>> load_json('{"a": [1, 2.5]}')
+    {'a': [1, 2.5]}
+    >>> load_json('{"a": 1e999}')
+    Traceback (most recent call last):
+    ...
+    ValueError: number 1e999 is out of range
+    """
+    try:
+        return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
 def _walk(doc: Any, path: tuple[str, ...]) -> Any:
     """Follow a dotted path through objects (keys) and arrays (indexes); _MISSING if it leads nowhere."""
     for part in path:
@@ -275,7 +305,7 @@ def _walk(doc: Any, path: tuple[str, ...]) -> Any:
             if part not in doc:
                 return _MISSING
             doc = doc[part]
-        elif isinstance(doc, list) and part.isdigit() and int(part) < len(doc):
+        elif isinstance(doc, list) and part.isascii() and part.isdigit() and int(part) < len(doc):
             doc = doc[int(part)]
         else:
             return _MISSING
@@ -417,12 +447,19 @@ def _text_lines(stream: Any, url: str | None) -> Iterator[str]:
         yield line
 
 
-def _sniff(line: str) -> str:
+def _sniff(line: str, second: str | None) -> str:
+    """The format of a plan from its first non-blank line (and the next, for one column)."""
     if line.lstrip().startswith("{"):
         return "jsonl"
     if "\t" in line:
         return "tsv"
-    return "csv" if "," in line else "tsv"
+    if "," in line or line.startswith('"'):
+        return "csv"
+    # one column: TSV, unless the data is quoted the way CSV quotes cells with quotes, commas or
+    # line breaks (TSV never quotes)
+    if second is not None and second.startswith('"'):
+        return "csv"
+    return "tsv"
 
 
 def read_table(stream: Any, url: str | None, fmt: str | None = None) -> Iterator[tuple[int, dict[str, str | None]]]:
@@ -430,8 +467,9 @@ def read_table(stream: Any, url: str | None, fmt: str | None = None) -> Iterator
 
     ``row`` is the line number where the record starts (the header is row 1); blank lines are
     skipped. Cells are text or None (a JSON null); JSON numbers, booleans, objects and arrays
-    become their compact JSON text. ``fmt`` None: from the first line (``{`` JSONL, a tab TSV,
-    a comma CSV, else TSV).
+    become their compact JSON text. ``fmt`` None: from the first non-blank line (``{`` JSONL, a
+    tab TSV, a comma or a leading quote CSV; a single column is TSV unless the next line starts
+    with a quote, as CSV quotes a cell).
 
     >>> import io
     >>> list(read_table(io.BytesIO(b"__key__\\tcls\\na\\t1\\n"), "p.tsv", "tsv"))
@@ -439,11 +477,16 @@ def read_table(stream: Any, url: str | None, fmt: str | None = None) -> Iterator
     """
     lines = _text_lines(stream, url)
     if fmt is None:
-        first = next(lines, None)
-        if first is None:
+        head: list[str] = []
+        for line in lines:  # up to the second non-blank line, kept to be read again
+            head.append(line)
+            if sum(1 for h in head if h.strip()) == 2:
+                break
+        filled = [h for h in head if h.strip()]
+        if not filled:
             raise PlanError("no header row (an empty plan)", url)
-        fmt = _sniff(first)
-        lines = _chain_one(first, lines)
+        fmt = _sniff(filled[0], filled[1] if len(filled) > 1 else None)
+        lines = itertools.chain(head, lines)
     if fmt == "tsv":
         yield from _read_tsv(lines, url)
     elif fmt == "csv":
@@ -452,11 +495,6 @@ def read_table(stream: Any, url: str | None, fmt: str | None = None) -> Iterator
         yield from _read_jsonl(lines, url)
     else:
         raise OptionError(f"bad table format {fmt!r}; use one of {', '.join(TABLE_FORMATS)}")
-
-
-def _chain_one(first: str, rest: Iterator[str]) -> Iterator[str]:
-    yield first
-    yield from rest
 
 
 def _check_header(names: list[str], url: str | None) -> None:
@@ -508,6 +546,8 @@ def _read_csv(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, dict
 
 
 def _csv_cells(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, list[str]]]:
+    # the csv module refuses cells over 128 KiB by default; tar2tsv writes cells of any size
+    csv.field_size_limit(max(csv.field_size_limit(), _MAX_CSV_CELL))
     reader = csv.reader(lines, strict=True)
     start = 1
     while True:
@@ -527,9 +567,11 @@ def _read_jsonl(lines: Iterator[str], url: str | None) -> Iterator[tuple[int, di
         if not line.strip():
             continue
         try:
-            obj = json.loads(line.rstrip("\r\n"))
+            obj = load_json(line.rstrip("\r\n"))
         except json.JSONDecodeError as e:
             raise PlanError(f"bad JSON: {e.msg} at column {e.colno}", url, number) from None
+        except ValueError as e:
+            raise PlanError(f"bad JSON: {e}", url, number) from None
         if not isinstance(obj, dict):
             raise PlanError(f"expected a JSON object, got {type(obj).__name__}", url, number)
         yield number, {k: v if v is None or isinstance(v, str) else cell_text(v) for k, v in obj.items()}

@@ -71,7 +71,7 @@ def main(
     whatever Pillow reads; grayscale, CMYK and alpha become RGB) are decoded, cropped, resized,
     flipped and normalized as the options say, in batches, on the backend --device picks.
     """
-    if not output_field or "/" in output_field or output_field.startswith("."):
+    if not output_field or "/" in output_field or output_field.startswith((".", "__")):
         raise OptionError(f"bad --output-field {output_field!r}; expected a field name like npy")
     stats = ReadStats()
     decode_stats = DecodeStats()

@@ -26,7 +26,16 @@ from ..imaging import (
     save_image,
 )
 from ..samples import Sample
-from ..show import DEFAULT_WIDTH, Summary, format_record, image_fields, label_of, sample_record, summarize
+from ..show import (
+    DEFAULT_WIDTH,
+    Summary,
+    escape_text,
+    format_record,
+    image_fields,
+    label_of,
+    sample_record,
+    summarize,
+)
 from ..sinks import open_sink
 from ..stages import parse_fields, slice_samples
 from ..tario import ReadStats
@@ -34,7 +43,7 @@ from .common import ReadOptions, TarprocCommand, common_options, input_options, 
 
 EPILOG = """\b
 Examples:
-  tarshow train-0000.tar -c 3                         # key, then FIELD TAB SIZE TAB PREVIEW
+  tarshow train-0000.tar -c 3                 # __key__, __url__, then FIELD TAB SIZE TAB PREVIEW
   tarcat 'train-{0000..0147}.tar' --shuffle 1000 | tarshow -c 5 -f 'jpg cls' -w 100
   tarshow train-0000.tar --json | jq -r 'select(.fields.cls.preview == "3") | .__key__'
   tarshow 'train-{0000..0147}.tar' --summary          # counts, sizes, and what looks wrong
@@ -162,7 +171,8 @@ def _view(samples: Iterator[Sample], spec: Any, width: int, protocol: str, delay
 
 
 def _where(sample: Sample, field: str) -> str:
-    return f"{sample.get('__url__')}: {sample.get('__key__')}.{field}"
+    # names come from the data: escape them like previews, so no terminal control sequence gets through
+    return escape_text(f"{sample.get('__url__')}: {sample.get('__key__')}.{field}")
 
 
 def _grid(

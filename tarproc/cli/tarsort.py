@@ -29,7 +29,7 @@ from .common import (
 EPILOG = """\b
 Examples:
   tarsort 'train-{0000..0147}.tar' --memory 2GiB --tmpdir /scratch -o train-sorted.tar
-  tarcat a.tar b.tar | tarsort --unique last | tarsplit -n 10000 -o merged
+  tarsort --unique last a.tar b.tar | tarsplit -n 10000 -o merged   # b.tar's copies win
   tarsort -k cls --numeric --reverse shard.tar > by-class.tar
   tarsort -k json.label --missing last shard.tar | tar -tvf - | head
   tarsort --random --seed 1 shards/*.tar | tarsplit -s 1e9 -o shuffled   # a full shuffle

@@ -23,6 +23,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
+from ..imaging import rgb_image
 from ..sniff import sniff_type
 from .spec import AugmentSpec, Plan
 
@@ -112,8 +113,8 @@ def _decode_pillow(data: bytes, spec: AugmentSpec, key: str) -> tuple[np.ndarray
             im = Image.open(io.BytesIO(data))
             w, h = im.size
             plan = _plan(spec, key, h, w)
-            # convert('RGB') drops alpha (as DALI does), replicates gray and converts CMYK
-            rgb = im.convert("RGB")
+            # drops alpha (as DALI does), replicates gray, converts CMYK, scales 16-bit grey
+            rgb = rgb_image(im)
     except UnidentifiedImageError:
         raise _not_an_image(data) from None
     except (*_PIL_ERRORS, Image.DecompressionBombWarning) as e:

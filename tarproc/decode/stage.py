@@ -147,6 +147,12 @@ def decoded_batches(
                     continue
                 decoded = dict(sample)
                 if output_field is not None:
+                    if output_field != fieldname and output_field in decoded:
+                        # never lose data silently: the sample already has a field of that name
+                        raise DecodeError(
+                            f"the sample already has a field {output_field!r}; choose another output field",
+                            sample.get("__url__"), sample.get("__key__"), fieldname,
+                        )
                     del decoded[fieldname]
                 decoded[output_field or fieldname] = result
                 out.append(decoded)

@@ -131,3 +131,17 @@ def test_device_choices_follow_the_decode_stage():
     from tarproc.decode import DEVICES as STAGE_DEVICES
 
     assert DEVICES == STAGE_DEVICES
+
+
+def test_output_field_never_overwrites_another_field(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "d.tar"
+    r = cli.run(tardecode, ["--device", "cpu", "--output-field", "cls", "-o", out], input=cli.tar_bytes(shard(2)))
+    assert r.exit_code == 1
+    assert "already has a field 'cls'" in r.stderr and "s000" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["__key__", "__url__", ".npy", "a/b"])
+def test_metadata_names_are_not_output_fields(cli, name) -> None:  # type: ignore[no-untyped-def]
+    r = cli.run(tardecode, ["--device", "cpu", "--output-field", name], input=cli.tar_bytes(shard(1)))
+    assert r.exit_code == 2 and "bad --output-field" in r.stderr

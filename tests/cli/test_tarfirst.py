@@ -92,3 +92,10 @@ def test_real_pipe_source_is_stopped_early(cli, tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout == bytes(100_000)
     assert time.monotonic() - t0 < 20
+
+
+def test_verbose_escapes_the_member_name(cli, tmp_path):
+    path = cli.write_tar(tmp_path / "esc.tar", [{"__key__": "k\x1b[31m", "cls": b"1"}])
+    r = cli.run(tarfirst, [path, "-f", "cls", "-v", "-o", tmp_path / "out"])
+    assert r.exit_code == 0, r.stderr
+    assert "\x1b" not in r.stderr and "wrote k" in r.stderr

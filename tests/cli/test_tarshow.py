@@ -290,3 +290,11 @@ def test_head_ends_quietly(tmp_path, cli):
     assert proc.returncode == 0
     assert proc.stdout.decode().splitlines() == ["__key__\tk00000", f"__url__\t{path}"]
     assert proc.stderr == b""
+
+
+def test_names_from_the_data_are_escaped_in_warnings(cli, tmp_path):
+    key = "k\x1b]0;PWNED\x07\x1b[31m"
+    path = cli.write_tar(tmp_path / "esc.tar", [{"__key__": key, "jpg": b"\xff\xd8\xff\xe0broken"}])
+    r = cli.run(tarshow, [path, "--grid", tmp_path / "g.png"])
+    assert "cannot decode" in r.stderr
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr

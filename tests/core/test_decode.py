@@ -252,3 +252,12 @@ def test_bad_stage_arguments() -> None:
         list(decode_samples(samples(1), AugmentSpec(), device="tpu"))
     with pytest.raises(OptionError):
         list(decode_samples(samples(1), AugmentSpec(), device="cpu", on_error="ignore"))
+
+
+def test_16_bit_grey_png_is_scaled_to_8_bits_not_clipped():
+    ramp = (np.arange(256, dtype=np.uint16) * 257).reshape(1, 256).repeat(4, axis=0)  # 0..65535
+    buf = io.BytesIO()
+    Image.fromarray(ramp).save(buf, "PNG")
+    out = decode_image(buf.getvalue(), AugmentSpec(), "k")
+    assert out.shape == (4, 256, 3) and out.dtype == np.uint8
+    assert out[0, :, 0].tolist() == list(range(256))

@@ -250,3 +250,14 @@ def test_format_for_name():
     assert format_for_name("out.webp") == "WEBP"
     assert format_for_name("dir.png/out") is None
     assert format_for_name("out.tar") is None
+
+
+def test_16_bit_grey_png_keeps_its_levels():
+    from tarproc.imaging import decode_image
+
+    ramp = Image.new("I;16", (256, 2))
+    ramp.putdata([x * 257 for x in range(256)] * 2)
+    buf = io.BytesIO()
+    ramp.save(buf, "PNG")
+    img = decode_image(buf.getvalue())
+    assert img.mode == "RGB" and [img.getpixel((x, 0))[0] for x in (0, 1, 128, 255)] == [0, 1, 128, 255]

@@ -274,3 +274,42 @@ def test_plan_stream_is_read_a_chunk_at_a_time():
     for i, s in enumerate(itertools.islice(samples, 100_000)):
         assert s["txt"] == b"some text for row %d" % i
     assert stream.given < 100_000 * 26 + (2 << 20)
+
+
+# ------------------------------------------------------------------------------------------------
+# found in review: big CSV cells, non-finite JSON, deep nesting, odd path parts, sniffing
+
+
+def test_csv_round_trip_of_a_cell_over_the_csv_modules_default_limit():
+    big = "x" * 300_000
+    text = "".join(format_table([["a", big]], ["__key__", "txt"], "csv"))
+    assert [c for _, c in read_table(io.BytesIO(text.encode()), "p.csv", "csv")] == [{"__key__": "a", "txt": big}]
+
+
+@pytest.mark.parametrize("doc", [b'{"x": 1e999}', b'{"x": NaN}', b'{"x": -Infinity}', b"[" * 100_000])
+def test_json_that_cannot_be_written_back_is_an_error_naming_the_sample(doc):
+    with pytest.raises(SampleError, match=r"sample 'a/001': field 'json' is not valid JSON"):
+        row("json.x", sample(json=doc))
+
+
+def test_json_path_parts_that_are_not_ascii_digits_lead_nowhere():
+    assert row("json.a.²", sample(json='{"a": [1, 2, 3]}')) == [None]
+
+
+def test_jsonl_plan_with_nan_is_a_plan_error():
+    with pytest.raises(PlanError, match="row 1"):
+        list(read_table(io.BytesIO(b'{"__key__": "a", "x": NaN}\n'), "p.jsonl", "jsonl"))
+
+
+def test_format_is_sniffed_from_the_first_non_blank_line():
+    data = b'\n{"__key__": "a", "cls": "1"}\n'
+    assert [c for _, c in read_table(io.BytesIO(data), "-")] == [{"__key__": "a", "cls": "1"}]
+
+
+def test_one_column_csv_with_quoted_cells_is_sniffed_as_csv():
+    text = "".join(format_table([['he said "hi", then\nleft"'], ['"quoted"']], ["txt"], "csv"))
+    assert [c for _, c in read_table(io.BytesIO(text.encode()), "-")] == [
+        {"txt": 'he said "hi", then\nleft"'}, {"txt": '"quoted"'}
+    ]
+    # a one-column list of paths stays TSV
+    assert [c for _, c in read_table(io.BytesIO(b"@jpg\na.jpg\nb.jpg\n"), "-")] == [{"@jpg": "a.jpg"}, {"@jpg": "b.jpg"}]
