@@ -43,7 +43,7 @@ from .common import ReadOptions, TarprocCommand, common_options, input_options, 
 
 EPILOG = """\b
 Examples:
-  tarshow train-0000.tar -c 3                 # __key__, __url__, then FIELD TAB SIZE TAB PREVIEW
+  tarshow train-0000.tar -c 3                         # key, url, then FIELD TAB SIZE TAB PREVIEW
   tarcat 'train-{0000..0147}.tar' --shuffle 1000 | tarshow -c 5 -f 'jpg cls' -w 100
   tarshow train-0000.tar --json | jq -r 'select(.fields.cls.preview == "3") | .__key__'
   tarshow 'train-{0000..0147}.tar' --summary          # counts, sizes, and what looks wrong
