@@ -340,7 +340,10 @@ class _ShellPool(_Pool):
                     continue
                 if "/" in name or "\0" in name or not name:
                     return _Outcome(index, error=f"has a field name that can't be a file name: {name!r}")
-                _write_file(os.path.join(d, FILE_PREFIX + name), value)
+                try:
+                    _write_file(os.path.join(d, FILE_PREFIX + name), value)
+                except OSError as e:  # this sample's problem (a name too long, say), not the run's
+                    return _Outcome(index, error=f"cannot write field {name!r} as a file: {e.strerror}")
             log.seek(0)
             log.truncate()
             env = self._env.copy()
@@ -348,9 +351,13 @@ class _ShellPool(_Pool):
             env["SAMPLE_DIR"] = d
             env["INDEX"] = str(index)
             status, timed_out = self._spawn_and_wait(d, env, log)
-            log.seek(0)
-            output = log.read()
-            outcome = self._outcome(index, sample, d, status, timed_out, output)
+            output = _read_output(log, job.max_file_size if job.log_field is not None else None)
+            if output is None:
+                return _Outcome(index, error=f"wrote more than {job.max_file_size} bytes of output for --log")
+            try:
+                outcome = self._outcome(index, sample, d, status, timed_out, output)
+            except OSError as e:  # e.g. the command removed its own directory
+                return _Outcome(index, error=f"cannot collect its files: {e.strerror}", log=output)
             outcome.log_in_field = job.log_field is not None
             return outcome
         finally:
@@ -422,10 +429,36 @@ class _ShellPool(_Pool):
                     return _Outcome(index, error=f"left {name!r} larger than {job.max_file_size} bytes", log=output)
                 out[field_name] = data
         if left and job.log_field is not None:
+            if job.log_field in out:
+                return _Outcome(index, error=f"left a file for field {job.log_field!r}, which --log also names",
+                                log=output)
             out[job.log_field] = output
         if len(out) == 2:  # no fields left
             return _Outcome(index, None, log=output, warnings=warnings)
         return _Outcome(index, out, log=output, warnings=warnings)
+
+
+_SHOWN_OUTPUT = 256 << 10  # of a longer output, this much of its start and of its end reach stderr
+
+
+def _read_output(log: Any, limit: int | None) -> bytes | None:
+    """The command's output from its log file, with bounded memory.
+
+    For ``--log`` (``limit`` given) all of it, or None when it is larger than ``limit``. For
+    stderr, an output longer than twice ``_SHOWN_OUTPUT`` keeps its start and its end, with a
+    line saying how much was left out between them.
+    """
+    size = os.fstat(log.fileno()).st_size
+    log.seek(0)
+    if limit is not None:
+        return log.read() if size <= limit else None
+    if size <= 2 * _SHOWN_OUTPUT:
+        return log.read()  # type: ignore[no-any-return]
+    head = log.read(_SHOWN_OUTPUT)
+    log.seek(size - _SHOWN_OUTPUT)
+    tail = log.read(_SHOWN_OUTPUT)
+    skipped = size - 2 * _SHOWN_OUTPUT
+    return head + f"\n[... {skipped} bytes of output left out ...]\n".encode() + tail  # type: ignore[no-any-return]
 
 
 def _write_file(path: str, value: Any) -> None:
@@ -607,10 +640,32 @@ def load_function(spec: str) -> Callable[[Sample], Any]:
     return fn  # type: ignore[return-value]
 
 
-def _map_worker(spec: str, sys_path: list[str], slot: int, current: Any, tasks: Any, results: Connection) -> None:
+def _end_with_parent(parent: int) -> None:
+    """Have the kernel send SIGKILL to this worker when its parent dies (Linux), however it dies.
+
+    Without it a parent killed with SIGKILL (or by the OOM killer) leaves workers blocked for
+    ever on a result pipe that other workers, which inherited its read end, keep open.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - no prctl: the parent's own cleanup remains
+        return
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
+def _map_worker(
+    spec: str, sys_path: list[str], slot: int, current: Any, tasks: Any, results: Connection, parent: int
+) -> None:
     """A worker process: take chunks of ``(index, sample)``, reply with pickled outcome lists."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole terminal group: the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _end_with_parent(parent)
     sys.path[:] = sys_path
     fn = load_function(spec)
     while True:
@@ -667,7 +722,7 @@ class _MapPool(_Pool):
             self._current[i] = -1
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
-                target=_map_worker, args=(spec, list(sys.path), i, self._current, self._tasks, writer),
+                target=_map_worker, args=(spec, list(sys.path), i, self._current, self._tasks, writer, os.getpid()),
                 name=f"tarproc-map-{i}", daemon=True,
             )
             proc.start()

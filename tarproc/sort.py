@@ -51,8 +51,10 @@ from .errors import DuplicateError, OptionError, SampleError, SinkError
 from .samples import Sample, group_keyed
 from .tario import TarWriter, iter_keyed_members, sample_members
 
+_RUN_MEMBER_LIMIT = 1 << 62  # the largest size the reader accepts at all
+
 DEFAULT_MEMORY = 512 << 20
-MIN_MEMORY = 256 << 10
+MIN_MEMORY = 256_000  # 256K; less leaves no room for the merge buffers
 UNIQUE_POLICIES = ("first", "last")
 MISSING_POLICIES = ("error", "last")
 
@@ -465,7 +467,8 @@ class _Sorter:
         key_of = self.key_of
         urls = self.urls
         with open(run.path, "rb", buffering=0) as f, open(run.side, "rb", buffering=0) as side:
-            members = iter_keyed_members(_CappedReader(f, self.chunk), run.path)
+            # our own file of samples the input limit already let through: no size limit here
+            members = iter_keyed_members(_CappedReader(f, self.chunk), run.path, max_member_size=_RUN_MEMBER_LIMIT)
             records: Iterator[tuple[int, int]] = iter(())
             for sample in group_keyed(members, run.path):
                 record = next(records, None)

@@ -53,7 +53,7 @@ Duplicate keys are checked only when sorting by __key__, where they end up next 
 @click.option("--random", "shuffle", is_flag=True, help="Shuffle: sort by a random key instead.")
 @seed_option("--random (same seed, same input: same order)")
 @click.option("-S", "--memory", type=SIZE, default=DEFAULT_MEMORY, show_default="512MiB",
-              help="Memory bound for buffered samples and merge buffers: 512M, 2GiB... (at least 256KiB).")
+              help="Memory bound for buffered samples and merge buffers: 512M, 2GiB... (at least 256K).")
 @click.option("--tmpdir", "tmpdir", default=None, metavar="DIR",
               help="Directory for temporary runs [default: $TMPDIR or /tmp].")
 @click.option("-u", "--unique", type=click.Choice(UNIQUE_POLICIES), default=None,

@@ -385,3 +385,74 @@ def test_bad_function_specs_are_usage_errors(funcs, spec):
 
 def test_load_function():
     assert load_function("os.path:join")("a", "b") == "a/b"
+
+
+# ---------------------------------------------------------------------------------------------
+# found in review: per-sample failures, --log collisions, long outputs
+
+
+def test_log_field_that_the_command_also_wrote_is_a_sample_error(tmp):
+    warnings: list[str] = []
+    out = list(shell_samples(make(2), "echo data > sample.log", log_field="log", on_error="skip", tmpdir=str(tmp),
+                             warn=warnings.append))
+    assert out == []
+    assert len(warnings) == 2 and "which --log also names" in warnings[0]
+
+
+def test_a_field_that_cannot_be_a_file_fails_only_its_sample(tmp):
+    samples = make(3)
+    samples[1]["f" * 300] = b"x"  # a file name longer than the file system allows
+    warnings: list[str] = []
+    out = list(shell_samples(samples, "true", on_error="skip", tmpdir=str(tmp), warn=warnings.append))
+    assert [s["__key__"] for s in out] == ["k000", "k002"]
+    assert "k001" in warnings[0] and "cannot write field" in warnings[0]
+    assert os.listdir(tmp) == []
+
+
+def test_a_command_removing_its_own_directory_fails_only_its_sample(tmp):
+    cmd = 'if [ "$INDEX" = 1 ]; then rm -rf "$SAMPLE_DIR"; fi'
+    out = list(shell_samples(make(3), cmd, on_error="skip", tmpdir=str(tmp), warn=lambda m: None))
+    assert [s["__key__"] for s in out] == ["k000", "k002"]
+
+
+def test_long_output_reaches_stderr_shortened(tmp):
+    logs: list[bytes] = []
+    cmd = "head -c 2000000 /dev/zero | tr '\\0' x; echo END"
+    list(shell_samples(make(1), cmd, tmpdir=str(tmp), on_log=lambda key, log: logs.append(log)))
+    (log,) = logs
+    assert len(log) < 600_000 and b"bytes of output left out" in log and log.endswith(b"END\n")
+
+
+def test_log_field_larger_than_the_member_limit_is_a_sample_error(tmp):
+    with pytest.raises(JobError, match="more than 1000 bytes of output"):
+        list(shell_samples(make(1), "head -c 5000 /dev/zero", log_field="log", max_file_size=1000, tmpdir=str(tmp)))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
+def test_map_workers_end_when_their_parent_is_killed(tmp_path):
+    import signal
+    import subprocess
+
+    (tmp_path / "slowmod.py").write_text("import time\ndef slow(s):\n    time.sleep(0.2)\n    return s\n")
+    data = tmp_path / "in.tar"
+    from tarproc import TarWriter
+
+    with open(data, "wb") as f, TarWriter(f) as w:
+        for s in make(200):
+            w.write_sample(s)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.Popen([sys.executable, "-m", "tarproc.cli.tarproc", "-q", "-p", "2", "--map", "slowmod:slow",
+                             str(data), "-o", os.devnull], env=env, start_new_session=True,
+                            stderr=subprocess.DEVNULL)
+    time.sleep(2)  # workers started and busy
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)  # anything left in the group (the forked workers)?
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("--map workers outlived their killed parent")
