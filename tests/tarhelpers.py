@@ -60,3 +60,15 @@ def samples(
         (s["__key__"], {k: bytes(v) for k, v in s.items() if not k.startswith("__")})
         for s in read_samples(urls, **kw)
     ]
+
+
+def encode_image(array: Any, fmt: str = "JPEG", mode: str | None = None, **kw: Any) -> bytes:
+    """An image file (JPEG by default) of a numpy array, through Pillow; ``mode`` converts first."""
+    from PIL import Image
+
+    im = Image.fromarray(array)
+    if mode:
+        im = im.convert(mode)
+    buf = io.BytesIO()
+    im.save(buf, fmt, **kw)
+    return buf.getvalue()

@@ -7,6 +7,7 @@ import io
 import numpy as np
 import pytest
 from PIL import Image
+from tarhelpers import encode_image as encode
 
 from tarproc.decode import (
     IMAGENET_MEAN,
@@ -30,15 +31,6 @@ def picture(w: int = 96, h: int = 72, seed: int = 0) -> np.ndarray:
     y, x = np.mgrid[0:h, 0:w]
     base = np.stack([x * 255 / w, y * 255 / h, (x + y) * 127 / (w + h) + 64], axis=-1)
     return np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype(np.uint8)
-
-
-def encode(array: np.ndarray, fmt: str = "JPEG", mode: str | None = None, **kw: object) -> bytes:
-    im = Image.fromarray(array)
-    if mode:
-        im = im.convert(mode)
-    buf = io.BytesIO()
-    im.save(buf, fmt, **kw)
-    return buf.getvalue()
 
 
 def reference(data: bytes) -> np.ndarray:

@@ -14,11 +14,9 @@ the full image: on photo-like images mean |diff| <= 2.5 levels and max <= 48 (on
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
-from PIL import Image
+from tarhelpers import encode_image as encode
 
 from tarproc.decode import (
     IMAGENET_MEAN,
@@ -53,15 +51,6 @@ def picture(w: int, h: int, seed: int) -> np.ndarray:
     y, x = np.mgrid[0:h, 0:w]
     base = np.stack([x * 255 / w, y * 255 / h, (x * y) % 200 + 20], axis=-1)
     return np.clip(base + rng.normal(0, 8, base.shape), 0, 255).astype(np.uint8)
-
-
-def encode(array: np.ndarray, fmt: str = "JPEG", mode: str | None = None, **kw: object) -> bytes:
-    im = Image.fromarray(array)
-    if mode:
-        im = im.convert(mode)
-    buf = io.BytesIO()
-    im.save(buf, fmt, **kw)
-    return buf.getvalue()
 
 
 def images() -> list[bytes]:
