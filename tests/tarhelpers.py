@@ -6,9 +6,10 @@ import io
 import os
 import tarfile
 import tempfile
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from click.testing import CliRunner
 
@@ -72,3 +73,60 @@ def encode_image(array: Any, fmt: str = "JPEG", mode: str | None = None, **kw: A
     buf = io.BytesIO()
     im.save(buf, fmt, **kw)
     return buf.getvalue()
+
+
+# ------------------------------------------------------------------------------------------------
+# processes (Linux /proc): what the tests check is left running after a stop
+
+
+class Process(NamedTuple):
+    pid: int
+    state: str  # "R", "S", ... "Z" for a zombie
+    ppid: int
+    pgrp: int
+    cmdline: bytes
+
+
+def processes() -> list[Process]:
+    """Every process, from /proc (Linux); those that vanish while being read are left out."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        out.append(Process(int(entry), fields[0].decode(), int(fields[1]), int(fields[2]), cmdline))
+    return out
+
+
+def children(pid: int | None = None) -> list[int]:
+    """Direct child processes of ``pid`` (default: this process), zombies included."""
+    parent = os.getpid() if pid is None else pid
+    return [p.pid for p in processes() if p.ppid == parent]
+
+
+def live_processes_with(marker: str) -> list[int]:
+    """Processes (not zombies) whose command line contains ``marker``."""
+    return [p.pid for p in processes() if marker.encode() in p.cmdline and p.state not in ("Z", "X")]
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Processes (not zombies) whose process group is ``pgid``."""
+    return [p.pid for p in processes() if p.pgrp == pgid and p.state not in ("Z", "X")]
+
+
+def settled(probe: Callable[[], list[int]], timeout: float = 5.0, interval: float = 0.02) -> list[int]:
+    """``probe()`` once it is empty, or its last result after ``timeout`` seconds (signals and
+    reaping are asynchronous: give killed processes a moment to go)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = probe()
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(interval)

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+from tarhelpers import live_processes_with
 
 from tarproc.cli.tarproc import main as tarproc
 
@@ -224,7 +225,7 @@ def test_signal_kills_commands_and_removes_directories(data, tmp_path, sig, stat
     deadline = time.monotonic() + 20
     while len([d for d in os.listdir(private) if d.startswith("tarproc-")]) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _sleepers(marker), "the commands did not start"
+    assert live_processes_with(marker), "the commands did not start"
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == status, err
@@ -232,18 +233,6 @@ def test_signal_kills_commands_and_removes_directories(data, tmp_path, sig, stat
     assert os.listdir(private) == []
     assert not (tmp_path / "out.tar").exists() and [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []
     deadline = time.monotonic() + 3
-    while _sleepers(marker) and time.monotonic() < deadline:
+    while live_processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _sleepers(marker) == []
-
-
-def _sleepers(marker):
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(pid)
-        except OSError:
-            pass
-    return found
+    assert live_processes_with(marker) == []

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from tarhelpers import children
 
 from tarproc import TarWriter, read_samples
 from tarproc.errors import OptionError, SourceError, TarFormatError
@@ -171,21 +172,6 @@ def test_bad_arguments():
 
 # ------------------------------------------------------------------------------------------------
 # stopping early: no thread, no child process, no open source left
-
-
-def children() -> list[int]:
-    """PIDs of this process's child processes (Linux /proc)."""
-    me = os.getpid()
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
-                out.append(int(entry))
-    return out
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tarhelpers import live_group_members, live_processes_with, settled
 
 from tarproc.errors import OptionError
 from tarproc.process import JobError, JobStats, field_filter, load_function, map_samples, shell_samples
@@ -22,32 +23,9 @@ def fields(samples) -> list[tuple[str, dict]]:
     return [(s["__key__"], {k: bytes(v) for k, v in s.items() if not k.startswith("__")}) for s in samples]
 
 
-def processes_with(marker: str, settle: float = 2.0) -> list[int]:
-    """Pids of live processes whose command line contains ``marker``, after up to ``settle`` seconds
-    for killed ones to go (SIGKILL is delivered asynchronously)."""
-    deadline = time.monotonic() + settle
-    while True:
-        found = _processes_with(marker)
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
-
-
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state != b"Z":
-            found.append(int(pid))
-    return found
+def processes_with(marker: str) -> list[int]:
+    """Live processes running ``marker``, after up to 2 s for killed ones to go."""
+    return settled(lambda: live_processes_with(marker), timeout=2.0, interval=0.05)
 
 
 @pytest.fixture
@@ -242,7 +220,7 @@ def test_closing_early_kills_running_commands_and_removes_directories(tmp):
     run = shell_samples(make(10), f'[ "$INDEX" = 0 ] || sleep {marker}', workers=3, tmpdir=str(tmp))
     assert next(run)["__key__"] == "k000"
     time.sleep(0.3)  # the others are sleeping now
-    assert len(os.listdir(tmp)) >= 1 and _processes_with(marker)
+    assert len(os.listdir(tmp)) >= 1 and live_processes_with(marker)
     start = time.monotonic()
     run.close()
     assert time.monotonic() - start < 5
@@ -447,12 +425,5 @@ def test_map_workers_end_when_their_parent_is_killed(tmp_path):
     time.sleep(2)  # workers started and busy
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(proc.pid, 0)  # anything left in the group (the forked workers)?
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("--map workers outlived their killed parent")
+    # the forked workers share the parent's process group
+    assert settled(lambda: live_group_members(proc.pid), timeout=10) == [], "--map workers outlived their parent"

@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from tarhelpers import children, live_group_members, settled
 
 from tarproc.errors import SourceError, TarFormatError
 from tarproc.samples import read_samples
@@ -156,34 +157,8 @@ def test_empty_pipe_command_is_a_source_error():
     assert info.value.url == "pipe:   "
 
 
-def _processes() -> list[tuple[int, str, int, int]]:
-    """``(pid, state, ppid, pgrp)`` of every process, from /proc (Linux)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out.append((int(entry), fields[0], int(fields[1]), int(fields[2])))
-    return out
-
-
-def _live_group_members(pgid: int) -> list[int]:
-    """Processes (not zombies) whose process group is ``pgid``."""
-    return [pid for pid, state, _, pgrp in _processes() if pgrp == pgid and state not in ("Z", "X")]
-
-
-def _wait_group_gone(pgid: int, timeout: float = 5.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = _live_group_members(pgid)
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.02)
+def _wait_group_gone(pgid: int) -> list[int]:
+    return settled(lambda: live_group_members(pgid))
 
 
 def test_early_stop_on_infinite_pipe_closes_quietly_and_reaps(tar_file, reader):
@@ -202,34 +177,29 @@ def test_early_stop_on_infinite_pipe_closes_quietly_and_reaps(tar_file, reader):
 
 def test_early_stop_through_read_samples_generator(tar_file):
     url = f"pipe:while true; do cat {tar_file}; done"
-    before = set(_children())
+    before = set(children())
     gen = read_samples(url)
     first = [next(gen) for _ in range(2)]
     gen.close()
     assert [s["__key__"] for s in first] == ["0000", "0001"]
     # no child process of ours is left running or unreaped
     deadline = time.monotonic() + 5
-    while set(_children()) - before and time.monotonic() < deadline:
+    while set(children()) - before and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert set(_children()) - before == set()
+    assert set(children()) - before == set()
 
 
 def test_error_while_reading_pipe_kills_and_reaps(tmp_path):
     # a producer that never ends but sends garbage: the tar error wins, the child is stopped
     url = "pipe:while true; do echo not a tar archive at all; done"
-    before = set(_children())
+    before = set(children())
     with pytest.raises(TarFormatError) as info:
         with open_source(url) as stream:
             list(iter_members(stream, url))
     assert info.value.offset == 0
     assert stream.proc.returncode is not None
     assert _wait_group_gone(stream.proc.pid) == []
-    assert set(_children()) - before == set()
-
-
-def _children() -> list[int]:
-    """Our direct child processes, zombies included."""
-    return [pid for pid, _, ppid, _ in _processes() if ppid == os.getpid()]
+    assert set(children()) - before == set()
 
 
 def test_read_errors_become_source_errors_with_offset():
