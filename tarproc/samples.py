@@ -49,6 +49,15 @@ def check_read_policies(on_error: str, dup: str) -> None:
         raise OptionError(f"bad error policy {on_error!r}; use one of {', '.join(ON_ERROR_POLICIES)}")
 
 
+def field_names(sample: Sample) -> list[str]:
+    """The data fields of a sample, sorted (``__key__``, ``__url__`` and other ``__x__`` left out).
+
+    >>> field_names({"__key__": "a", "txt": b"x", "cls": b"1"})
+    ['cls', 'txt']
+    """
+    return sorted(k for k in sample if not k.startswith("__"))
+
+
 def is_metadata_name(name: str) -> bool:
     """True for ``__name__/...`` members and ``KEY.__field__`` names, which readers skip."""
     first = name.split("/", 1)[0]
@@ -221,6 +230,7 @@ __all__ = [
     "ON_ERROR_POLICIES",
     "Sample",
     "group_keyed",
+    "field_names",
     "group_samples",
     "is_metadata_name",
     "read_samples",

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import TarprocError
-from .samples import is_metadata_name
+from .samples import field_names, is_metadata_name
 from .sniff import sniff_type
 from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
 
@@ -124,7 +124,7 @@ def pick_fields(sample: dict[str, Any], spec: list[tuple[str, list[str]]] | None
     """The fields of ``sample`` to show: all in sorted order, or the first present alternative of each
     entry of a ``parse_fields`` spec."""
     if spec is None:
-        return sorted(k for k in sample if not k.startswith("__"))
+        return field_names(sample)
     out = []
     for _name, alternatives in spec:
         for alt in alternatives:

@@ -48,7 +48,7 @@ from operator import itemgetter
 from typing import Any, BinaryIO
 
 from .errors import DuplicateError, OptionError, SampleError, SinkError
-from .samples import Sample, group_keyed
+from .samples import Sample, field_names, group_keyed
 from .tario import TarWriter, iter_keyed_members, sample_members
 
 _RUN_MEMBER_LIMIT = 1 << 62  # the largest size the reader accepts at all
@@ -165,7 +165,7 @@ def _key_function(key: str, numeric: bool, reverse: bool, missing: str) -> Calla
         value = _field_value(sample, key)
         if value is _MISSING:
             if missing == "error":
-                fields = ", ".join(sorted(f for f in sample if not f.startswith("__")))
+                fields = ", ".join(field_names(sample))
                 raise SampleError(
                     f"sample {sample.get('__key__')!r} has no field {key!r} (it has: {fields}); "
                     "sort such samples last with --missing last",

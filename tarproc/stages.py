@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Iterable, Iterator
 
 from .errors import OptionError, SampleError
-from .samples import Sample
+from .samples import Sample, field_names
 from .tario import check_key
 
 Stage = Callable[[Iterable[Sample]], Iterable[Sample]]
@@ -101,7 +101,7 @@ def select_fields(
             else:
                 complete = False
                 if missing == "error":
-                    have = ", ".join(sorted(k for k in sample if not k.startswith("__")))
+                    have = ", ".join(field_names(sample))
                     raise SampleError(
                         f"sample {sample['__key__']!r} has none of {'/'.join(alternatives)} (it has: {have}); "
                         "use --missing skip or keep to go on",

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import OptionError, PlanError, SampleError
-from .samples import Sample
+from .samples import Sample, field_names
 from .sniff import sniff_type
 from .stages import check_key_format
 from .tario import check_key
@@ -145,7 +145,7 @@ def parse_columns(spec: str) -> list[Column]:
 def default_columns(sample: Sample) -> list[Column]:
     """``__key__`` and every field of ``sample`` in sorted order; non-text fields as ``FIELD:size``."""
     columns = [Column(KEY_COLUMN, (Alternative(KEY_COLUMN),))]
-    for field in sorted(k for k in sample if not k.startswith("__")):
+    for field in field_names(sample):
         if _as_text(sample[field]) is None:
             columns.append(Column(f"{field}:size", (Alternative(field, (), "size"),)))
         else:
@@ -213,7 +213,7 @@ class RowExtractor:
                 if value is not _MISSING:
                     return value
             if strict:
-                have = ", ".join(sorted(k for k in sample if not k.startswith("__"))) or "none"
+                have = ", ".join(field_names(sample)) or "none"
                 raise SampleError(
                     f"sample {sample['__key__']!r} has no {name!r} (its fields: {have})",
                     sample.get("__url__"),
