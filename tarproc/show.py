@@ -32,7 +32,7 @@ from typing import Any
 
 from .errors import TarprocError
 from .samples import field_names, is_metadata_name
-from .sniff import sniff_type
+from .sniff import escape_text, sniff_type
 from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
 
 DEFAULT_WIDTH = 60
@@ -47,34 +47,8 @@ TEXT_TYPES = ("text", "json", "empty")
 IMAGE_TYPES = ("jpeg", "png", "gif", "bmp", "tiff", "webp", "jpeg2000", "avif", "heic", "heif")
 ELLIPSIS = "…"
 
-_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
 # ---------------------------------------------------------------------------------------------
 # previews
-
-
-def escape_text(text: str) -> str:
-    """Text safe to print on a terminal: control and other non-printable characters escaped.
-
-    >>> escape_text("a\\tb\\x1b[31m\\u200b")
-    'a\\\\tb\\\\x1b[31m\\\\u200b'
-    """
-    if text.isprintable():
-        return text
-    out = []
-    for c in text:
-        if c in _ESCAPES:
-            out.append(_ESCAPES[c])
-        elif c.isprintable():
-            out.append(c)
-        elif ord(c) < 0x100:
-            out.append(f"\\x{ord(c):02x}")
-        elif ord(c) < 0x10000:
-            out.append(f"\\u{ord(c):04x}")
-        else:
-            out.append(f"\\U{ord(c):08x}")
-    return "".join(out)
 
 
 def cut(text: str, width: int) -> tuple[str, bool]:

@@ -2,7 +2,8 @@
 
 ``sniff_type(data)`` returns a short lower-case name: an image, audio, video, archive or array
 format found by its magic bytes, ``"json"`` or ``"text"`` for text-like data, ``"empty"``, or
-``"binary"`` when nothing matches. ``is_text(data)`` says whether bytes read as UTF-8 text.
+``"binary"`` when nothing matches. ``is_text(data)`` says whether bytes read as UTF-8 text, and
+``escape_text(text)`` makes text from the data safe to print on a terminal.
 
 >>> sniff_type(b"\\xff\\xd8\\xff\\xe0" + bytes(20))
 'jpeg'
@@ -87,6 +88,32 @@ def is_text(data: bytes | bytearray | memoryview, complete: bool = True) -> bool
     return not any(ord(c) < 32 and c not in "\t\n\r\f" or c == "\x7f" for c in text)
 
 
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def escape_text(text: str) -> str:
+    """Text safe to print on a terminal: control and other non-printable characters escaped.
+
+    >>> escape_text("a\\tb\\x1b[31m\\u200b")
+    'a\\\\tb\\\\x1b[31m\\\\u200b'
+    """
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c in _ESCAPES:
+            out.append(_ESCAPES[c])
+        elif c.isprintable():
+            out.append(c)
+        elif ord(c) < 0x100:
+            out.append(f"\\x{ord(c):02x}")
+        elif ord(c) < 0x10000:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(f"\\U{ord(c):08x}")
+    return "".join(out)
+
+
 def _is_json(data: bytes | bytearray | memoryview) -> bool:
     import json
 
@@ -99,4 +126,4 @@ def _is_json(data: bytes | bytearray | memoryview) -> bool:
     return True
 
 
-__all__ = ["is_text", "sniff_type"]
+__all__ = ["escape_text", "is_text", "sniff_type"]

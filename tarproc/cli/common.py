@@ -25,6 +25,7 @@ from ..errors import OptionError, TarprocError
 from ..samples import DUP_POLICIES, ON_ERROR_POLICIES, Sample, read_samples
 from ..shards import parse_size
 from ..sinks import open_sink, remove_live_temporaries
+from ..sniff import escape_text
 from ..sources import expand_urls
 from ..tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, TarWriter
 
@@ -93,11 +94,11 @@ class TarprocCommand(click.Command):
             status = e.exit_code
         except (KeyboardInterrupt, _Interrupted, click.Abort):
             remove_live_temporaries()
-            _say(f"{prog}: interrupted")
+            say(f"{prog}: interrupted")
             status = 130
         except Terminated as e:
             remove_live_temporaries()
-            _say(f"{prog}: terminated")
+            say(f"{prog}: terminated")
             status = 128 + e.signum
         except (BrokenPipeError, _ReaderGone):
             # the reader of our stdout went away (e.g. '| head -c 100'): end quietly, like cat
@@ -107,20 +108,20 @@ class TarprocCommand(click.Command):
         except OptionError as e:
             if show_traceback:
                 traceback.print_exc()
-            _say(f"{prog}: error: {e}\nTry '{prog} --help' for help.")
+            say(f"{prog}: error: {e}\nTry '{prog} --help' for help.")
             status = 2
         except TarprocError as e:
             remove_live_temporaries()
             if show_traceback:
                 traceback.print_exc()
-            _say(f"{prog}: error: {e}")
+            say(f"{prog}: error: {e}")
             status = 1
         except Exception as e:
             remove_live_temporaries()
             if show_traceback:
                 traceback.print_exc()
             detail = str(e).splitlines()[0] if str(e) else ""
-            _say(f"{prog}: error: internal error: {type(e).__name__}: {detail} (run with --traceback for details)")
+            say(f"{prog}: error: internal error: {type(e).__name__}: {detail} (run with --traceback for details)")
             status = 1
         finally:
             for signum, handler in previous.items():
@@ -128,7 +129,13 @@ class TarprocCommand(click.Command):
         sys.exit(status)
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """Write a diagnostic line (or lines) to stderr, never stdout (stdout carries tar data).
+
+    Names in messages come from the data: control characters are escaped, so that no terminal
+    sequence hidden in a key or a file name reaches the terminal.
+    """
+    message = "\n".join(escape_text(line) for line in message.split("\n"))
     try:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
@@ -147,8 +154,8 @@ def _silence_stdout() -> None:
 
 
 def warn(message: str) -> None:
-    """Diagnostics go to stderr, never stdout (stdout carries tar data)."""
-    _say(f"warning: {message}")
+    """A warning on stderr (see ``say``)."""
+    say(f"warning: {message}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,7 +494,7 @@ def report_stats(prog: str, stats: ReadStats, writer: TarWriter, output: str, de
     """The ``--stats`` report of a command that wrote one tar stream with ``write_tar``;
     ``detail`` (the command's own counts) comes before what was written."""
     written = f"wrote {writer.samples} samples, {writer.members} members to {output}"
-    click.echo(format_stats(prog, stats, f"{detail}; {written}" if detail else written), err=True)
+    say(format_stats(prog, stats, f"{detail}; {written}" if detail else written))
 
 
 def format_stats(prog: str, stats: ReadStats, written: str) -> str:

@@ -21,6 +21,7 @@ from .common import (
     output_option,
     progress,
     report_stats,
+    say,
     stats_option,
     warn,
     write_tar,
@@ -78,7 +79,7 @@ def main(
     decoder = decoding.decoder()
     try:
         if decoding.device == "auto" and not quiet:
-            click.echo(f"tardecode: decoding on {decoder.describe()}", err=True)
+            say(f"tardecode: decoding on {decoder.describe()}")
         source = reading.samples(stats)
         with contextlib.closing(source):
             batches = decoded_batches(
@@ -92,8 +93,8 @@ def main(
         decoder.close()
     if show_stats:
         report_stats("tardecode", stats, writer, output)
-        click.echo(f"tardecode: decoded {decode_stats.decoded} images on {decoder.describe()}; "
-                   f"skipped {decode_stats.skipped} bad images", err=True)
+        say(f"tardecode: decoded {decode_stats.decoded} images on {decoder.describe()}; "
+            f"skipped {decode_stats.skipped} bad images")
 
 
 def _with_npy(sample: Sample, field: str) -> Sample:

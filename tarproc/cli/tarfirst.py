@@ -8,11 +8,10 @@ import click
 
 from ..errors import NoMatchError, SinkError
 from ..first import find_member, make_matcher
-from ..show import escape_text
 from ..sinks import open_sink, stdout_is_terminal
 from ..sniff import is_text, sniff_type
 from ..tario import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, input_options
+from .common import ReadOptions, TarprocCommand, common_options, input_options, say
 
 EPILOG = """\b
 Examples:
@@ -73,8 +72,7 @@ def main(
     with open_sink(output, force=True, compression=None) as sink:  # the bytes as they are, even for x.gz
         sink.write(data)
     if verbose:
-        member = escape_text(f"{sample['__key__']}.{field}")  # a name from the data: no control sequences
-        click.echo(f"tarfirst: wrote {member} ({len(data)} bytes) from {sample['__url__']}", err=True)
+        say(f"tarfirst: wrote {sample['__key__']}.{field} ({len(data)} bytes) from {sample['__url__']}")
 
 
 if __name__ == "__main__":  # pragma: no cover

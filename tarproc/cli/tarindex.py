@@ -20,7 +20,7 @@ from ..index import (
 from ..sinks import open_sink
 from ..sources import local_path
 from ..tario import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, input_options, progress, warn
+from .common import ReadOptions, TarprocCommand, common_options, input_options, progress, say, warn
 
 EPILOG = """\b
 Examples:
@@ -105,7 +105,7 @@ def main(reading: ReadOptions, quiet: bool, fmt: str, output: str | None, name: 
 
 def _info(message: str) -> None:
     """An informational line on stderr (stdout may carry an index)."""
-    click.echo(message, err=True)
+    say(message)
 
 
 def _local_dir(target: str) -> str | None:

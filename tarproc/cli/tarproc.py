@@ -10,6 +10,7 @@ import click
 
 from ..errors import OptionError
 from ..process import ON_JOB_ERROR, JobStats, map_samples, shell_samples
+from ..sniff import escape_text
 from ..tario import ReadStats
 from .common import (
     ReadOptions,
@@ -19,6 +20,7 @@ from .common import (
     job_input_options,
     output_option,
     progress,
+    say,
     warn,
     write_tar,
     writer_options,
@@ -128,13 +130,14 @@ def main(
         with contextlib.closing(processed):
             write_tar(progress(processed, quiet, "tarproc"), output, writing)
     if not quiet:
-        click.echo(f"tarproc: {jobs.summary()}", err=True)
+        say(f"tarproc: {jobs.summary()}")
 
 
 def _forward_log(key: str, log: bytes) -> None:
     """A command's output on our stderr, each line prefixed with its sample's key."""
     text = log.decode("utf-8", "replace")
-    lines = "".join(f"{key}: {line}\n" for line in text.splitlines())
+    prefix = escape_text(key)  # the key comes from the data; the output is the user's own command's
+    lines = "".join(f"{prefix}: {line}\n" for line in text.splitlines())
     sys.stderr.write(lines)
     sys.stderr.flush()
 

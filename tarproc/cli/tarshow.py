@@ -29,7 +29,6 @@ from ..samples import Sample
 from ..show import (
     DEFAULT_WIDTH,
     Summary,
-    escape_text,
     format_record,
     image_fields,
     label_of,
@@ -39,7 +38,7 @@ from ..show import (
 from ..sinks import open_sink
 from ..stages import parse_fields, slice_samples
 from ..tario import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, input_options, progress, warn
+from .common import ReadOptions, TarprocCommand, common_options, input_options, progress, say, warn
 
 EPILOG = """\b
 Examples:
@@ -171,8 +170,7 @@ def _view(samples: Iterator[Sample], spec: Any, width: int, protocol: str, delay
 
 
 def _where(sample: Sample, field: str) -> str:
-    # names come from the data: escape them like previews, so no terminal control sequence gets through
-    return escape_text(f"{sample.get('__url__')}: {sample.get('__key__')}.{field}")
+    return f"{sample.get('__url__')}: {sample.get('__key__')}.{field}"
 
 
 def _grid(
@@ -219,7 +217,7 @@ def _grid(
     if not quiet:
         notes = [f"{n} {what}" for n, what in ((undecodable, "undecodable"), (no_image, "without an image")) if n]
         extra = f" ({', '.join(notes)} skipped)" if notes else ""
-        click.echo(f"tarshow: wrote {path}: {len(items)} images from {seen} samples{extra}", err=True)
+        say(f"tarshow: wrote {path}: {len(items)} images from {seen} samples{extra}")
 
 
 def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool) -> None:

@@ -18,6 +18,7 @@ from .common import (
     format_stats,
     input_options,
     progress,
+    say,
     stats_option,
     writer_options,
 )
@@ -81,10 +82,9 @@ def main(
     def on_shard(info: ShardInfo) -> None:
         manifest_lines.append(info.to_json())
         if verbose:
-            click.echo(
+            say(
                 f"tarsplit: wrote {info.shard}: {info.samples} samples, {info.bytes} bytes "
-                f"(closed by {info.closed_by})",
-                err=True,
+                f"(closed by {info.closed_by})"
             )
 
     # the manifest is opened first, so a bad path fails before any shard is written
@@ -110,10 +110,10 @@ def main(
         if manifest_sink is not None:
             manifest_sink.write("".join(line + "\n" for line in manifest_lines).encode("utf-8"))
     if verbose and not manifest_lines:
-        click.echo("tarsplit: no samples in the input; no shard written", err=True)
+        say("tarsplit: no samples in the input; no shard written")
     if show_stats:
         written = f"wrote {sum(s.samples for s in writer.shards)} samples in {len(writer.shards)} shard(s)"
-        click.echo(format_stats("tarsplit", stats, written), err=True)
+        say(format_stats("tarsplit", stats, written))
 
 
 if __name__ == "__main__":  # pragma: no cover

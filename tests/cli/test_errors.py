@@ -398,3 +398,14 @@ def test_tarsplit_manifest_not_written_on_failure(cli, shards, damaged, tmp_path
     assert r.exit_code == 1
     assert not manifest.exists()
     assert cli.leftovers(tmp_path) == []
+
+
+def test_diagnostics_escape_terminal_control_characters(capsys):
+    # names in messages come from the data; one place, the stderr writer, makes them harmless
+    from tarproc.cli.common import say, warn
+
+    warn("shard.tar: k\x1b]0;PWNED\x07\x1b[31m.jpg: cannot decode")
+    say("two\nlines\x9b")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "\x9b" not in err
+    assert err == "warning: shard.tar: k\\x1b]0;PWNED\\x07\\x1b[31m.jpg: cannot decode\ntwo\nlines\\x9b\n"
