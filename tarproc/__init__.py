@@ -25,6 +25,8 @@ from .errors import (
     SourceError,
     TarFormatError,
     TarprocError,
+    TransportError,
+    WireError,
 )
 from .samples import group_samples, read_samples, split_name
 from .shards import ShardInfo, ShardWriter, parse_size
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from .pcat import parallel_samples
     from .process import map_samples, shell_samples
     from .sort import SortStats, sort_samples
+    from .transport import EpochEnd, Receiver, Sender
 
 __version__ = "0.1.0"
 
@@ -50,6 +53,9 @@ _LAZY = {
     "shell_samples": "process",
     "SortStats": "sort",
     "sort_samples": "sort",
+    "Receiver": "transport",
+    "Sender": "transport",
+    "EpochEnd": "transport",
 }
 
 
@@ -66,12 +72,15 @@ __all__ = [
     "CompressionError",
     "DecodeError",
     "DuplicateError",
+    "EpochEnd",
     "IndexFileError",
     "IndexedShard",
     "JobError",
     "OptionError",
     "ReadStats",
+    "Receiver",
     "SampleError",
+    "Sender",
     "ShardInfo",
     "ShardWriter",
     "SinkError",
@@ -81,6 +90,8 @@ __all__ = [
     "TarWriter",
     "ShardIndex",
     "TarprocError",
+    "TransportError",
+    "WireError",
     "__version__",
     "build_index",
     "expand_urls",

@@ -107,6 +107,17 @@ class IndexFileError(TarprocError):
     """An index file is malformed, of an unknown version, or stale (made for another shard)."""
 
 
+class TransportError(TarprocError):
+    """A ZMQ endpoint could not be bound or connected, a send timed out, or a sender went silent."""
+
+
+class WireError(TarprocError):
+    """A message received is not wire format v1: bad header, unknown version, frames that don't fit.
+
+    ``url`` is the endpoint it arrived on; a receiver reports it and keeps running.
+    """
+
+
 class OptionError(TarprocError):
     """An argument given to the core is malformed (a bad size, slice or field spec).
 

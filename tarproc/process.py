@@ -640,7 +640,7 @@ def load_function(spec: str) -> Callable[[Sample], Any]:
     return fn  # type: ignore[return-value]
 
 
-def _end_with_parent(parent: int) -> None:
+def end_with_parent(parent: int) -> None:
     """Have the kernel send SIGKILL to this worker when its parent dies (Linux), however it dies.
 
     Without it a parent killed with SIGKILL (or by the OOM killer) leaves workers blocked for
@@ -665,7 +665,7 @@ def _map_worker(
     """A worker process: take chunks of ``(index, sample)``, reply with pickled outcome lists."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole terminal group: the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _end_with_parent(parent)
+    end_with_parent(parent)
     sys.path[:] = sys_path
     fn = load_function(spec)
     while True:

@@ -17,4 +17,8 @@ COMMANDS = {
     "tarproc": "tarproc.cli.tarproc:main",
     "tarsort": "tarproc.cli.tarsort:main",
     "tardecode": "tarproc.cli.tardecode:main",
+    "tarserve": "tarproc.cli.tarserve:main",
+    "tarrecv": "tarproc.cli.tarrecv:main",
+    "tarkeys": "tarproc.cli.tarkeys:main",
+    "tarjob": "tarproc.cli.tarjob:main",
 }

@@ -412,13 +412,13 @@ def _random_seed() -> int:
 
 DEVICES = ("auto", "cpu", "dali-cpu", "gpu")  # tarproc.decode.DEVICES, without importing numpy and DALI here
 
-decode_options = _bundle(
-    lambda: [
-        click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+def _decode_params(processes: tuple[str, ...], seed_help: str = "Seed of random crops and flips (per sample key).") -> list[Callable[[Any], Any]]:
+    return [
+        click.option("--device", "--decode", "device", type=click.Choice(DEVICES), default="auto", show_default=True,
                      help="Backend: cpu (simplejpeg/Pillow), dali-cpu or gpu (NVIDIA DALI); auto = gpu if present."),
         click.option("-b", "--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
                      help="Images per batch."),
-        click.option("-p", "--processes", type=click.IntRange(min=1), default=1, show_default=True,
+        click.option(*processes, "processes", type=click.IntRange(min=1), default=1, show_default=True,
                      help="cpu: decoding processes; dali-cpu/gpu: DALI threads."),
         click.option("--size", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Output N x N: centre crop after --resize, or random resized crop."),
@@ -435,11 +435,65 @@ decode_options = _bundle(
                      show_default=True, help="Array layout."),
         click.option("--dtype", type=click.Choice(["uint8", "float16", "float32"]), default=None,
                      help="Array dtype [default: float32 with --mean/--std, else uint8]."),
-        click.option("--seed", type=int, default=None, help="Seed of random crops and flips (per sample key)."),
-    ],
-    lambda v: {"decoding": DecodeOptions(_spec(v), v["device"], v["batch_size"], v["processes"])},
-)
+        click.option("--seed", type=int, default=None, help=seed_help),
+    ]
+
+
+def _decoding(v: dict[str, Any]) -> dict[str, Any]:
+    return {"decoding": DecodeOptions(_spec(v), v["device"], v["batch_size"], v["processes"])}
+
+
+decode_options = _bundle(lambda: _decode_params(("-p", "--processes")), _decoding)
 """--device, -b, -p and the augmentation options; the command gets ``decoding: DecodeOptions``."""
+
+server_decode_options = _bundle(
+    lambda: _decode_params(("--threads",), "Seed of crops and flips (per key and epoch) and of the shuffles."), _decoding
+)
+"""``decode_options`` with --threads for the decoder's processes/threads (tarserve's -p is its senders)."""
+
+
+def _seconds_or_forever(value: float) -> float | None:
+    return None if value == 0 else value
+
+
+def transport_options(sending: bool) -> Callable[[F], F]:
+    """--hwm, --curve-keys and the timeouts of tarserve (``sending``) and tarrecv; the command
+    gets ``transport``, the keyword arguments of ``ServeConfig`` or ``Receiver``."""
+    from ..transport.receiver import DEFAULT_TIMEOUT
+    from ..transport.sender import DEFAULT_HEARTBEAT, DEFAULT_HWM, DEFAULT_SEND_TIMEOUT
+
+    def options() -> list[Callable[[Any], Any]]:
+        both = [
+            click.option("--hwm", type=click.IntRange(min=1), default=DEFAULT_HWM, show_default=True, metavar="N",
+                         help="High-water mark: batches queued per connection before "
+                              + ("sending waits (PUB: drops)." if sending else "the sender waits.")),
+            click.option("--curve-keys", "curve", type=click.Path(file_okay=False), default=None, metavar="DIR",
+                         help="Encrypt and authenticate with the CURVE keys in DIR (made by tarkeys)."),
+        ]
+        if sending:
+            return both + [
+                click.option("--send-timeout", type=click.FloatRange(min=0), default=DEFAULT_SEND_TIMEOUT,
+                             show_default=True, metavar="SECONDS",
+                             help="Give up when no receiver takes a batch for this long (0 = wait for ever)."),
+                click.option("--heartbeat", type=click.FloatRange(min=0.01), default=DEFAULT_HEARTBEAT,
+                             show_default=True, metavar="SECONDS", help="Tell receivers we're alive this often."),
+            ]
+        return both + [
+            click.option("--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT, show_default=True,
+                         metavar="SECONDS", help="A sender silent this long (no batch, no heartbeat) is an error "
+                                                 "(0 = wait for ever)."),
+            click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
+                         help="Give up when no sender has appeared after this long (0 = wait for ever)."),
+        ]
+
+    def collect(v: dict[str, Any]) -> dict[str, Any]:
+        if sending:
+            return {"transport": {"hwm": v["hwm"], "curve": v["curve"], "heartbeat": v["heartbeat"],
+                                  "send_timeout": _seconds_or_forever(v["send_timeout"])}}
+        return {"transport": {"hwm": v["hwm"], "curve": v["curve"], "timeout": _seconds_or_forever(v["timeout"]),
+                              "wait": _seconds_or_forever(v["wait"])}}
+
+    return _bundle(options, collect)  # type: ignore[no-any-return]
 
 
 def inputs_or_stdin(inputs: tuple[str, ...], list_files: tuple[str, ...]) -> list[str]:

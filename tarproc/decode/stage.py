@@ -101,6 +101,7 @@ def decoded_batches(
     on_error: str = "fail",
     stats: DecodeStats | None = None,
     warn: Callable[[str], None] | None = None,
+    epoch: int = 0,
 ) -> Iterator[list[Sample]]:
     """Lists of up to ``batch_size`` samples whose image field holds the decoded array.
 
@@ -108,6 +109,9 @@ def decoded_batches(
     ``output_field`` when given. A sample with no such field or an image that can't be decoded is
     a ``DecodeError`` naming URL, key and field, or, with ``on_error="skip"``, dropped, counted in
     ``stats.skipped`` and reported through ``warn``; the rest of its batch is kept.
+
+    Random crops and flips come from (seed, key); a nonzero ``epoch`` joins it to the key, so each
+    epoch of a training feed (tarserve --epochs) gets fresh augmentations, still reproducible.
     """
     if on_error not in DECODE_ON_ERROR:
         raise OptionError(f"bad on_error {on_error!r}; use one of {', '.join(DECODE_ON_ERROR)}")
@@ -118,11 +122,15 @@ def decoded_batches(
     stats.backend = decoder.name
     in_flight: deque[tuple[list[Sample], list[str | None]]] = deque()
 
+    def plan_key(sample: Sample) -> str:
+        key = str(sample.get("__key__"))
+        return key if epoch == 0 else f"{key}\x00epoch {epoch}"
+
     def jobs() -> Iterator[list[Job]]:
         for chunk in _chunks(samples, batch_size):
             found = [next((n for n in names if n in s), None) for s in chunk]
             in_flight.append((chunk, found))
-            yield [(bytes(s[f]), str(s.get("__key__"))) for s, f in zip(chunk, found, strict=True) if f is not None]
+            yield [(bytes(s[f]), plan_key(s)) for s, f in zip(chunk, found, strict=True) if f is not None]
 
     def failed(sample: Sample, fieldname: str | None, reason: str) -> None:
         error = DecodeError(reason, sample.get("__url__"), sample.get("__key__"), fieldname)

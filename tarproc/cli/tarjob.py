@@ -1,0 +1,256 @@
+"""tarjob: run the same command for every shard, here (a process pool), on Dask, Kubernetes or Slurm."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+
+import click
+
+from ..errors import OptionError
+from ..jobs.journal import DEFAULT_JOURNAL, Journal
+from ..jobs.manifests import ClusterJob, k8s_manifest, slurm_script, write_atomically
+from ..jobs.run import Attempt, JobOptions, JobsFailed, LocalPool, ShardResult, Task, run_one, run_shards
+from ..jobs.spec import check_command, load_shards, parse_index_list, shard_argv
+from .common import CONTEXT_SETTINGS, TarprocCommand, common_options, say, warn
+
+EPILOG = """\b
+Examples:
+  tarjob -s '{0000..0999}' -j 8 -- tarproc -c 'run-ocr sample.png' in-{}.tar -o out-{}.tar
+  tarjob -s 'shards/*.tar' --retries 3 --timeout 3600 -- tarindex {}
+  tarjob -s @failed.txt --shell -- 'tarcat s3://b/{}.tar | tarproc -c "..." -o s3://b/new-{}.tar'
+  tarjob -s '{0000..0999}' --dask tcp://scheduler:8786 -- tarproc -c '...' in-{}.tar -o out-{}.tar
+  tarjob -s '{0000..0999}' -j 50 --k8s-manifest job.yaml --image reg/tarproc:1 -- tarproc ...
+  tarjob -s '{0000..0999}' -j 100 --slurm job.sh -- tarproc ... && sbatch job.sh
+
+\b
+{} in every argument of COMMAND becomes the shard id (without --shell, no shell runs: quote
+nothing twice). Every attempt is a JSON line in the journal (--journal, default ./tarjob.jsonl):
+shard, status, attempt, seconds, host, exit code, the tail of its output. A re-run skips shards
+the journal has as ok (--force runs them again): after a crash or Ctrl-C, run the same command.
+The command's stdout and stderr go to the journal's tail (and to --log-dir); a failed shard's
+tail is shown on stderr. The command finds $TARJOB_SHARD, $TARJOB_INDEX and $TARJOB_ATTEMPT.
+--k8s-manifest and --slurm write files to submit; their tasks run 'tarjob --index I' (shard
+number I of SPEC, counting from 0), which is also how to run one shard by hand.
+"""
+
+
+def _positive_float(name: str) -> click.FloatRange:
+    return click.FloatRange(min=0, min_open=name == "timeout")
+
+
+@click.command("tarjob", cls=TarprocCommand, epilog=EPILOG,
+               context_settings=dict(CONTEXT_SETTINGS, allow_interspersed_args=False))
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS]...")
+@click.option("-s", "--spec", required=True, metavar="SPEC",
+              help="Shard ids: a brace expression '{0000..0999}', @FILE (one id a line) or a glob of paths.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Shards run at once (local pool, --dask local workers, Kubernetes parallelism, "
+                   "Slurm %N)  [default: number of CPUs; on clusters: no limit].")
+@click.option("--shell", is_flag=True, help="Run COMMAND (one string) with bash -c; {} becomes the quoted id.")
+@click.option("--journal", default=DEFAULT_JOURNAL, show_default=True, metavar="FILE",
+              help="JSON lines, one per attempt; shards recorded as ok are skipped on a re-run.")
+@click.option("--force", is_flag=True, help="Run every shard, even those the journal has as done.")
+@click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True, metavar="N",
+              help="Run a failed shard up to N more times.")
+@click.option("--backoff", type=_positive_float("backoff"), default=5.0, show_default=True, metavar="SEC",
+              help="Wait SEC before the first retry, twice that before the second, and so on.")
+@click.option("--timeout", type=_positive_float("timeout"), default=None, metavar="SEC",
+              help="Kill an attempt (its whole process group) after SEC seconds.")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Keep each shard's whole output as DIR/ID.log (on the machine that ran it).")
+@click.option("--only", metavar="LIST", help="Only these shard numbers of SPEC, e.g. '3,17,40-42' "
+              "(kubectl's failedIndexes).")
+@click.option("--dry-run", is_flag=True, help="Print the commands that would run, one per line; run nothing.")
+@click.option("--dask", metavar="ADDRESS",
+              help="Run on a Dask cluster (tcp://host:8786), or 'local': a LocalCluster of -j workers.")
+@click.option("--index", "index", type=click.IntRange(min=0), default=None, metavar="I",
+              help="Run only shard number I of SPEC, here (what cluster tasks run).")
+@click.option("--k8s-manifest", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Write a Kubernetes Indexed Job to FILE (needs --image); run nothing.")
+@click.option("--image", metavar="IMAGE", help="Container image of the Kubernetes pods (with tarjob installed).")
+@click.option("--namespace", metavar="NS", help="Kubernetes namespace of the Job.")
+@click.option("--name", default="tarjob", show_default=True, help="Kubernetes Job or Slurm job name.")
+@click.option("--cpu", metavar="CPU", help="CPU request per pod (Kubernetes '2', '500m'; Slurm cpus-per-task).")
+@click.option("--memory", metavar="MEM", help="Memory request per pod or task ('4Gi'; Slurm '4G').")
+@click.option("--slurm", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Write an sbatch array script to FILE; run nothing.")
+@common_options
+def main(
+    quiet: bool, command: tuple[str, ...], spec: str, jobs: int | None, shell: bool, journal: str, force: bool,
+    retries: int, backoff: float, timeout: float | None, log_dir: str | None, only: str | None, dry_run: bool,
+    dask: str | None, index: int | None, k8s_manifest: str | None, image: str | None, namespace: str | None,
+    name: str, cpu: str | None, memory: str | None, slurm: str | None,
+) -> None:
+    """Run a command once per shard: here, on a Dask cluster, or as a Kubernetes or Slurm job.
+
+    Shards run in parallel (-j), each attempt recorded in a journal; failed shards are retried
+    with backoff (--retries, --backoff) and listed at the end (exit status 1). A re-run skips the
+    shards already done. Progress and a summary go to stderr.
+    """
+    argv = list(command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    check_command(argv, shell)
+    modes = [flag for flag, given in (("--index", index is not None), ("--dask", dask is not None),
+                                      ("--k8s-manifest", k8s_manifest), ("--slurm", slurm)) if given]
+    if len(modes) > 1:
+        raise OptionError(f"{' and '.join(modes)} can't be used together")
+    if image and not k8s_manifest:
+        raise OptionError("--image goes with --k8s-manifest")
+    if k8s_manifest and not image:
+        raise OptionError("--k8s-manifest needs --image IMAGE (an image with tarjob and the command installed)")
+    shards = load_shards(spec)
+    numbered = list(enumerate(shards.ids))
+    if only is not None:
+        wanted = parse_index_list(only)
+        if wanted[-1] >= len(numbered):
+            raise OptionError(f"--only {only}: SPEC has {len(numbered)} shards (numbers 0 to {len(numbered) - 1})")
+        numbered = [numbered[i] for i in wanted]
+    options = JobOptions(argv, shell=shell, retries=retries, backoff=backoff, timeout=timeout, log_dir=log_dir)
+
+    if k8s_manifest or slurm:
+        cluster = ClusterJob(
+            spec, [s for _, s in numbered], shards.portable and only is None, argv, shell=shell, retries=retries,
+            backoff=backoff, timeout=timeout, parallelism=jobs, name=name, log_dir=log_dir,
+            journal=journal if journal != DEFAULT_JOURNAL else None,
+        )
+        if k8s_manifest:
+            write_atomically(k8s_manifest, k8s_manifest_text(cluster, image, namespace, cpu, memory))
+            say(f"tarjob: wrote {k8s_manifest}: Indexed Job {name!r} of {len(numbered)} shards "
+                f"(kubectl apply -f {k8s_manifest})")
+        else:
+            assert slurm is not None
+            cluster.journal = os.path.abspath(journal)  # array tasks share it (a shared file system)
+            write_atomically(slurm, slurm_script(cluster, _int_or_none(cpu), memory), mode=0o755)
+            say(f"tarjob: wrote {slurm}: array of {len(numbered)} shards (sbatch {slurm})")
+        return
+
+    if index is not None:
+        if index >= len(shards.ids):
+            n = len(shards.ids)
+            raise OptionError(f"--index {index}: SPEC has {n} shards (numbers 0 to {n - 1})")
+        numbered = [(index, shards.ids[index])]
+    if log_dir and not dry_run:
+        os.makedirs(log_dir, exist_ok=True)
+
+    book = Journal(journal)
+    done = set() if force else book.done(warn)
+    todo = [(i, s) for i, s in numbered if s not in done]
+    skipped = len(numbered) - len(todo)
+
+    if dry_run:
+        for _, shard in todo:
+            click.echo(shlex.join(shard_argv(argv, shard, shell)))
+        return
+
+    if index is not None:
+        _run_index(todo, index, options, book, quiet)
+        return
+
+    if skipped and not quiet:
+        say(f"tarjob: skipped {skipped} done (in {journal}; --force runs them again)")
+    start = time.monotonic()
+    if dask is not None:
+        from ..jobs.dask_engine import DaskEngine
+
+        engine = DaskEngine(options, dask, jobs or os.cpu_count() or 1)
+    else:
+        engine = LocalPool(options, jobs or os.cpu_count() or 1)  # type: ignore[assignment]
+    failed: list[ShardResult] = []
+    ok = 0
+    try:
+        results = run_shards(todo, options, engine, book, on_retry=_retry_warning(options))
+        with contextlib.closing(results):
+            for result in _progress(results, len(todo), quiet):
+                if result.ok:
+                    ok += 1
+                else:
+                    failed.append(result)
+                    _show_failure(result, options)
+    finally:
+        book.close()
+    seconds = time.monotonic() - start
+    if not quiet:
+        rate = f"{len(todo) / seconds:.2f}" if seconds > 0 else "-"
+        say(f"tarjob: {len(numbered)} shards: {ok} done, {skipped} skipped, {len(failed)} failed "
+            f"in {seconds:.1f} s ({rate} shards/s)")
+    if failed:
+        failed.sort(key=lambda r: r.index)
+        names = ", ".join(r.shard for r in failed[:10]) + (", ..." if len(failed) > 10 else "")
+        raise JobsFailed(f"{len(failed)} of {len(numbered)} shards failed: {names} (see {journal})")
+
+
+def k8s_manifest_text(cluster: ClusterJob, image: str | None, namespace: str | None, cpu: str | None,
+                      memory: str | None) -> str:
+    assert image is not None
+    return k8s_manifest(cluster, image, namespace=namespace, cpu=cpu, memory=memory)
+
+
+def _int_or_none(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise OptionError(f"--cpu {value!r}: Slurm needs a whole number of CPUs") from None
+
+
+def _run_index(todo: list[tuple[int, str]], index: int, options: JobOptions, book: Journal, quiet: bool) -> None:
+    if not todo:
+        if not quiet:
+            say(f"tarjob: shard {index} is done already (--force runs it again)")
+        return
+    (i, shard), = todo
+    try:
+        result = run_one(i, shard, options, book, on_retry=_retry_warning(options))
+    finally:
+        book.close()
+    if not result.ok:
+        _show_failure(result, options)
+        raise JobsFailed(f"shard {shard} (number {i}) failed: {result.last.reason(options.timeout)}")
+    if not quiet:
+        say(f"tarjob: shard {shard} (number {i}) done in {result.last.seconds:.1f} s")
+
+
+def _retry_warning(options: JobOptions):  # type: ignore[no-untyped-def]
+    def on_retry(task: Task, attempt: Attempt, pause: float) -> None:
+        warn(f"shard {task.shard} {attempt.reason(options.timeout)} (attempt {task.attempt} of "
+             f"{options.retries + 1}); retrying in {pause:g} s")
+
+    return on_retry
+
+
+TAIL_LINES = 10
+
+
+def _show_failure(result: ShardResult, options: JobOptions) -> None:
+    """The failed shard's reason, then the end of its output, each line prefixed with its id."""
+    tries = f" (after {result.attempts} attempts)" if result.attempts > 1 else ""
+    lines = [f"tarjob: shard {result.shard} {result.last.reason(options.timeout)}{tries}"]
+    tail = result.last.output_tail.splitlines()[-TAIL_LINES:]
+    lines += [f"{result.shard}: {line}" for line in tail]
+    say("\n".join(lines))
+
+
+def _progress(results: Iterator[ShardResult], total: int, quiet: bool) -> Iterator[ShardResult]:
+    """A tqdm bar of finished shards on stderr (a terminal only, not with -q), updated per shard."""
+    try:
+        enabled = not quiet and os.isatty(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        enabled = False
+    if not enabled:
+        yield from results
+        return
+    from tqdm import tqdm
+
+    with tqdm(results, total=total, desc="tarjob", unit="shard", file=sys.stderr, dynamic_ncols=True) as bar:
+        yield from bar
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(prog_name="tarjob")

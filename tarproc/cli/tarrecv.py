@@ -1,0 +1,172 @@
+"""tarrecv: receive tarserve's batches: print the rates (like tensormon) or write the samples as a tar."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from ..errors import TransportError
+from ..samples import Sample
+from ..transport import Receiver
+from ..transport.wire import Batch
+from .common import (
+    TarprocCommand,
+    WriteOptions,
+    common_options,
+    say,
+    transport_options,
+    warn,
+    write_tar,
+    writer_options,
+)
+
+EPILOG = """\b
+Examples:
+  tarrecv zpull://:7880                                   # rates once a second, until the senders end
+  tarrecv zpull://:7880 -o received.tar --stats
+  tarserve --raw 'shard-{00..07}.tar' -p 2 --to zpush://:7880 & tarrecv zpull://:7880 -o - | tarshow -c 3
+  tarrecv 'zsub://feeder:78{80..83}' --count 1000 -q      # a subscriber: reports batches PUB dropped
+
+\b
+Without -o it prints one line per --interval to stdout: batches/s, samples/s and MB/s over the
+interval, then a summary. With -o it writes the samples it receives as a tar (the rates go to
+stderr): raw fields as they were sent (tarserve --raw round-trips byte for byte with -p 1),
+--label tensors as decimal text, arrays as .npy members (field NAME.npy). It ends when every
+sender has finished (end of stream), after --count batches, or with an error when a sender goes
+silent for --timeout seconds. Batches a sender numbered that never arrived are reported; with -o
+they are an error, and nothing is left under the output name.
+"""
+
+
+@click.command("tarrecv", cls=TarprocCommand, epilog=EPILOG)
+@click.argument("urls", nargs=-1, required=True, metavar="URL...")
+@click.option("-o", "--output", default=None, metavar="URL",
+              help="Write the received samples as a tar here ('-' = stdout) instead of printing rates.")
+@click.option("--count", type=click.IntRange(min=1), default=None, metavar="N", help="Stop after N batches.")
+@click.option("--senders", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Wait for N sender processes to finish [default: all of the groups heard from].")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, metavar="SECONDS",
+              help="Seconds between rate lines.")
+@click.option("--stats", "show_stats", is_flag=True, help="Print the summary to stderr (with -o).")
+@transport_options(sending=False)
+@writer_options
+@common_options
+def main(
+    urls: tuple[str, ...],
+    output: str | None,
+    count: int | None,
+    senders: int | None,
+    interval: float,
+    show_stats: bool,
+    transport: dict[str, Any],
+    writing: WriteOptions,
+    quiet: bool,
+) -> None:
+    """Receive batches from tarserve and print their rates, or write their samples as a tar.
+
+    URL... are ZMQ endpoints to receive on: zpull://:PORT binds (tarserve connects with zpush),
+    zrpull://host:port connects to a tarserve that binds, zsub://host:port subscribes.
+    """
+    receiver = Receiver(list(urls), senders=senders, warn=warn, **transport)
+    monitor = Monitor(receiver, interval, quiet, to=sys.stderr if output is not None else sys.stdout)
+    try:
+        batches = _batches(receiver, count, monitor)
+        if output is None:
+            for _ in batches:
+                pass
+        else:
+            write_tar(_samples(batches, receiver), output, writing)
+    finally:
+        receiver.close()
+    if output is None or show_stats:
+        monitor.summary()
+    if output is None and receiver.stats.lost:
+        raise TransportError(f"{receiver.stats.lost} batches lost on the way (see above)")
+
+
+def _batches(receiver: Receiver, count: int | None, monitor: Monitor) -> Iterator[Batch]:
+    for n, batch in enumerate(receiver, 1):
+        monitor.tick()
+        yield batch
+        if count is not None and n >= count:
+            break
+    monitor.tick(force=True)
+
+
+def _samples(batches: Iterator[Batch], receiver: Receiver) -> Iterator[Sample]:
+    """The samples of the batches, for the tar writer; a loss is an error (the writer then aborts)."""
+    for batch in batches:
+        yield from batch_samples(batch)
+    if receiver.stats.lost:
+        raise TransportError(f"{receiver.stats.lost} batches lost on the way: the tar would be incomplete")
+
+
+def batch_samples(batch: Batch) -> Iterator[Sample]:
+    """One sample dict per key: bytes fields as they came, int text tensors as text, arrays as .npy."""
+    from ..decode import npy_bytes
+
+    keys = batch["__key__"]
+    for i, key in enumerate(keys):
+        sample: Sample = {"__key__": key}
+        for name, value in batch.items():
+            if name == "__key__":
+                continue
+            item = value[i]
+            if item is None:
+                continue
+            if isinstance(item, bytes):
+                sample[name] = item
+            elif name in batch.text:
+                sample[name] = str(int(item)).encode()
+            else:
+                sample[name if name.endswith("npy") else f"{name}.npy"] = npy_bytes(item)
+        yield sample
+
+
+class Monitor:
+    """Rate lines every ``interval`` seconds and a summary, like tensorcom's tensormon."""
+
+    def __init__(self, receiver: Receiver, interval: float, quiet: bool, to: Any) -> None:
+        self.receiver = receiver
+        self.interval = interval
+        self.quiet = quiet
+        self.to = to
+        self.last = (time.monotonic(), 0, 0, 0)
+
+    def tick(self, force: bool = False) -> None:
+        now = time.monotonic()
+        then, batches, samples, nbytes = self.last
+        stats = self.receiver.stats
+        if self.quiet or (now - then < self.interval and not force) or stats.batches == batches:
+            return
+        dt = now - then
+        self._print(f"{(stats.batches - batches) / dt:9.1f} batches/s {(stats.samples - samples) / dt:11.1f} "
+                    f"samples/s {(stats.bytes - nbytes) / dt / 1e6:9.1f} MB/s   total {stats.batches} batches "
+                    f"epoch {stats.epochs}")
+        self.last = (now, stats.batches, stats.samples, stats.bytes)
+
+    def summary(self) -> None:
+        stats = self.receiver.stats
+        rates = stats.rates() if stats.batches > 1 else {"batches/s": 0.0, "samples/s": 0.0, "MB/s": 0.0}
+        line = (f"received {stats.batches} batches, {stats.samples} samples, {stats.bytes / 1e6:.1f} MB from "
+                f"{stats.senders} sender(s) in {stats.seconds:.1f} s: {rates['batches/s']:.1f} batches/s, "
+                f"{rates['samples/s']:.1f} samples/s, {rates['MB/s']:.1f} MB/s; {stats.epochs} epoch(s) ended; "
+                f"lost {stats.lost}, rejected {stats.rejected}")
+        if self.to is sys.stdout:
+            self._print(line)
+        else:
+            say(f"tarrecv: {line}")
+
+    def _print(self, line: str) -> None:
+        if self.to is sys.stdout:
+            click.echo(line)
+        else:
+            say(f"tarrecv: {line}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(prog_name="tarrecv")

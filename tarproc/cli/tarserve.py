@@ -1,0 +1,128 @@
+"""tarserve: read shards, decode and augment, batch, and send the batches over ZeroMQ to trainers."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import OptionError
+from ..transport.serve import LAST_BATCH, ServeConfig, serve
+from ..transport.urls import is_zmq_url
+from .common import (
+    DecodeOptions,
+    ReadOptions,
+    TarprocCommand,
+    common_options,
+    decode_input_options,
+    progress,
+    say,
+    server_decode_options,
+    shuffle_option,
+    stats_option,
+    transport_options,
+    warn,
+)
+
+EPILOG = """\b
+Examples:
+  tarserve 'train-{0000..0147}.tar' --to zpush://trainer:7880 --size 224 --random-crop --flip 0.5 \\
+      --mean imagenet --std imagenet --dtype float16 --layout CHW --label cls -b 256 -p 2 --repeat
+  tarserve --decode gpu -b 256 'train-{0000..0147}.tar' zpush://trainer:7880
+  tarcat 's3://b/val-{00..15}.tar' | tarserve --raw -b 64 --to 'zpush://gpu{1..4}:7880'
+  tarserve --raw shard.tar --to zpush://:7880 & tarrecv zpull://:7880 -o copy.tar   # byte for byte
+
+\b
+Destinations (--to, or arguments that are ZMQ URLs) use tensorcom's grammar: zpush://host:port
+connects a PUSH socket to a receiver that binds (tarrecv zpull://:port); zrpush binds instead;
+zpub/zrpub publish to subscribers (they DROP batches a slow subscriber can't take: the receiver
+reports the gaps); +ipc uses a Unix socket (zpush+ipc:///tmp/feed); a brace list gives several
+endpoints, which take batches in turn. A bind with no host listens on 127.0.0.1 only.
+
+\b
+Each batch is one message: a msgpack header (keys, and name, dtype and shape of each tensor) and
+one raw frame per tensor, sent without copying (wire format v1, docs/wire.md). Decoded images are
+the tensor --output-field; --label fields become int64 tensors; the other fields (or --fields)
+travel as bytes. --raw decodes nothing: the receiver gets the encoded fields (e.g. to decode on
+its own GPU). At most --hwm batches wait per receiver: a slow receiver slows tarserve down. Every
+epoch ends with an end-of-epoch message from each sender; receivers end when all have finished.
+"""
+
+
+@click.command("tarserve", cls=TarprocCommand, epilog=EPILOG)
+@decode_input_options
+@click.option("--to", "destinations", multiple=True, metavar="URL",
+              help="Where to send: zpush://host:port (default pattern), zpub://…, +ipc; repeatable.")
+@click.option("--raw", is_flag=True, help="Send the encoded fields unchanged; decode nothing.")
+@click.option("-p", "--senders", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Sender processes, each reading its share of the shards (and decoding them).")
+@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True, help="Passes over the shards.")
+@click.option("--repeat", is_flag=True, help="Pass over the shards until stopped (instead of --epochs).")
+@click.option("--shuffle-shards", is_flag=True, help="Shuffle the shard order every epoch (see --seed).")
+@shuffle_option
+@click.option("--last-batch", type=click.Choice(LAST_BATCH), default="keep", show_default=True,
+              help="A last batch shorter than -b: send it, or drop it.")
+@click.option("--field", default="jpg;jpeg;png;webp", show_default=True, metavar="NAMES",
+              help="The image field: the first of these names a sample has.")
+@click.option("--output-field", default="image", show_default=True, metavar="NAME",
+              help="Name of the decoded image tensor.")
+@click.option("--label", "labels", multiple=True, metavar="FIELD",
+              help="Send this text field (e.g. cls) as an int64 tensor; repeatable.")
+@click.option("-f", "--fields", metavar="NAMES",
+              help="Other fields to send as bytes, comma/space separated [default: all]; '' sends none.")
+@transport_options(sending=True)
+@stats_option("batches, samples and bytes sent")
+@server_decode_options
+@common_options
+def main(
+    reading: ReadOptions,
+    on_error: str,
+    decoding: DecodeOptions,
+    quiet: bool,
+    destinations: tuple[str, ...],
+    raw: bool,
+    senders: int,
+    epochs: int,
+    repeat: bool,
+    shuffle_shards: bool,
+    shuffle_size: int | None,
+    last_batch: str,
+    field: str,
+    output_field: str,
+    labels: tuple[str, ...],
+    fields: str | None,
+    transport: dict[str, object],
+    show_stats: bool,
+) -> None:
+    """Send the samples of tar shards as batches over ZeroMQ, decoded and augmented or raw.
+
+    INPUTS are paths, '-' (stdin, the default) or URLs as for tarcat; arguments that are ZMQ URLs
+    are destinations, like --to. Reads the shards, decodes and augments the images (the options of
+    tardecode), forms batches of -b samples and sends them, for --epochs passes or --repeat.
+    """
+    urls = [u for u in reading.urls if is_zmq_url(u)]
+    inputs = [u for u in reading.urls if not is_zmq_url(u)] or ["-"]
+    urls += list(destinations)
+    if not urls:
+        raise OptionError("no destination: give --to zpush://host:port (or a ZMQ URL argument)")
+    if output_field in ("", "__key__") or "/" in output_field:
+        raise OptionError(f"bad --output-field {output_field!r}")
+    config = ServeConfig(
+        urls=urls, batch_size=decoding.batch_size, epochs=None if repeat else epochs,
+        shuffle_shards=shuffle_shards, shuffle=shuffle_size, seed=decoding.spec.seed, raw=raw,
+        spec=decoding.spec, device=decoding.device, threads=decoding.processes, image_field=field,
+        output_field=output_field, labels=list(labels),
+        fields=None if fields is None else fields.replace(",", " ").split(),
+        last_batch=last_batch, senders=senders, on_error=on_error,
+        reading={"on_error": reading.on_error, "dup": reading.dup, "max_member_size": reading.max_member_size},
+        **transport,  # type: ignore[arg-type]
+    )
+    stats = serve(inputs, config, warn=warn,
+                  wrap=lambda samples: progress(samples, quiet or senders > 1, "tarserve"))
+    if show_stats:
+        rate = stats.bytes / stats.seconds / 1e6 if stats.seconds else 0.0
+        say(f"tarserve: sent {stats.batches} batches, {stats.samples} samples, {stats.bytes / 1e6:.1f} MB "
+            f"of tensors in {stats.epochs} epoch(s) from {senders} sender(s) in {stats.seconds:.1f} s "
+            f"({rate:.1f} MB/s); skipped {stats.skipped} bad images")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(prog_name="tarserve")

@@ -1,0 +1,253 @@
+"""Manifests for cluster schedulers: a Kubernetes Indexed Job and a Slurm array script.
+
+Neither is submitted: the files are written (atomically) for ``kubectl apply -f`` or ``sbatch``.
+Each task of the cluster runs ``tarjob --index I -s SPEC ... -- COMMAND`` for its shard I.
+
+When the SPEC is not a pure brace expression (``@list``, a glob, or ``--only`` picked some
+shards), the pods can't expand it themselves: the ids travel with the manifest (a ConfigMap
+mounted at ``/etc/tarjob/shards``; in a Slurm script, a here-document read as ``-s @-``).
+
+YAML is written without a YAML library: block style, every string value JSON-quoted (valid YAML).
+
+>>> print(to_yaml({"a": [1, {"b": "x y"}], "c": {}}), end="")
+a:
+  - 1
+  - b: "x y"
+c: {}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import OptionError, SinkError
+
+SHARDS_DIR = "/etc/tarjob"
+CONFIGMAP_LIMIT = 1_000_000  # a ConfigMap holds at most 1 MiB
+
+
+@dataclass
+class ClusterJob:
+    """What both manifests need: the shards, the command and the per-shard options."""
+
+    spec: str
+    ids: list[str]
+    portable: bool  # the SPEC expands to ``ids`` anywhere (a pure brace expression)
+    command: list[str]
+    shell: bool = False
+    retries: int = 0
+    backoff: float = 5.0
+    timeout: float | None = None
+    parallelism: int | None = None
+    name: str = "tarjob"
+    journal: str | None = None
+    log_dir: str | None = None
+
+    def tarjob_args(self, index: str, spec: str, retries: int) -> list[str]:
+        """The arguments of ``tarjob --index`` in one task."""
+        args = ["--index", index, "-s", spec, "--retries", str(retries), "--backoff", f"{self.backoff:g}", "-q"]
+        if self.timeout is not None:
+            args += ["--timeout", f"{self.timeout:g}"]
+        if self.journal:
+            args += ["--journal", self.journal]
+        if self.log_dir:
+            args += ["--log-dir", self.log_dir]
+        if self.shell:
+            args.append("--shell")
+        return [*args, "--", *self.command]
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return json.dumps(value)
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
+_YAML_WORDS = {"true", "false", "null", "yes", "no", "on", "off", "y", "n", "~"}
+
+
+def _key(key: Any) -> str:
+    """A mapping key: plain when it can't be read as anything but that string."""
+    text = str(key)
+    if _PLAIN_KEY.fullmatch(text) and text.lower() not in _YAML_WORDS:
+        return text
+    return _scalar(text)
+
+
+def to_yaml(value: Any, indent: int = 0) -> str:
+    """Block-style YAML of dicts, lists and scalars (strings JSON-quoted)."""
+    pad = " " * indent
+    if isinstance(value, dict):
+        if not value:
+            return pad + "{}\n"
+        out = []
+        for key, item in value.items():
+            if isinstance(item, (dict, list)) and item:
+                out.append(f"{pad}{_key(key)}:\n" + to_yaml(item, indent + 2))
+            else:
+                out.append(f"{pad}{_key(key)}: {_inline(item)}\n")
+        return "".join(out)
+    if isinstance(value, list):
+        if not value:
+            return pad + "[]\n"
+        out = []
+        for item in value:
+            if isinstance(item, (dict, list)) and item:
+                body = to_yaml(item, indent + 2)
+                out.append(f"{pad}- " + body[indent + 2:])  # the first line goes after the dash
+            else:
+                out.append(f"{pad}- {_inline(item)}\n")
+        return "".join(out)
+    return pad + _scalar(value) + "\n"
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{}"
+    if isinstance(value, list):
+        return "[]"
+    return _scalar(value)
+
+
+def _k8s_escape(arg: str) -> str:
+    """Kubernetes expands ``$(VAR)`` in a container's args and turns ``$$`` into ``$``: our own
+    arguments must reach tarjob unchanged."""
+    return arg.replace("$", "$$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Kubernetes
+
+
+def k8s_manifest(
+    job: ClusterJob, image: str, namespace: str | None = None, cpu: str | None = None, memory: str | None = None,
+) -> str:
+    """A multi-document YAML: (a ConfigMap of the ids and) an Indexed Job of ``len(ids)`` pods."""
+    labels = {"app.kubernetes.io/name": "tarjob", "app.kubernetes.io/instance": job.name}
+    metadata: dict[str, Any] = {"name": job.name}
+    if namespace:
+        metadata["namespace"] = namespace
+    metadata["labels"] = labels
+    documents: list[dict[str, Any]] = []
+    spec = job.spec
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if not job.portable:
+        text = "".join(shard + "\n" for shard in job.ids)
+        if len(text.encode()) > CONFIGMAP_LIMIT:
+            raise OptionError(f"{len(job.ids)} shard ids are too many for a ConfigMap (1 MiB); "
+                              "use a brace expression for -s")
+        cm_meta = dict(metadata, name=f"{job.name}-shards")
+        documents.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": cm_meta, "data": {"shards": text}})
+        spec = f"@{SHARDS_DIR}/shards"
+        volumes.append({"name": "shards", "configMap": {"name": cm_meta["name"]}})
+        mounts.append({"name": "shards", "mountPath": SHARDS_DIR, "readOnly": True})
+    # retries are the Job's (a fresh pod, maybe on another node); each pod makes one attempt
+    args = [_k8s_escape(a) for a in job.tarjob_args("$(JOB_COMPLETION_INDEX)", spec, retries=0)]
+    args[1] = "$(JOB_COMPLETION_INDEX)"
+    container: dict[str, Any] = {"name": "tarjob", "image": image, "command": ["tarjob"], "args": args}
+    requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
+    if requests:
+        container["resources"] = {"requests": requests}
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    if volumes:
+        pod["volumes"] = volumes
+    documents.append({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": len(job.ids),
+            "parallelism": job.parallelism or len(job.ids),
+            "backoffLimitPerIndex": job.retries,
+            "podFailurePolicy": {"rules": [
+                # a drained or preempted node is not the shard's fault: not counted against it
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                # exit status 2 is a usage error: retrying can't help
+                {"action": "FailIndex", "onExitCodes": {"containerName": "tarjob", "operator": "In", "values": [2]}},
+            ]},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    })
+    ns = f" -n {namespace}" if namespace else ""
+    head = (f"# {len(job.ids)} shards of {job.spec!r}: kubectl apply -f THIS_FILE\n"
+            f"# failed indexes: kubectl get job {job.name}{ns} -o jsonpath='{{.status.failedIndexes}}'\n")
+    return head + "".join("---\n" + to_yaml(doc) for doc in documents)
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm
+
+
+def slurm_script(job: ClusterJob, cpus: int | None = None, memory: str | None = None) -> str:
+    """An sbatch array script: task ``$SLURM_ARRAY_TASK_ID`` runs shard number that."""
+    n = len(job.ids)
+    array = f"0-{n - 1}" + (f"%{job.parallelism}" if job.parallelism else "")
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job.name}",
+        f"#SBATCH --array={array}",
+        f"#SBATCH --output={job.name}-%A_%a.out",
+    ]
+    if cpus:
+        lines.append(f"#SBATCH --cpus-per-task={cpus}")
+    if memory:
+        lines.append(f"#SBATCH --mem={memory}")
+    lines += [
+        f"# {n} shards of {job.spec!r}: sbatch THIS_FILE; re-run some: sbatch --array=3,17 THIS_FILE",
+        "# tarjob must be on PATH (activate its environment in ~/.bashrc or here)",
+        "set -euo pipefail",
+    ]
+    # the task id is the one word the shell expands; everything else is quoted as given
+    args = job.tarjob_args("TASK", job.spec if job.portable else "@-", job.retries)
+    command = " ".join('"$SLURM_ARRAY_TASK_ID"' if i == 1 else shlex.quote(a) for i, a in enumerate(args))
+    if job.portable:
+        lines.append(f"exec tarjob {command}")
+    else:  # the ids, as listed now, on stdin (a here-document)
+        marker = "TARJOB_SHARDS"
+        while marker in job.ids:
+            marker += "_"
+        lines.append(f"exec tarjob {command} <<'{marker}'")
+        lines += job.ids
+        lines.append(marker)
+    return "\n".join(lines) + "\n"
+
+
+def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` under a temporary name, then rename it into place."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
+    except OSError as e:
+        raise SinkError(f"cannot create a file there: {e.strerror}", path) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise SinkError(f"cannot write: {e.strerror}", path) from None
+        raise

@@ -1,0 +1,313 @@
+"""The receiving side: ``Receiver`` iterates the batches tarserve sends, as dicts of numpy arrays.
+
+It knows the senders from the messages themselves (every header names its sender, the sender's
+group and how many senders the group has), so it can start before or after them, be restarted,
+and still tell when the stream has ended: when every sender of every group it has heard from has
+sent its final end-of-epoch message. A sender that goes silent for ``timeout`` seconds (no batch
+and no heartbeat) is a ``TransportError``, not an endless hang. A message that is not wire format
+v1 (a stray client, garbage) is reported through ``warn``, counted, and skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import OptionError, TransportError, WireError
+from .sender import DEFAULT_HWM
+from .urls import parse_endpoints
+from .wire import Batch, decode, to_batch
+
+DEFAULT_TIMEOUT = 30.0
+
+
+@dataclass
+class EpochEnd:
+    """Every sender has finished ``epoch``: ``batches`` and ``samples`` are what they say they sent."""
+
+    epoch: int
+    batches: int
+    samples: int
+
+
+@dataclass
+class ReceiveStats:
+    """Counts since the receiver started, and rates over the time since the first batch."""
+
+    batches: int = 0
+    samples: int = 0
+    bytes: int = 0
+    rejected: int = 0  # messages that were not wire format v1
+    lost: int = 0  # batches a sender numbered but that never arrived (PUB drops, a receiver restart)
+    epochs: int = 0
+    senders: int = 0
+    first: float | None = None
+    last: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        return (self.last - self.first) if self.first is not None and self.last is not None else 0.0
+
+    def rates(self) -> dict[str, float]:
+        """batches/s, samples/s and MB/s (10^6 bytes) since the first batch."""
+        s = self.seconds or float("nan")
+        return {"batches/s": self.batches / s, "samples/s": self.samples / s, "MB/s": self.bytes / s / 1e6}
+
+
+@dataclass
+class _Sender:
+    id: str
+    group: str
+    rank: int
+    last_heard: float
+    next_seq: dict[int, int] = field(default_factory=dict)
+    eofs: dict[int, tuple[int, int]] = field(default_factory=dict)  # epoch -> (batches, samples)
+    final: bool = False
+
+
+class Receiver:
+    """Receive tarserve's batches from ZMQ endpoints (``zpull://:7880``, ``zsub://host:7880``, …).
+
+    >>> # for batch in Receiver("zpull://:7880"):
+    >>> #     images, labels = batch["image"], batch["cls"]   # numpy arrays over the message, no copy
+
+    ``timeout``: seconds a known sender may stay silent (``None``: for ever); ``wait``: seconds
+    to wait for the first message (``None``: for ever); ``senders``: end only after this many
+    sender processes have finished (by default, all those of every group heard from).
+    """
+
+    def __init__(
+        self,
+        urls: str | list[str] | tuple[str, ...],
+        *,
+        hwm: int = DEFAULT_HWM,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        wait: float | None = None,
+        senders: int | None = None,
+        curve: str | os.PathLike[str] | None = None,
+        warn: Callable[[str], None] | None = None,
+        context: Any = None,
+    ) -> None:
+        import zmq
+
+        if hwm < 1:
+            raise OptionError(f"bad high-water mark {hwm}; must be >= 1")
+        self.endpoints = parse_endpoints(list(urls) if not isinstance(urls, str) else urls, sending=False)
+        self.timeout = timeout
+        self.wait = wait
+        self.expected = senders
+        self.stats = ReceiveStats()
+        self.warn = warn or (lambda message: print(message, file=sys.stderr, flush=True))
+        self._senders: dict[str, _Sender] = {}
+        self._groups: dict[str, int] = {}  # group -> number of senders in it
+        self._group_seen: dict[str, float] = {}  # group -> when its first message came
+        self._checked = time.monotonic()
+        self._epochs_done: set[int] = set()
+        self._own_context = context is None
+        self._context = context or zmq.Context()
+        self._sockets: list[Any] = []
+        self._started = time.monotonic()
+        self._closed = False
+        try:
+            keys = None
+            if curve is not None:
+                from .curve import client_keys
+
+                keys = client_keys(curve)
+            for endpoint in self.endpoints:
+                sock = self._context.socket(zmq.PULL if endpoint.kind == "pull" else zmq.SUB)
+                sock.setsockopt(zmq.RCVHWM, hwm)
+                sock.setsockopt(zmq.LINGER, 0)
+                if endpoint.kind == "sub":
+                    sock.setsockopt(zmq.SUBSCRIBE, b"")
+                if keys is not None:
+                    from .curve import make_client
+
+                    make_client(sock, keys)
+                try:
+                    sock.bind(endpoint.address) if endpoint.bind else sock.connect(endpoint.address)
+                except zmq.ZMQError as e:
+                    sock.close(0)
+                    verb = "bind" if endpoint.bind else "connect to"
+                    raise TransportError(f"cannot {verb} {endpoint.address}: {e}", endpoint.url) from None
+                self._sockets.append(sock)
+        except BaseException:
+            self.close()
+            raise
+        self._poller = zmq.Poller()
+        for sock in self._sockets:
+            self._poller.register(sock, zmq.POLLIN)
+
+    # -- iteration ----------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The batches, until every sender has finished."""
+        for event in self.events():
+            if isinstance(event, Batch):
+                yield event
+
+    def events(self) -> Iterator[Batch | EpochEnd]:
+        """Batches, and an ``EpochEnd`` after the last batch of each epoch (of all senders)."""
+        while not self.finished:
+            message = self._receive()
+            if message is None:
+                continue
+            kind, header = message.kind, message.header
+            if kind == "batch":
+                batch = to_batch(message)
+                now = time.monotonic()
+                stats = self.stats
+                stats.first = now if stats.first is None else stats.first
+                stats.last = now
+                stats.batches += 1
+                stats.samples += len(header["keys"])
+                stats.bytes += message.nbytes
+                yield batch
+            elif kind == "eof":
+                yield from self._epoch_ends(header.get("epoch", -1))
+
+    def torch(self) -> Iterator[dict[str, Any]]:
+        """The batches with their arrays as torch tensors (sharing memory, no copy)."""
+        import warnings
+
+        import torch
+
+        for batch in self:
+            out: dict[str, Any] = {}
+            for name, value in batch.items():
+                if name != "__key__" and hasattr(value, "dtype") and hasattr(value, "shape"):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # message buffers are writable; torch checks anyway
+                        tensor = torch.from_numpy(value)
+                    if batch.dtypes.get(name) == "bfloat16" and tensor.dtype == torch.int16:
+                        tensor = tensor.view(torch.bfloat16)
+                    out[name] = tensor
+                else:
+                    out[name] = value
+            yield out
+
+    def dataset(self) -> Any:
+        """A ``torch.utils.data.IterableDataset`` of the batches (use ``batch_size=None`` in DataLoader)."""
+        from torch.utils.data import IterableDataset
+
+        receiver = self
+
+        class ReceiverDataset(IterableDataset):  # type: ignore[misc,type-arg]
+            def __iter__(self) -> Iterator[dict[str, Any]]:
+                return receiver.torch()
+
+        return ReceiverDataset()
+
+    @property
+    def finished(self) -> bool:
+        """Every sender of every group heard from (and at least ``senders`` of them) has finished."""
+        if not self._groups:
+            return False
+        done = sum(1 for s in self._senders.values() if s.final)
+        total = sum(self._groups.values())
+        return done >= total and (self.expected is None or done >= self.expected)
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _receive(self) -> Any:
+        """One decoded message, or None after a poll interval without one (silence is checked)."""
+        ready = dict(self._poller.poll(timeout=250))
+        if not ready or time.monotonic() - self._checked > 1.0:
+            self._check_silence()
+        if not ready:
+            return None
+        for index, sock in enumerate(self._sockets):
+            if sock not in ready:
+                continue
+            frames = sock.recv_multipart(copy=False)
+            url = self.endpoints[index].url
+            try:
+                message = decode(frames, url)
+                self._track(message.kind, message.header, url)
+            except WireError as e:
+                self.stats.rejected += 1
+                self.warn(f"rejected a message: {e}")
+                continue
+            return message
+        return None
+
+    def _track(self, kind: str, header: dict[str, Any], url: str) -> None:
+        sender_id, group = header["sender"], header.get("group")
+        rank, size = header.get("rank"), header.get("senders")
+        if not isinstance(group, str) or not isinstance(rank, int) or not isinstance(size, int) or size < 1:
+            raise WireError(f"{kind} message without group, rank and sender count", url)
+        state = self._senders.get(sender_id)
+        now = time.monotonic()
+        if state is None:
+            state = self._senders[sender_id] = _Sender(sender_id, group, rank, now)
+            self._groups[group] = max(size, self._groups.get(group, 0))
+            self._group_seen.setdefault(group, now)
+            self.stats.senders = len(self._senders)
+        state.last_heard = now
+        dest, seq = header.get("dest"), header.get("seq")
+        if kind in ("batch", "eof") and isinstance(dest, int) and isinstance(seq, int) and not header.get("spread"):
+            expected = state.next_seq.get(dest)
+            if expected is not None and seq > expected:
+                self.stats.lost += seq - expected
+                self.warn(f"lost {seq - expected} batches from sender {sender_id} "
+                          f"(numbers {expected} to {seq - 1}): a PUB/SUB drop, or a receiver restarted")
+            state.next_seq[dest] = seq + 1 if kind == "batch" else seq
+        if kind == "eof":
+            if header.get("aborted"):
+                raise TransportError(f"sender {sender_id} stopped before the end of its stream (interrupted)", url)
+            epoch = header.get("epoch")
+            if isinstance(epoch, int):
+                state.eofs[epoch] = (int(header.get("batches", 0)), int(header.get("samples", 0)))
+            if header.get("final"):
+                state.final = True
+
+    def _epoch_ends(self, epoch: int) -> Iterator[EpochEnd]:
+        if epoch in self._epochs_done:
+            return
+        for group, size in self._groups.items():
+            members = [s for s in self._senders.values() if s.group == group and epoch in s.eofs]
+            if len(members) < size:
+                return
+        self._epochs_done.add(epoch)
+        self.stats.epochs += 1
+        counts = [s.eofs[epoch] for s in self._senders.values() if epoch in s.eofs]
+        yield EpochEnd(epoch, sum(c[0] for c in counts), sum(c[1] for c in counts))
+
+    def _check_silence(self) -> None:
+        now = self._checked = time.monotonic()
+        if not self._senders:
+            if self.wait is not None and now - self._started > self.wait:
+                where = ", ".join(e.url for e in self.endpoints)
+                raise TransportError(f"no sender for {self.wait:g} s on {where}")
+            return
+        if self.timeout is None:
+            return
+        for state in self._senders.values():
+            if not state.final and now - state.last_heard > self.timeout:
+                raise TransportError(f"sender {state.id} silent for {now - state.last_heard:.0f} s "
+                                     "(no batch, no heartbeat): it died or its network is down")
+        for group, size in self._groups.items():
+            heard = [s for s in self._senders.values() if s.group == group]
+            if len(heard) < size and now - self._group_seen[group] > self.timeout:
+                raise TransportError(f"{size - len(heard)} of the {size} senders of group {group} never "
+                                     f"sent anything for {self.timeout:g} s")
+
+    def close(self) -> None:
+        """Close the sockets (batches already returned stay valid: they hold their own frames)."""
+        if self._closed:
+            return
+        self._closed = True
+        for sock in self._sockets:
+            sock.close(0)
+        if self._own_context:
+            self._context.term()
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

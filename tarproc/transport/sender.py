@@ -1,0 +1,318 @@
+"""The sending side: batches out over ZMQ with bounded memory, sequence numbers and heartbeats.
+
+One socket per endpoint, so every receiver gets its own end-of-epoch messages and its own
+sequence numbers (gaps are losses a receiver can report). A batch goes to the next socket in
+turn that can take it; a socket can take one when its peer's queue is below the high-water
+mark, so a slow receiver slows the sender and never makes it buffer more (PUSH). PUB never
+waits: a subscriber that can't keep up loses batches, and its receiver reports the gaps.
+
+A background thread owns the sockets: it sends what ``send`` queues (at most ``queue`` batches
+wait) and, whenever it has had nothing to send for ``heartbeat`` seconds, tells every receiver
+that this sender is alive, however long reading or decoding the next batch takes.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket as socketlib
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import OptionError, TransportError
+from .urls import Endpoint, parse_endpoints
+from .wire import control, encode_batch
+
+DEFAULT_HWM = 4
+DEFAULT_HEARTBEAT = 1.0
+DEFAULT_SEND_TIMEOUT = 120.0
+PUB_EOF_REPEATS = 5
+
+
+@dataclass
+class SendStats:
+    """What a sender sent: batches, samples and tensor bytes, over all epochs."""
+
+    batches: int = 0
+    samples: int = 0
+    bytes: int = 0
+    epochs: int = 0
+
+
+class Sender:
+    """Send batches to ZMQ endpoints (``zpush://host:port``, ``zpub://:port``, …).
+
+    >>> # with Sender("zpush://trainer:7880") as s:
+    >>> #     s.send(keys, {"image": array, "cls": labels}, epoch=0)
+    >>> #     s.end_epoch(0, final=True)
+
+    ``rank``/``senders`` say which of several cooperating sender processes this is (receivers
+    wait for all of them); ``group`` names the run they belong to. ``send_timeout`` (seconds,
+    ``None`` = wait for ever) bounds the wait for a receiver to take a batch.
+    """
+
+    def __init__(
+        self,
+        urls: str | list[str] | tuple[str, ...],
+        *,
+        hwm: int = DEFAULT_HWM,
+        send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        curve: str | os.PathLike[str] | None = None,
+        rank: int = 0,
+        senders: int = 1,
+        group: str | None = None,
+        queue_size: int = 2,
+        context: Any = None,
+    ) -> None:
+        import zmq
+
+        if hwm < 1:
+            raise OptionError(f"bad high-water mark {hwm}; must be >= 1")
+        if heartbeat <= 0:
+            raise OptionError(f"bad heartbeat interval {heartbeat}; must be > 0")
+        self.endpoints = parse_endpoints(list(urls) if not isinstance(urls, str) else urls, sending=True)
+        self.send_timeout = send_timeout
+        self.heartbeat = heartbeat
+        self.id = f"{socketlib.gethostname()}:{os.getpid()}:{rank}"
+        self.common = {
+            "sender": self.id, "group": group or uuid.uuid4().hex, "rank": rank, "senders": senders,
+            "spread": self.endpoints[0].kind == "push" and self.endpoints[0].bind,
+        }
+        self.stats = SendStats()
+        self._epoch_counts = [0, 0]  # batches, samples in the current epoch
+        self._own_context = context is None
+        self._context = context or zmq.Context()
+        self._auth = None
+        self._sockets: list[Any] = []
+        self._seq: list[int] = []
+        self._greeted: list[bool] = []
+        self._next = 0
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._error: BaseException | None = None
+        self._closed = False
+        self._abort = threading.Event()
+        try:
+            keys = None
+            if curve is not None:
+                from .curve import Authenticator, server_keys
+
+                keys = server_keys(curve)
+                self._auth = Authenticator(self._context, keys[2])
+            for endpoint in self.endpoints:
+                self._sockets.append(self._open(endpoint, hwm, keys))
+                self._seq.append(0)
+                self._greeted.append(False)
+        except BaseException:
+            self._shutdown(linger=0)
+            raise
+        self._poller = zmq.Poller()
+        for sock in self._sockets:
+            self._poller.register(sock, zmq.POLLOUT)
+        self._thread = threading.Thread(target=self._run, name="tarproc-sender", daemon=True)
+        self._thread.start()
+
+    def _open(self, endpoint: Endpoint, hwm: int, keys: Any) -> Any:
+        import zmq
+
+        sock = self._context.socket(zmq.PUSH if endpoint.kind == "push" else zmq.PUB)
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        if not endpoint.bind:
+            sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a receiver that isn't there
+        if keys is not None:
+            from .curve import make_server
+
+            make_server(sock, keys)
+        try:
+            if endpoint.bind:
+                sock.bind(endpoint.address)
+            else:
+                sock.connect(endpoint.address)
+        except zmq.ZMQError as e:
+            sock.close(0)
+            verb = "bind" if endpoint.bind else "connect to"
+            raise TransportError(f"cannot {verb} {endpoint.address}: {e}", endpoint.url) from None
+        return sock
+
+    # -- the caller's side ------------------------------------------------------------------------
+
+    def send(self, keys: list[str], tensors: dict[str, Any], *, epoch: int, text: Iterable[str] = (),
+             bfloat16: Iterable[str] = ()) -> None:
+        """Queue one batch (see ``wire.encode_batch`` for what ``tensors`` may hold)."""
+        self._put(("batch", keys, tensors, epoch, tuple(text), tuple(bfloat16)))
+        self._epoch_counts[0] += 1
+        self._epoch_counts[1] += len(keys)
+
+    def end_epoch(self, epoch: int, *, final: bool = False) -> None:
+        """Tell every receiver this sender has sent all of ``epoch`` (``final``: and everything)."""
+        batches, samples = self._epoch_counts
+        self._put(("eof", {"epoch": epoch, "final": final, "batches": batches, "samples": samples}))
+        self._epoch_counts = [0, 0]
+        self.stats.epochs += 1
+
+    def close(self, *, abort: bool = False) -> None:
+        """Wait until everything queued has gone out (or ``abort``: tell receivers, drop the rest)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not abort and self._error is None:
+                self._put(None)
+                self._thread.join()
+            else:
+                self._abort.set()
+                self._thread.join(timeout=2 * self.heartbeat + 1)
+        finally:
+            # closing waits (up to the send timeout) until the queued messages are delivered
+            clean = not abort and self._error is None
+            # an aborting sender gets a second to deliver its "interrupted" message
+            self._shutdown(linger=(-1 if self.send_timeout is None else int(self.send_timeout * 1000)) if clean else 1000)
+        if not abort and self._error is not None:
+            raise self._error
+
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(abort=exc_type is not None)
+
+    def _put(self, item: Any) -> None:
+        if self._closed and item is not None:
+            raise TransportError("sender is closed")
+        while True:
+            if self._error is not None:
+                raise self._error
+            try:
+                self._queue.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def _shutdown(self, linger: int) -> None:
+        for sock in self._sockets:
+            sock.close(linger)
+        if self._auth is not None:
+            self._auth.stop()
+        if self._own_context:
+            self._context.term()
+
+    # -- the socket thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                if self._abort.is_set():
+                    self._send_all(control("eof", **self.common, aborted=True, epoch=-1, final=True,
+                                           batches=0, samples=0), block=False)
+                    return
+                try:
+                    item = self._queue.get(timeout=self.heartbeat)
+                except queue.Empty:
+                    self._send_all(control("heartbeat", **self.common), block=False)
+                    continue
+                if item is None:
+                    return
+                if item[0] == "batch":
+                    self._send_batch(*item[1:])
+                else:
+                    self._send_eof(item[1])
+        except BaseException as e:  # reported to the caller by the next send/close
+            self._error = e
+
+    def _wait_writable(self, what: str) -> int | None:
+        """The next socket (in turn) that can take a message now, waiting up to the send timeout."""
+        started = time.monotonic()
+        last_beat = started
+        while True:
+            ready = dict(self._poller.poll(timeout=int(min(self.heartbeat, 0.25) * 1000)))
+            if ready:
+                for i in range(len(self._sockets)):
+                    index = (self._next + i) % len(self._sockets)
+                    if self._sockets[index] in ready:
+                        self._next = index + 1
+                        return index
+            if self._abort.is_set():
+                return None
+            now = time.monotonic()
+            if now - last_beat >= self.heartbeat:  # the receivers we can't reach are full, or gone
+                self._send_all(control("heartbeat", **self.common), block=False)
+                last_beat = now
+            if self.send_timeout is not None and now - started > self.send_timeout:
+                where = ", ".join(e.url for e in self.endpoints)
+                raise TransportError(f"no receiver took {what} for {self.send_timeout:g} s on {where}")
+
+    def _greet(self, index: int) -> None:
+        import zmq
+
+        if not self._greeted[index]:
+            hello = control("hello", **self.common, host=socketlib.gethostname(), pid=os.getpid(),
+                            pattern=self.endpoints[index].kind, dest=index)
+            self._sockets[index].send_multipart(hello, flags=zmq.NOBLOCK)
+            self._greeted[index] = True
+
+    def _send_batch(self, keys: list[str], tensors: dict[str, Any], epoch: int, text: tuple[str, ...],
+                    bfloat16: tuple[str, ...]) -> None:
+        import zmq
+
+        while True:
+            index = self._wait_writable("a batch")
+            if index is None:
+                return
+            frames = encode_batch(keys, tensors, text=text, bfloat16=bfloat16, **self.common, epoch=epoch,
+                                  seq=self._seq[index], dest=index)
+            try:
+                self._greet(index)
+                self._sockets[index].send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again:  # the peer went away between poll and send: try the next one
+                continue
+            self._seq[index] += 1
+            self.stats.batches += 1
+            self.stats.samples += len(keys)
+            self.stats.bytes += sum(len(memoryview(f)) for f in frames[1:])
+            return
+
+    def _send_eof(self, counts: dict[str, Any]) -> None:
+        # PUB drops what a subscriber's full queue can't take, end-of-epoch included: say it a few
+        # times, a tenth of a second apart (receivers count an epoch's end once)
+        repeats = PUB_EOF_REPEATS if self.endpoints[0].kind == "pub" else 1
+        for repeat in range(repeats):
+            if repeat:
+                time.sleep(0.1)
+            for index in range(len(self._sockets)):
+                message = control("eof", **self.common, **counts, seq=self._seq[index], dest=index)
+                self._send_to(index, message, "the end of the epoch")
+
+    def _send_to(self, index: int, message: list[bytes], what: str) -> None:
+        import zmq
+
+        sock = self._sockets[index]
+        started = time.monotonic()
+        while True:
+            try:
+                self._greet(index)
+                sock.send_multipart(message, flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                pass
+            if self._abort.is_set():
+                return
+            if self.send_timeout is not None and time.monotonic() - started > self.send_timeout:
+                raise TransportError(f"no receiver took {what} for {self.send_timeout:g} s",
+                                     self.endpoints[index].url)
+            sock.poll(timeout=int(min(self.heartbeat, 0.25) * 1000), flags=zmq.POLLOUT)
+
+    def _send_all(self, message: list[bytes], *, block: bool) -> None:
+        import zmq
+
+        for index, sock in enumerate(self._sockets):
+            if block:
+                self._send_to(index, message, "a message")
+                continue
+            try:
+                sock.send_multipart(message, flags=zmq.NOBLOCK)
+            except zmq.Again:  # full: that receiver has batches to work on and knows we're alive
+                pass

@@ -1,0 +1,436 @@
+"""The ZMQ transport: URL grammar, wire format v1, Sender/Receiver flow control, failures, CURVE."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from tarproc.errors import OptionError, TransportError, WireError
+from tarproc.transport import EpochEnd, Receiver, Sender, decode, encode_batch, parse_endpoints
+from tarproc.transport.curve import generate_keys
+from tarproc.transport.urls import is_zmq_url, parse_endpoint
+from tarproc.transport.wire import DTYPES, control, to_batch
+
+
+def ipc(tmp_path, name="feed"):
+    return f"ipc://{tmp_path}/{name}"
+
+
+# -- URLs ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url, kind, bind, address",
+    [
+        ("zpush://trainer:7880", "push", False, "tcp://trainer:7880"),
+        ("zpull://:7880", "pull", True, "tcp://127.0.0.1:7880"),
+        ("zpull://*:7880", "pull", True, "tcp://*:7880"),
+        ("zpull://0.0.0.0:7880", "pull", True, "tcp://*:7880"),
+        ("zpub://:7880", "pub", True, "tcp://127.0.0.1:7880"),
+        ("zsub://feeder:7880", "sub", False, "tcp://feeder:7880"),
+        ("zrpush://:7880", "push", True, "tcp://127.0.0.1:7880"),
+        ("zrpull://host:7880", "pull", False, "tcp://host:7880"),
+        ("zrpub://host:7880", "pub", False, "tcp://host:7880"),
+        ("zrsub://:7880", "sub", True, "tcp://127.0.0.1:7880"),
+        ("zpush+ipc:///tmp/feed", "push", False, "ipc:///tmp/feed"),
+    ],
+)
+def test_tensorcom_url_grammar(url, kind, bind, address):
+    endpoint = parse_endpoint(url)
+    assert (endpoint.kind, endpoint.bind, endpoint.address) == (kind, bind, address)
+
+
+def test_brace_lists_give_several_endpoints():
+    endpoints = parse_endpoints(["zpush://h:788{0..2}"], sending=True)
+    assert [e.address for e in endpoints] == ["tcp://h:7880", "tcp://h:7881", "tcp://h:7882"]
+
+
+@pytest.mark.parametrize(
+    "urls, sending, message",
+    [
+        ("http://x:1", True, "bad ZMQ URL"),
+        ("zpush://host", True, "host:port"),
+        ("zpush://host:0", True, "port"),
+        ("zpush://*:7880", True, "needs a host"),
+        ("zpull://:7880", True, "this side sends"),
+        ("zpush://h:1", False, "this side receives"),
+        (["zpush://h:1", "zpub://:2"], True, "mixed socket patterns"),
+        (["zpush://h:1", "zpush://h:1"], True, "the same endpoint twice"),
+    ],
+)
+def test_bad_urls_are_usage_errors(urls, sending, message):
+    with pytest.raises(OptionError, match=message):
+        parse_endpoints(urls, sending=sending)
+
+
+def test_is_zmq_url_tells_destinations_from_inputs():
+    assert is_zmq_url("zpush://h:1") and is_zmq_url("zrpub+ipc:///x")
+    assert not is_zmq_url("train-0000.tar") and not is_zmq_url("s3://b/x.tar") and not is_zmq_url("zip://x")
+
+
+# -- wire format --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "bfloat16"])
+def test_every_dtype_round_trips(dtype):
+    array = (np.arange(24) % 2 == 1) if dtype == "bool" else np.arange(24).astype(dtype)
+    array = array.reshape(2, 3, 4)
+    message = decode(encode_batch(["a", "b"], {"x": array}, sender="s", epoch=0, seq=0))
+    assert message.tensors["x"].dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(message.tensors["x"], array)
+
+
+def test_bfloat16_travels_as_its_bits():
+    bits = np.array([[0x3F80, 0x4000]], dtype=np.uint16)  # 1.0 and 2.0 in bfloat16
+    frames = encode_batch(["a"], {"x": bits}, bfloat16=["x"], sender="s", epoch=0, seq=0)
+    message = decode(frames)
+    assert msgpack.unpackb(frames[0])["tensors"][0]["dtype"] == "bfloat16"
+    assert message.tensors["x"].view(np.uint16).tolist() == [[0x3F80, 0x4000]]
+    assert to_batch(message).dtypes["x"] == "bfloat16"
+
+
+def test_bytes_fields_ragged_tensors_and_missing_values():
+    ragged = [np.zeros((2, 3), np.float32), np.ones((4, 1), np.float32)]
+    frames = encode_batch(["a", "b"], {"json": [b'{"x": 1}', None], "mask": ragged, "cls": np.array([3, 4])},
+                          text=["cls"], sender="s", epoch=2, seq=7)
+    batch = to_batch(decode(frames))
+    assert batch["__key__"] == ["a", "b"] and batch.epoch == 2 and batch.seq == 7
+    assert batch["json"] == [b'{"x": 1}', None]
+    assert [m.shape for m in batch["mask"]] == [(2, 3), (4, 1)] and batch["mask"][1].sum() == 4
+    assert batch.text == {"cls"} and batch["cls"].tolist() == [3, 4]
+
+
+def test_received_arrays_are_views_of_the_frames_not_copies():
+    array = np.arange(256 * 1024, dtype=np.uint8).reshape(4, -1)
+    frames = [zmq.Frame(f) if not isinstance(f, bytes) else zmq.Frame(f)
+              for f in encode_batch(list("abcd"), {"x": array}, sender="s", epoch=0, seq=0)]
+    message = decode(frames)
+    assert np.shares_memory(message.tensors["x"], np.frombuffer(frames[1].buffer, np.uint8))
+
+
+def test_the_sender_does_not_copy_large_arrays():
+    array = np.zeros((4, 1 << 16), np.float32)
+    frames = encode_batch(list("abcd"), {"x": array}, sender="s", epoch=0, seq=0)
+    assert np.shares_memory(frames[1], array)
+
+
+def test_a_dtype_outside_v1_is_refused():
+    with pytest.raises(WireError, match="complex64 can't be sent"):
+        encode_batch(["a"], {"x": np.zeros(1, np.complex64)}, sender="s", epoch=0, seq=0)
+
+
+def header(**fields):
+    base = {"v": 1, "kind": "batch", "sender": "s", "epoch": 0, "seq": 0, "n": 1, "keys": ["a"],
+            "tensors": [{"name": "x", "dtype": "uint8", "shape": [1, 4]}]}
+    base.update(fields)
+    return msgpack.packb(base)
+
+
+@pytest.mark.parametrize(
+    "frames, message",
+    [
+        ([], "empty message"),
+        ([b"\xc1garbage"], "not msgpack"),
+        ([msgpack.packb([1, 2])], "not a map"),
+        ([header(v=2), b"1234"], "unknown wire format version 2"),
+        ([header(kind="pickle"), b"1234"], "unknown message kind"),
+        ([header(sender=None), b"1234"], "without a sender"),
+        ([header(), b"123"], "frame of 3 bytes, header says 4"),
+        ([header()], "only 0 data frames"),
+        ([header(), b"1234", b"extra"], "1 data frames more"),
+        ([header(keys=["a", "b"]), b"1234"], "needs 1 string keys"),
+        ([header(tensors=[{"name": "x", "dtype": "object", "shape": [1]}]), b"1"], "unknown dtype 'object'"),
+        ([header(tensors=[{"name": "x", "dtype": "uint8", "shape": [2, 2]}]), b"1234"], "not a batch of 1"),
+        ([header(tensors=[{"name": "x", "dtype": "uint8", "shape": [1, -4]}]), b""], "bad dimension"),
+        ([header(tensors=[{"name": "x", "dtype": "bytes", "sizes": [1, 2]}]), b"1"], "needs 1 sizes"),
+        ([header(seq=-1), b"1234"], "bad seq"),
+    ],
+)
+def test_malformed_messages_are_wire_errors(frames, message):
+    with pytest.raises(WireError, match=message):
+        decode(frames)
+
+
+def test_control_messages_carry_no_frames():
+    assert decode(control("heartbeat", sender="s")).kind == "heartbeat"
+    with pytest.raises(WireError, match="extra frames"):
+        decode([*control("eof", sender="s"), b"x"])
+
+
+# -- Sender and Receiver ------------------------------------------------------------------------
+
+
+def send_epochs(url, epochs=1, batches=5, n=2, **kw):
+    with Sender(url, heartbeat=0.1, **kw) as sender:
+        for epoch in range(epochs):
+            for i in range(batches):
+                keys = [f"e{epoch}-b{i}-{j}" for j in range(n)]
+                sender.send(keys, {"x": np.full((n, 3), i, np.int32)}, epoch=epoch)
+            sender.end_epoch(epoch, final=epoch == epochs - 1)
+        return sender.stats
+
+
+def in_thread(target, *args, **kw):
+    thread = threading.Thread(target=target, args=args, kwargs=kw, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_batches_and_epoch_ends_arrive_in_order(tmp_path):
+    with Receiver(f"zpull+{ipc(tmp_path)}", timeout=5) as receiver:
+        thread = in_thread(send_epochs, f"zpush+{ipc(tmp_path)}", epochs=2)
+        events = list(receiver.events())
+    thread.join()
+    kinds = ["end" if isinstance(e, EpochEnd) else e.epoch for e in events]
+    assert kinds == [0] * 5 + ["end"] + [1] * 5 + ["end"]
+    assert events[5] == EpochEnd(0, 5, 10) and receiver.stats.samples == 20 and receiver.stats.lost == 0
+    assert [e.seq for e in events if not isinstance(e, EpochEnd)] == list(range(10))
+
+
+def test_receiver_started_after_the_sender(tmp_path):
+    results = {}
+    thread = in_thread(lambda: results.setdefault("stats", send_epochs(f"zpush+{ipc(tmp_path)}")))
+    time.sleep(0.5)  # the sender is waiting: IMMEDIATE queues nothing for a receiver that isn't there
+    with Receiver(f"zpull+{ipc(tmp_path)}", timeout=5) as receiver:
+        keys = [k for batch in receiver for k in batch["__key__"]]
+    thread.join()
+    assert len(keys) == 10 == len(set(keys)) and results["stats"].samples == 10
+
+
+def test_a_slow_receiver_slows_the_sender_and_memory_stays_bounded(tmp_path):
+    """With HWM 1 the sender can be at most a few batches ahead of what the receiver took."""
+    url = ipc(tmp_path)
+    progress = []
+
+    def send():
+        with Sender(f"zpush+{url}", hwm=1, heartbeat=0.1, queue_size=1) as sender:
+            for i in range(30):
+                sender.send([str(i)], {"x": np.zeros((1, 1 << 20), np.uint8)}, epoch=0)
+                progress.append(i)
+            sender.end_epoch(0, final=True)
+
+    with Receiver(f"zpull+{url}", hwm=1, timeout=5) as receiver:
+        thread = in_thread(send)
+        taken = 0
+        ahead = []
+        for _batch in receiver:
+            taken += 1
+            time.sleep(0.05)
+            ahead.append(len(progress) - taken)
+    thread.join()
+    assert taken == 30
+    # queued: the sender's queue (1) + its socket thread (1) + SNDHWM (1) + RCVHWM (1) + kernel buffers
+    assert max(ahead) <= 8, ahead
+
+
+def test_two_senders_of_a_group_end_the_stream_only_when_both_have(tmp_path):
+    url = ipc(tmp_path)
+
+    def send(rank, delay):
+        time.sleep(delay)
+        with Sender(f"zpush+{url}", heartbeat=0.1, rank=rank, senders=2, group="g") as sender:
+            sender.send([f"r{rank}"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+            sender.end_epoch(0, final=True)
+
+    with Receiver(f"zpull+{url}", timeout=5) as receiver:
+        threads = [in_thread(send, 0, 0), in_thread(send, 1, 1.0)]
+        keys = [k for batch in receiver for k in batch["__key__"]]
+    for t in threads:
+        t.join()
+    assert sorted(keys) == ["r0", "r1"]
+
+
+def test_a_silent_sender_is_an_error_not_a_hang(tmp_path):
+    """A sender that sent a batch and then nothing (killed: no eof, no heartbeats)."""
+    url = ipc(tmp_path)
+    context = zmq.Context()
+    dead = context.socket(zmq.PUSH)
+    dead.connect(url)
+    with Receiver(f"zpull+{url}", timeout=1.0) as receiver:
+        dead.send_multipart(encode_batch(["a"], {"x": np.zeros((1, 1), np.uint8)}, sender="h:1:0", group="g",
+                                         rank=0, senders=1, epoch=0, seq=0))
+        events = receiver.events()
+        assert next(events)["__key__"] == ["a"]
+        started = time.monotonic()
+        with pytest.raises(TransportError, match=r"sender h:1:0 silent for \d+ s"):
+            next(events)
+        assert time.monotonic() - started < 5
+    dead.close(0)
+    context.term()
+
+
+def test_heartbeats_keep_a_slow_sender_alive(tmp_path):
+    url = ipc(tmp_path)
+
+    def send():
+        with Sender(f"zpush+{url}", heartbeat=0.1) as sender:
+            time.sleep(1.5)  # reading or decoding takes longer than the receiver's timeout
+            sender.send(["a"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+            sender.end_epoch(0, final=True)
+
+    with Receiver(f"zpull+{url}", timeout=0.6) as receiver:
+        thread = in_thread(send)
+        assert [b["__key__"] for b in receiver] == [["a"]]
+    thread.join()
+
+
+def test_an_interrupted_sender_is_reported(tmp_path):
+    url = ipc(tmp_path)
+    with Receiver(f"zpull+{url}", timeout=5) as receiver:
+        with pytest.raises(RuntimeError), Sender(f"zpush+{url}", heartbeat=0.1) as sender:
+            sender.send(["a"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+            time.sleep(0.3)
+            raise RuntimeError("stop")
+        with pytest.raises(TransportError, match="stopped before the end of its stream"):
+            list(receiver)
+
+
+def test_garbage_is_rejected_and_the_receiver_keeps_running(tmp_path):
+    url = ipc(tmp_path)
+    warnings = []
+    context = zmq.Context()
+    stray = context.socket(zmq.PUSH)
+    with Receiver(f"zpull+{url}", timeout=5, warn=warnings.append) as receiver:
+        stray.connect(url)
+        stray.send_multipart([b"\x00\xffnot msgpack", b"x"])
+        stray.send(msgpack.packb({"v": 9, "kind": "batch", "sender": "x"}))
+        time.sleep(0.3)  # the garbage arrives first, while the receiver waits for a sender
+        thread = in_thread(send_epochs, f"zpush+{url}")
+        keys = [k for batch in receiver for k in batch["__key__"]]
+    thread.join()
+    stray.close(0)
+    context.term()
+    assert len(keys) == 10 and receiver.stats.rejected == 2
+    assert any("not msgpack" in w for w in warnings) and any("unknown wire format version 9" in w for w in warnings)
+
+
+def test_raw_tcp_garbage_on_the_port_is_ignored():
+    port = free_port()
+    with Receiver(f"zpull://127.0.0.1:{port}", timeout=5) as receiver:
+        with socket.create_connection(("127.0.0.1", port)) as raw:
+            raw.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)) * 10)
+        thread = in_thread(send_epochs, f"zpush://127.0.0.1:{port}")
+        keys = [k for batch in receiver for k in batch["__key__"]]
+    thread.join()
+    assert len(keys) == 10
+
+
+def test_pub_sub_drops_are_counted_as_lost(tmp_path):
+    url = ipc(tmp_path)
+    warnings = []
+    with Receiver(f"zsub+{url}", hwm=1, timeout=5, warn=warnings.append) as receiver:
+
+        def send():
+            with Sender(f"zpub+{url}", hwm=1, heartbeat=0.1) as sender:
+                time.sleep(0.5)  # the subscription must arrive first
+                for i in range(200):
+                    sender.send([str(i)], {"x": np.zeros((1, 1 << 16), np.uint8)}, epoch=0)
+                sender.end_epoch(0, final=True)
+
+        thread = in_thread(send)
+        got = 0
+        for _batch in receiver:
+            got += 1
+            time.sleep(0.01)
+    thread.join()
+    # a gap before the first batch seen is not counted: a receiver can't tell it from joining late
+    assert got < 200 and 200 - got - 1 <= receiver.stats.lost <= 200 - got
+    assert any("lost" in w for w in warnings)
+
+
+def test_a_sender_with_no_receiver_times_out(tmp_path):
+    sender = Sender(f"zpush+{ipc(tmp_path)}", send_timeout=0.5, heartbeat=0.1)
+    sender.send(["a"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+    with pytest.raises(TransportError, match=r"no receiver took a batch for 0.5 s"):
+        for _ in range(20):
+            sender.send(["a"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+            time.sleep(0.1)
+    sender.close(abort=True)
+
+
+def test_no_sender_at_all_is_an_error_with_wait(tmp_path):
+    with Receiver(f"zpull+{ipc(tmp_path)}", wait=0.5) as receiver:
+        with pytest.raises(TransportError, match="no sender for 0.5 s"):
+            list(receiver)
+
+
+def test_binding_a_taken_port_is_a_transport_error():
+    port = free_port()
+    with Receiver(f"zpull://127.0.0.1:{port}"):
+        with pytest.raises(TransportError, match=f"cannot bind tcp://127.0.0.1:{port}"):
+            Receiver(f"zpull://127.0.0.1:{port}")
+
+
+def test_batches_fan_out_to_several_receivers_and_each_sees_the_end(tmp_path):
+    urls = [ipc(tmp_path, "a"), ipc(tmp_path, "b")]
+    got: dict[str, list[str]] = {}
+
+    def receive(url):
+        with Receiver(f"zpull+{url}", timeout=5) as receiver:
+            got[url] = [k for batch in receiver for k in batch["__key__"]]
+
+    threads = [in_thread(receive, url) for url in urls]
+    time.sleep(0.3)
+    send_epochs([f"zpush+{u}" for u in urls], batches=20)
+    for t in threads:
+        t.join(10)
+    keys = got[urls[0]] + got[urls[1]]
+    assert len(keys) == 40 == len(set(keys)) and got[urls[0]] and got[urls[1]]
+
+
+# -- CURVE --------------------------------------------------------------------------------------
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+def test_curve_keys_let_the_right_client_in_and_no_one_else(tmp_path):
+    generate_keys(tmp_path / "keys")
+    generate_keys(tmp_path / "other")
+    port = free_port()
+    refused = []
+
+    def send_refused():
+        with pytest.raises(TransportError, match="no receiver took") as e:
+            send_epochs(f"zpush://127.0.0.1:{port}", curve=tmp_path / "keys", send_timeout=2)
+        refused.append(e.value)
+
+    # a receiver with another key pair, then one with no keys at all: no handshake, nothing arrives
+    for keys in (tmp_path / "other", None):
+        with Receiver(f"zpull://127.0.0.1:{port}", curve=keys, wait=1.5) as intruder:
+            thread = in_thread(send_refused)
+            with pytest.raises(TransportError, match="no sender"):
+                list(intruder)
+            assert intruder.stats.batches == 0
+        thread.join()
+    assert len(refused) == 2
+    # the right keys
+    with Receiver(f"zpull://127.0.0.1:{port}", curve=tmp_path / "keys", timeout=5) as client:
+        thread = in_thread(send_epochs, f"zpush://127.0.0.1:{port}", curve=tmp_path / "keys")
+        assert sum(len(b["__key__"]) for b in client) == 10
+    thread.join()
+
+
+def test_keys_are_not_overwritten_without_force(tmp_path):
+    from tarproc.errors import SinkError
+
+    generate_keys(tmp_path)
+    with pytest.raises(SinkError, match="exists; use --force"):
+        generate_keys(tmp_path)
+    generate_keys(tmp_path, force=True)
+    assert (tmp_path / "server.key_secret").stat().st_mode & 0o777 == 0o600
+
+
+def test_missing_key_files_are_usage_errors(tmp_path):
+    with pytest.raises(OptionError, match="no such key file"):
+        Receiver(f"zpull+{ipc(tmp_path)}", curve=tmp_path)
