@@ -3,7 +3,7 @@
 See ``docs/wire.md`` for the message format; ``Receiver`` is the trainer's side.
 """
 
-from .receiver import EpochEnd, ReceiveStats, Receiver
+from .receiver import EpochEnd, Receiver, ReceiveStats
 from .sender import Sender, SendStats
 from .urls import Endpoint, is_zmq_url, parse_endpoints
 from .wire import Batch, decode, encode_batch

@@ -105,7 +105,6 @@ class Receiver:
         self._senders: dict[str, _Sender] = {}
         self._groups: dict[str, int] = {}  # group -> number of senders in it
         self._group_seen: dict[str, float] = {}  # group -> when its first message came
-        self._checked = time.monotonic()
         self._epochs_done: set[int] = set()
         self._own_context = context is None
         self._context = context or zmq.Context()
@@ -151,24 +150,33 @@ class Receiver:
                 yield event
 
     def events(self) -> Iterator[Batch | EpochEnd]:
-        """Batches, and an ``EpochEnd`` after the last batch of each epoch (of all senders)."""
-        while not self.finished:
-            message = self._receive()
-            if message is None:
-                continue
-            kind, header = message.kind, message.header
-            if kind == "batch":
-                batch = to_batch(message)
-                now = time.monotonic()
-                stats = self.stats
-                stats.first = now if stats.first is None else stats.first
-                stats.last = now
-                stats.batches += 1
-                stats.samples += len(header["keys"])
-                stats.bytes += message.nbytes
-                yield batch
-            elif kind == "eof":
-                yield from self._epoch_ends(header.get("epoch", -1))
+        """Batches, and an ``EpochEnd`` after the last batch of each epoch (of all senders).
+
+        At the end of the stream the receiver closes its sockets: that tells the senders, which
+        wait for it, that everything they sent has been read.
+        """
+        try:
+            while not self.finished:
+                message = self._receive()
+                if message is None:
+                    continue
+                kind, header = message.kind, message.header
+                if kind == "batch":
+                    batch = to_batch(message)
+                    now = time.monotonic()
+                    stats = self.stats
+                    stats.first = now if stats.first is None else stats.first
+                    stats.last = now
+                    stats.batches += 1
+                    stats.samples += len(header["keys"])
+                    stats.bytes += message.nbytes
+                    yield batch
+                elif kind == "eof":
+                    yield from self._epoch_ends(header.get("epoch", -1))
+        except TransportError:  # the stream is broken: let the senders see us go
+            self.close()
+            raise
+        self.close()
 
     def torch(self) -> Iterator[dict[str, Any]]:
         """The batches with their arrays as torch tensors (sharing memory, no copy)."""
@@ -216,9 +224,10 @@ class Receiver:
     def _receive(self) -> Any:
         """One decoded message, or None after a poll interval without one (silence is checked)."""
         ready = dict(self._poller.poll(timeout=250))
-        if not ready or time.monotonic() - self._checked > 1.0:
-            self._check_silence()
         if not ready:
+            # only when nothing is queued: a consumer slower than its senders finds their messages
+            # waiting, and they, not the wall clock, say who is alive
+            self._check_silence()
             return None
         for index, sock in enumerate(self._sockets):
             if sock not in ready:
@@ -278,7 +287,7 @@ class Receiver:
         yield EpochEnd(epoch, sum(c[0] for c in counts), sum(c[1] for c in counts))
 
     def _check_silence(self) -> None:
-        now = self._checked = time.monotonic()
+        now = time.monotonic()
         if not self._senders:
             if self.wait is not None and now - self._started > self.wait:
                 where = ", ".join(e.url for e in self.endpoints)

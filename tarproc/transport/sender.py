@@ -13,6 +13,7 @@ that this sender is alive, however long reading or decoding the next batch takes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket as socketlib
@@ -31,6 +32,8 @@ DEFAULT_HWM = 4
 DEFAULT_HEARTBEAT = 1.0
 DEFAULT_SEND_TIMEOUT = 120.0
 PUB_EOF_REPEATS = 5
+ABORT_WAIT = 2.0  # seconds an interrupted sender waits for its receivers to read that it stopped
+_PEER_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
 
 
 @dataclass
@@ -113,6 +116,10 @@ class Sender:
         self._poller = zmq.Poller()
         for sock in self._sockets:
             self._poller.register(sock, zmq.POLLOUT)
+        # PUSH: connections are watched, so that closing can wait until the receivers have gone
+        self._peers = [0] * len(self._sockets)
+        self._monitors = [sock.get_monitor_socket(_PEER_EVENTS) if e.kind == "push" else None
+                          for sock, e in zip(self._sockets, self.endpoints, strict=True)]
         self._thread = threading.Thread(target=self._run, name="tarproc-sender", daemon=True)
         self._thread.start()
 
@@ -163,9 +170,13 @@ class Sender:
             if not abort and self._error is None:
                 self._put(None)
                 self._thread.join()
+                if self._error is None:
+                    self._wait_for_receivers()
             else:
                 self._abort.set()
                 self._thread.join(timeout=2 * self.heartbeat + 1)
+                with contextlib.suppress(TransportError):  # a receiver that reads sees "interrupted"
+                    self._wait_for_receivers(ABORT_WAIT)
         finally:
             # closing waits (up to the send timeout) until the queued messages are delivered
             clean = not abort and self._error is None
@@ -192,9 +203,39 @@ class Sender:
             except queue.Full:
                 continue
 
+    def _count_peers(self) -> None:
+        import zmq
+        from zmq.utils.monitor import recv_monitor_message
+
+        for index, monitor in enumerate(self._monitors):
+            while monitor is not None and monitor.poll(0):
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
+                self._peers[index] += -1 if event == zmq.EVENT_DISCONNECTED else 1
+
+    def _wait_for_receivers(self, timeout: float | None = None) -> None:
+        """Keep the connections open until the receivers, having read the end of the stream, close them.
+
+        Closing first would lose what still sits in the kernel's socket buffers: a receiver at its
+        high-water mark has not read it yet, and ZMQ drops it when the sending side disconnects.
+        """
+        timeout = self.send_timeout if timeout is None else timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._count_peers()
+            if not any(self._peers[i] > 0 for i, m in enumerate(self._monitors) if m is not None):
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                where = ", ".join(e.url for e, n in zip(self.endpoints, self._peers, strict=True) if n > 0)
+                raise TransportError(f"the receivers on {where} did not finish reading for "
+                                     f"{timeout:g} s after the end of the stream")
+            time.sleep(0.02)
+
     def _shutdown(self, linger: int) -> None:
         for sock in self._sockets:
             sock.close(linger)
+        for monitor in getattr(self, "_monitors", []):
+            if monitor is not None:
+                monitor.close(0)
         if self._auth is not None:
             self._auth.stop()
         if self._own_context:
@@ -213,6 +254,7 @@ class Sender:
                     item = self._queue.get(timeout=self.heartbeat)
                 except queue.Empty:
                     self._send_all(control("heartbeat", **self.common), block=False)
+                    self._count_peers()
                     continue
                 if item is None:
                     return

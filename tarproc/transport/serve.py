@@ -220,7 +220,7 @@ def _tensors(chunk: list[Sample], config: ServeConfig, image: bool) -> tuple[lis
     return keys, tensors, list(config.labels)
 
 
-def _raw(value: Any) -> bytes | None:
+def _raw(value: Any) -> bytes | bytearray | memoryview | None:
     if value is None or isinstance(value, (bytes, bytearray, memoryview)):
         return value
     raise SampleError(f"field of type {type(value).__name__} can't be sent as bytes")
@@ -263,7 +263,7 @@ def _serve_in_processes(inputs: list[str], config: ServeConfig, group: str, warn
     from multiprocessing.connection import wait
 
     method = "fork" if os.uname().sysname == "Linux" else "spawn"
-    context = multiprocessing.get_context(method)
+    context: Any = multiprocessing.get_context(method)
     stats = ServeStats()
     children = []
     pending: dict[Any, Any] = {}
@@ -280,11 +280,12 @@ def _serve_in_processes(inputs: list[str], config: ServeConfig, group: str, warn
             for conn in wait(list(pending)):
                 process = pending.pop(conn)
                 try:
-                    status, first, second = conn.recv()
+                    reply: tuple[str, Any, Any] = conn.recv()  # type: ignore[union-attr,call-arg,assignment]
                 except EOFError:
                     process.join()
                     raise TransportError(f"sender process {process.name} died (exit status {process.exitcode})") \
                         from None
+                status, first, second = reply
                 if status == "error":
                     raise OptionError(first) if second else TarprocError(first)
                 if status == "interrupted":
