@@ -32,6 +32,7 @@ DEFAULT_HWM = 4
 DEFAULT_HEARTBEAT = 1.0
 DEFAULT_SEND_TIMEOUT = 120.0
 PUB_EOF_REPEATS = 5
+_EVENTS, _POLLOUT = 15, 2  # zmq.EVENTS, zmq.POLLOUT (without importing zmq at module level)
 ABORT_WAIT = 2.0  # seconds an interrupted sender waits for its receivers to read that it stopped
 _PEER_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
 
@@ -267,6 +268,8 @@ class Sender:
 
     def _wait_writable(self, what: str) -> int | None:
         """The next socket (in turn) that can take a message now, waiting up to the send timeout."""
+        if len(self._sockets) == 1 and self._sockets[0].get(_EVENTS) & _POLLOUT:
+            return 0  # the common case, without a poll
         started = time.monotonic()
         last_beat = started
         while True:
