@@ -6,7 +6,8 @@
 (``zpull+ipc:///tmp/feed``). Brace lists give several endpoints (``zpush://h:788{0..3}``).
 
 A bind with no host (``zpull://:7880``) binds 127.0.0.1 only: listening on every interface
-(``zpull://*:7880`` or ``0.0.0.0``) has to be asked for.
+(``zpull://*:7880`` or ``0.0.0.0``) has to be asked for. A plain ZMQ address (``tcp://host:port``,
+``ipc:///path``) means the default pattern: a sender's PUSH connects, a receiver's PULL binds.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def parse_endpoints(urls: str | list[str] | tuple[str, ...], *, sending: bool) -
     """
     if isinstance(urls, str):
         urls = [urls]
-    endpoints = [parse_endpoint(one) for url in urls for one in braceexpand(url)]
+    default = "zpush" if sending else "zpull"
+    endpoints = [parse_endpoint(_with_pattern(one, default)) for url in urls for one in braceexpand(url)]
     if not endpoints:
         raise OptionError("no ZMQ URL given")
     wrong = [e.url for e in endpoints if e.sends != sending]
@@ -105,7 +107,18 @@ def parse_endpoints(urls: str | list[str] | tuple[str, ...], *, sending: bool) -
     return endpoints
 
 
+def _with_pattern(url: str, default: str) -> str:
+    """``tcp://h:p`` -> ``zpush://h:p``, ``ipc:///x`` -> ``zpush+ipc:///x`` (for a sender)."""
+    if url.startswith("tcp://"):
+        return f"{default}://{url[6:]}"
+    if url.startswith("ipc://"):
+        return f"{default}+ipc://{url[6:]}"
+    return url
+
+
 def is_zmq_url(text: str) -> bool:
     """Whether ``text`` looks like a ZMQ URL (so a command can tell it from an input)."""
+    if text.startswith(("tcp://", "ipc://")):
+        return True
     match = _URL.match(text)
     return bool(match) and match["scheme"] in PATTERNS  # type: ignore[index]

@@ -46,6 +46,14 @@ def test_tensorcom_url_grammar(url, kind, bind, address):
     assert (endpoint.kind, endpoint.bind, endpoint.address) == (kind, bind, address)
 
 
+def test_plain_zmq_addresses_mean_push_pull():
+    [sender] = parse_endpoints("tcp://trainer:7880", sending=True)
+    [receiver] = parse_endpoints("ipc:///tmp/feed", sending=False)
+    assert (sender.kind, sender.bind, sender.address) == ("push", False, "tcp://trainer:7880")
+    assert (receiver.kind, receiver.bind, receiver.address) == ("pull", True, "ipc:///tmp/feed")
+    assert is_zmq_url("tcp://h:1") and is_zmq_url("ipc:///x")
+
+
 def test_brace_lists_give_several_endpoints():
     endpoints = parse_endpoints(["zpush://h:788{0..2}"], sending=True)
     assert [e.address for e in endpoints] == ["tcp://h:7880", "tcp://h:7881", "tcp://h:7882"]
@@ -191,6 +199,8 @@ def test_batches_and_epoch_ends_arrive_in_order(tmp_path):
     assert kinds == [0] * 5 + ["end"] + [1] * 5 + ["end"]
     assert events[5] == EpochEnd(0, 5, 10) and receiver.stats.samples == 20 and receiver.stats.lost == 0
     assert [e.seq for e in events if not isinstance(e, EpochEnd)] == list(range(10))
+    # the receiver has closed its sockets and context; the batches keep their own frames
+    assert events[3]["x"].tolist() == [[3, 3, 3]] * 2 and events[3]["x"].flags.writeable
 
 
 def test_receiver_started_after_the_sender(tmp_path):
@@ -439,3 +449,13 @@ def test_keys_are_not_overwritten_without_force(tmp_path):
 def test_missing_key_files_are_usage_errors(tmp_path):
     with pytest.raises(OptionError, match="no such key file"):
         Receiver(f"zpull+{ipc(tmp_path)}", curve=tmp_path)
+
+
+def test_torch_tensors_share_the_received_memory(tmp_path):
+    torch = pytest.importorskip("torch")
+    with Receiver(f"zpull+{ipc(tmp_path)}", timeout=5) as receiver:
+        thread = in_thread(send_epochs, f"zpush+{ipc(tmp_path)}")
+        batches = list(receiver.torch())
+    thread.join()
+    assert all(isinstance(b["x"], torch.Tensor) for b in batches) and batches[1]["x"].tolist() == [[1] * 3] * 2
+    assert isinstance(receiver.dataset(), torch.utils.data.IterableDataset)
