@@ -115,7 +115,9 @@ def main(
         reading={"on_error": reading.on_error, "dup": reading.dup, "max_member_size": reading.max_member_size},
         **transport,  # type: ignore[arg-type]
     )
-    stats = serve(inputs, config, warn=warn,
+    report = None if raw or quiet or decoding.device != "auto" else (
+        lambda decoder: say(f"tarserve: decoding on {decoder}"))
+    stats = serve(inputs, config, warn=warn, report=report,
                   wrap=lambda samples: progress(samples, quiet or senders > 1, "tarserve"))
     if show_stats:
         rate = stats.bytes / stats.seconds / 1e6 if stats.seconds else 0.0

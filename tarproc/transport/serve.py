@@ -105,27 +105,29 @@ def serve(
     *,
     warn: Callable[[str], None],
     wrap: Callable[[Iterator[Sample]], Iterator[Sample]] | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> ServeStats:
     """Send the shards as batches to ``config.urls``; returns what was sent.
 
-    ``wrap`` (e.g. a progress bar) sees the samples of a single sender process.
+    ``wrap`` (e.g. a progress bar) sees the samples of a single sender process; ``report`` is
+    told which decoder the first sender uses.
     """
     check_config(inputs, config)
     started = time.monotonic()
     group = uuid.uuid4().hex
     if config.senders == 1:
         stats = ServeStats()
-        sent, skipped = _send_share(inputs, config, 0, group, warn, wrap)
+        sent, skipped = _send_share(inputs, config, 0, group, warn, wrap, report)
         stats.add(sent, skipped)
     else:
-        stats = _serve_in_processes(inputs, config, group, warn)
+        stats = _serve_in_processes(inputs, config, group, warn, report)
     stats.seconds = time.monotonic() - started
     return stats
 
 
 def _send_share(
     inputs: list[str], config: ServeConfig, rank: int, group: str, warn: Callable[[str], None],
-    wrap: Callable[[Iterator[Sample]], Iterator[Sample]] | None = None,
+    wrap: Callable[[Iterator[Sample]], Iterator[Sample]] | None = None, report: Callable[[str], None] | None = None,
 ) -> tuple[SendStats, int]:
     """One sender process's work: its share of the shards, every epoch."""
     endpoints = parse_endpoints(config.urls, sending=True)
@@ -139,6 +141,8 @@ def _send_share(
 
         decoder = make_decoder(config.spec, config.device, config.batch_size, config.threads)
         decode_stats = DecodeStats()
+        if report is not None and rank == 0:
+            report(decoder.describe())
     try:
         sender = Sender(urls, hwm=config.hwm, send_timeout=config.send_timeout, heartbeat=config.heartbeat,
                         curve=config.curve, rank=rank, senders=config.senders, group=group)
@@ -242,12 +246,12 @@ def _label(sample: Sample, name: str) -> int:
 
 
 def _child(inputs: list[str], config: ServeConfig, rank: int, group: str, conn: Any, parent: int,
-           warn: Callable[[str], None]) -> None:
+           warn: Callable[[str], None], report: Callable[[str], None] | None) -> None:
     from ..process import end_with_parent
 
     end_with_parent(parent)
     try:
-        sent, skipped = _send_share(inputs, config, rank, group, warn)
+        sent, skipped = _send_share(inputs, config, rank, group, warn, report=report)
         conn.send(("ok", sent, skipped))
     except KeyboardInterrupt:
         conn.send(("interrupted", None, 0))
@@ -259,7 +263,10 @@ def _child(inputs: list[str], config: ServeConfig, rank: int, group: str, conn: 
         conn.close()
 
 
-def _serve_in_processes(inputs: list[str], config: ServeConfig, group: str, warn: Callable[[str], None]) -> ServeStats:
+def _serve_in_processes(
+    inputs: list[str], config: ServeConfig, group: str, warn: Callable[[str], None],
+    report: Callable[[str], None] | None,
+) -> ServeStats:
     from multiprocessing.connection import wait
 
     method = "fork" if os.uname().sysname == "Linux" else "spawn"
@@ -271,7 +278,7 @@ def _serve_in_processes(inputs: list[str], config: ServeConfig, group: str, warn
         for rank in range(config.senders):
             receive, send = context.Pipe(duplex=False)
             process = context.Process(target=_child, name=f"tarserve-sender-{rank}",
-                                      args=(inputs, replace(config), rank, group, send, os.getpid(), warn))
+                                      args=(inputs, replace(config), rank, group, send, os.getpid(), warn, report))
             process.start()
             send.close()
             children.append(process)
