@@ -13,8 +13,8 @@ import click
 
 from ..errors import OptionError
 from ..jobs.journal import DEFAULT_JOURNAL, Journal
-from ..jobs.manifests import ClusterJob, k8s_manifest, slurm_script, write_atomically
-from ..jobs.run import Attempt, JobOptions, JobsFailed, LocalPool, ShardResult, Task, run_one, run_shards
+from ..jobs.manifests import ClusterJob, check_job_name, k8s_manifest, slurm_script, write_atomically
+from ..jobs.run import Attempt, Engine, JobOptions, JobsFailed, LocalPool, ShardResult, Task, run_one, run_shards
 from ..jobs.spec import check_command, load_shards, parse_index_list, shard_argv
 from .common import CONTEXT_SETTINGS, TarprocCommand, common_options, say, warn
 
@@ -24,14 +24,17 @@ Examples:
   tarjob -s 'shards/*.tar' --retries 3 --timeout 3600 -- tarindex {}
   tarjob -s @failed.txt --shell -- 'tarcat s3://b/{}.tar | tarproc -c "..." -o s3://b/new-{}.tar'
   tarjob -s '{0000..0999}' --dask tcp://scheduler:8786 -- tarproc -c '...' in-{}.tar -o out-{}.tar
-  tarjob -s '{0000..0999}' -j 50 --k8s-manifest job.yaml --image reg/tarproc:1 -- tarproc ...
-  tarjob -s '{0000..0999}' -j 100 --slurm job.sh -- tarproc ... && sbatch job.sh
+  tarjob -s '{0000..0999}' -j 50 --k8s-manifest job.yaml --image reg/tarproc:1 -- \
+      tarproc -c '...' gs://b/in-{}.tar -o gs://b/out-{}.tar && kubectl apply -f job.yaml
+  tarjob -s '{0000..0999}' -j 100 --slurm job.sh -- \
+      tarproc -c '...' /shared/in-{}.tar -o /shared/out-{}.tar && sbatch job.sh
 
 \b
 {} in every argument of COMMAND becomes the shard id (without --shell, no shell runs: quote
 nothing twice). Every attempt is a JSON line in the journal (--journal, default ./tarjob.jsonl):
-shard, status, attempt, seconds, host, exit code, the tail of its output. A re-run skips shards
-the journal has as ok (--force runs them again): after a crash or Ctrl-C, run the same command.
+shard, status, attempt, seconds, host, exit code, the tail of its output, the command. A re-run
+of the same command skips the shards the journal has as ok (--force runs them again): after a
+crash or Ctrl-C, run the same line again.
 The command's stdout and stderr go to the journal's tail (and to --log-dir); a failed shard's
 tail is shown on stderr. The command finds $TARJOB_SHARD, $TARJOB_INDEX and $TARJOB_ATTEMPT.
 --k8s-manifest and --slurm write files to submit; their tasks run 'tarjob --index I' (shard
@@ -104,6 +107,8 @@ def main(
         raise OptionError("--image goes with --k8s-manifest")
     if k8s_manifest and not image:
         raise OptionError("--k8s-manifest needs --image IMAGE (an image with tarjob and the command installed)")
+    if k8s_manifest or slurm:
+        check_job_name(name, kubernetes=bool(k8s_manifest))
     shards = load_shards(spec)
     numbered = list(enumerate(shards.ids))
     if only is not None:
@@ -139,14 +144,14 @@ def main(
         os.makedirs(log_dir, exist_ok=True)
 
     book = Journal(journal)
-    done = set() if force else book.done(warn)
-    todo = [(i, s) for i, s in numbered if s not in done]
+    todo = numbered if force else _not_done(numbered, book, options.command_text, quiet)
     skipped = len(numbered) - len(todo)
 
     if dry_run:
         for _, shard in todo:
             click.echo(shlex.join(shard_argv(argv, shard, shell)))
         return
+    book.open()  # an unwritable journal is an error before any shard runs
 
     if index is not None:
         _run_index(todo, index, options, book, quiet)
@@ -155,23 +160,19 @@ def main(
     if skipped and not quiet:
         say(f"tarjob: skipped {skipped} done (in {journal}; --force runs them again)")
     start = time.monotonic()
-    if dask is not None:
-        from ..jobs.dask_engine import DaskEngine
-
-        engine = DaskEngine(options, dask, jobs or os.cpu_count() or 1)
-    else:
-        engine = LocalPool(options, jobs or os.cpu_count() or 1)  # type: ignore[assignment]
     failed: list[ShardResult] = []
     ok = 0
     try:
-        results = run_shards(todo, options, engine, book, on_retry=_retry_warning(options))
-        with contextlib.closing(results):
-            for result in _progress(results, len(todo), quiet):
-                if result.ok:
-                    ok += 1
-                else:
-                    failed.append(result)
-                    _show_failure(result, options)
+        if todo:  # else no cluster to start
+            engine = _engine(options, dask, jobs or os.cpu_count() or 1)
+            results = run_shards(todo, options, engine, book, on_retry=_retry_warning(options))
+            with contextlib.closing(results):
+                for result in _progress(results, len(todo), quiet):
+                    if result.ok:
+                        ok += 1
+                    else:
+                        failed.append(result)
+                        _show_failure(result, options)
     finally:
         book.close()
     seconds = time.monotonic() - start
@@ -183,6 +184,26 @@ def main(
         failed.sort(key=lambda r: r.index)
         names = ", ".join(r.shard for r in failed[:10]) + (", ..." if len(failed) > 10 else "")
         raise JobsFailed(f"{len(failed)} of {len(numbered)} shards failed: {names} (see {journal})")
+
+
+def _not_done(numbered: list[tuple[int, str]], book: Journal, command: str, quiet: bool) -> list[tuple[int, str]]:
+    """The shards without an ``ok`` record of this command; a word about those done by another."""
+    done = book.done(warn, command)
+    todo = [(i, s) for i, s in numbered if s not in done]
+    others = book.done(command=None) - done
+    again = sum(1 for _, s in todo if s in others)
+    if again and not quiet:
+        warn(f"{book.path} has {again} of these shards done by another command: running them "
+             "(give each job its own --journal)")
+    return todo
+
+
+def _engine(options: JobOptions, dask: str | None, workers: int) -> Engine:
+    if dask is None:
+        return LocalPool(options, workers)
+    from ..jobs.dask_engine import DaskEngine
+
+    return DaskEngine(options, dask, workers)
 
 
 def k8s_manifest_text(cluster: ClusterJob, image: str | None, namespace: str | None, cpu: str | None,

@@ -9,7 +9,10 @@ A record::
 
     {"shard": "0007", "index": 7, "status": "failed", "attempt": 1, "seconds": 0.52,
      "host": "node-3", "exit_code": 4, "output_tail": "...", "start": "2026-11-21T21:50:00Z",
-     "engine": "local"}
+     "engine": "local", "command": "tarproc -c ... in-{}.tar -o out-{}.tar"}
+
+A shard is done when it has an ``ok`` record of the same ``command``: two jobs over the same ids
+(``{0000..0999}``) that share a journal don't skip each other's shards.
 
 ``status`` is ok, failed (non-zero exit), timeout (killed after --timeout), killed (a signal, or
 a Dask worker that died) or error (the command could not be started).
@@ -71,13 +74,14 @@ class Journal:
                 raise JournalError(f"line {number}: not a record of tarjob (needs 'shard' and 'status')", self.path)
             yield record
 
-    def done(self, warn: Callable[[str], None] | None = None) -> set[str]:
-        """Shard ids with an ``ok`` record."""
-        return {r["shard"] for r in self.records(warn) if r["status"] == "ok"}
+    def done(self, warn: Callable[[str], None] | None = None, command: str | None = None) -> set[str]:
+        """Shard ids with an ``ok`` record (of ``command`` only, when given: the same ids done by
+        another job that shares the journal don't count)."""
+        return {r["shard"] for r in self.records(warn)
+                if r["status"] == "ok" and (command is None or r.get("command") == command)}
 
-    def append(self, record: dict[str, Any]) -> None:
-        """Append one record as one write (whole line, flushed to the file)."""
-        line = json.dumps(record, ensure_ascii=False) + "\n"
+    def open(self) -> int:
+        """Open the journal for appending now (an unwritable journal fails before any work)."""
         if self._fd is None:
             try:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
@@ -88,12 +92,18 @@ class Journal:
                         self._needs_newline = f.read(1) != b"\n"
             except OSError as e:
                 raise JournalError(f"cannot write the journal: {e.strerror}", self.path) from None
+        return self._fd
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Append one record as one write (whole line, flushed to the file)."""
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+        fd = self.open()
         if self._needs_newline:  # after a truncated record: ours starts on a line of its own
             line = "\n" + line
             self._needs_newline = False
         data = line.encode("utf-8")
         try:
-            written = os.write(self._fd, data)
+            written = os.write(fd, data)
         except OSError as e:
             raise JournalError(f"cannot write the journal: {e.strerror}", self.path) from None
         if written != len(data):

@@ -13,9 +13,11 @@ import datetime
 import heapq
 import itertools
 import os
+import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -86,6 +88,11 @@ class JobOptions:
     timeout: float | None = None
     log_dir: str | None = None
 
+    @property
+    def command_text(self) -> str:
+        """The command as one line (the journal's ``command``: what makes a shard done)."""
+        return shlex.join(self.command)
+
     def task(self, shard: str, index: int, attempt: int = 1) -> Task:
         return Task(shard, index, attempt, tuple(shard_argv(self.command, shard, self.shell)))
 
@@ -122,13 +129,44 @@ def _kill_group(pid: int) -> None:
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """SIGKILL this command when the thread that started it dies (a Dask worker killed hard)."""
+    """SIGTERM this process (the keeper below) when the thread that started it dies (a Dask worker
+    killed hard, or closed)."""
     try:
         import ctypes
 
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() == 1:  # the parent died before prctl: nobody would send the signal
+        os._exit(128 + signal.SIGTERM)
+
+
+# The parent-death signal reaches one process only, not what the command started (a shell's
+# children, tarproc's pool): so a keeper leads the process group, runs the command in it, and on
+# that signal kills the whole group. It exits as the command did (re-raising a fatal signal).
+_KEEPER = """\
+import os, signal, subprocess, sys
+signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+try:
+    child = subprocess.Popen(sys.argv[1:])
+except OSError as e:
+    sys.stderr.write(f"{sys.argv[1]}: {e.strerror}\\n")
+    sys.exit(127)
+code = child.wait()
+if code < 0:
+    try:
+        signal.signal(-code, signal.SIG_DFL)
+    except (OSError, ValueError):  # SIGKILL, SIGSTOP: no handler to reset
+        pass
+    os.kill(os.getpid(), -code)
+    code = 128 - code
+sys.exit(code)
+"""
+
+
+def _kept(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """``argv`` run under the keeper (a second Python process: only where workers may die)."""
+    return [sys.executable, "-I", "-S", "-c", _KEEPER, *argv]
 
 
 class LiveSet:
@@ -175,8 +213,9 @@ def run_attempt(
     with log:
         try:
             proc = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent if die_with_parent else None,
+                _kept(argv) if die_with_parent else list(argv), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=log, start_new_session=True, env={**os.environ, **(env or {})},
+                preexec_fn=_die_with_parent if die_with_parent else None,
             )
         except OSError as e:
             detail = f"{argv[0]}: {e.strerror}"
@@ -278,12 +317,12 @@ class _Delayed:
         return (self.ready, self.seq) < (other.ready, other.seq)
 
 
-def record(task: Task, attempt: Attempt, engine: str) -> dict[str, Any]:
+def record(task: Task, attempt: Attempt, engine: str, command: str) -> dict[str, Any]:
     """The journal record of an attempt ('shard' first: see journal.py)."""
     return {
         "shard": task.shard, "index": task.index, "status": attempt.status, "attempt": task.attempt,
         "seconds": attempt.seconds, "host": attempt.host, "exit_code": attempt.exit_code,
-        "output_tail": attempt.output_tail, "start": attempt.start, "engine": engine,
+        "output_tail": attempt.output_tail, "start": attempt.start, "engine": engine, "command": command,
     }
 
 
@@ -320,7 +359,7 @@ def run_shards(
             for task, attempt in engine.wait(None if wait is None else max(wait, 0.0)):
                 running -= 1
                 if journal is not None:
-                    journal.append(record(task, attempt, engine.name))
+                    journal.append(record(task, attempt, engine.name, options.command_text))
                 if attempt.status != "ok" and task.attempt <= options.retries:
                     pause = options.delay(task.attempt)
                     if on_retry is not None:

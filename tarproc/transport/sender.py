@@ -93,6 +93,7 @@ class Sender:
         self._context = context or zmq.Context()
         self._auth = None
         self._sockets: list[Any] = []
+        self._monitors: list[Any] = []  # PUSH: connections are watched, so close() can wait for receivers
         self._seq: list[int] = []
         self._greeted: list[bool] = []
         self._next = 0
@@ -117,10 +118,7 @@ class Sender:
         self._poller = zmq.Poller()
         for sock in self._sockets:
             self._poller.register(sock, zmq.POLLOUT)
-        # PUSH: connections are watched, so that closing can wait until the receivers have gone
         self._peers = [0] * len(self._sockets)
-        self._monitors = [sock.get_monitor_socket(_PEER_EVENTS) if e.kind == "push" else None
-                          for sock, e in zip(self._sockets, self.endpoints, strict=True)]
         self._thread = threading.Thread(target=self._run, name="tarproc-sender", daemon=True)
         self._thread.start()
 
@@ -135,6 +133,8 @@ class Sender:
             from .curve import make_server
 
             make_server(sock, keys)
+        # before bind/connect: a connection made before the monitor starts would go uncounted
+        self._monitors.append(sock.get_monitor_socket(_PEER_EVENTS) if endpoint.kind == "push" else None)
         try:
             if endpoint.bind:
                 sock.bind(endpoint.address)
@@ -142,6 +142,9 @@ class Sender:
                 sock.connect(endpoint.address)
         except zmq.ZMQError as e:
             sock.close(0)
+            monitor = self._monitors.pop()
+            if monitor is not None:
+                monitor.close(0)
             verb = "bind" if endpoint.bind else "connect to"
             raise TransportError(f"cannot {verb} {endpoint.address}: {e}", endpoint.url) from None
         return sock
@@ -234,7 +237,7 @@ class Sender:
     def _shutdown(self, linger: int) -> None:
         for sock in self._sockets:
             sock.close(linger)
-        for monitor in getattr(self, "_monitors", []):
+        for monitor in self._monitors:
             if monitor is not None:
                 monitor.close(0)
         if self._auth is not None:
