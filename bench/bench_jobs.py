@@ -4,7 +4,7 @@ a second worker on a real tarproc job.
 1. Per-shard overhead: N shards of ``true`` through tarjob's loop (``run_shards``: an attempt in its
    own process group, output captured, one journal line per attempt) on the local pool with one
    worker and on a local Dask cluster of 2 worker processes (started once, outside the timing;
-   tasks go client -> scheduler -> worker -> subprocess and back), against a plain sequential
+   tasks go client -> scheduler -> worker -> keeper process -> subprocess and back), against a plain sequential
    ``subprocess.run(["true"])`` loop: the least a Python driver can do per shard.
 2. ``tarjob -j 2`` against ``tarjob -j 1`` (the whole command, start-up included): 8 shards of 300
    small samples, each run through ``tarproc -p 1 -c 'wc -c < sample.txt > sample.n'``, outputs

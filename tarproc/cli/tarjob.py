@@ -7,14 +7,25 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import click
 
-from ..errors import OptionError
+from ..errors import OptionError, SinkError
 from ..jobs.journal import DEFAULT_JOURNAL, Journal
 from ..jobs.manifests import ClusterJob, check_job_name, k8s_manifest, slurm_script, write_atomically
-from ..jobs.run import Attempt, Engine, JobOptions, JobsFailed, LocalPool, ShardResult, Task, run_one, run_shards
+from ..jobs.run import (
+    Attempt,
+    Engine,
+    JobOptions,
+    JobsFailed,
+    LocalPool,
+    ShardResult,
+    Task,
+    describe_failure,
+    run_one,
+    run_shards,
+)
 from ..jobs.spec import check_command, load_shards, parse_index_list, shard_argv
 from .common import CONTEXT_SETTINGS, TarprocCommand, common_options, say, warn
 
@@ -24,9 +35,9 @@ Examples:
   tarjob -s 'shards/*.tar' --retries 3 --timeout 3600 -- tarindex {}
   tarjob -s @failed.txt --shell -- 'tarcat s3://b/{}.tar | tarproc -c "..." -o s3://b/new-{}.tar'
   tarjob -s '{0000..0999}' --dask tcp://scheduler:8786 -- tarproc -c '...' in-{}.tar -o out-{}.tar
-  tarjob -s '{0000..0999}' -j 50 --k8s-manifest job.yaml --image reg/tarproc:1 -- \
+  tarjob -s '{0000..0999}' -j 50 --k8s-manifest job.yaml --image reg/tarproc:1 -- \\
       tarproc -c '...' gs://b/in-{}.tar -o gs://b/out-{}.tar && kubectl apply -f job.yaml
-  tarjob -s '{0000..0999}' -j 100 --slurm job.sh -- \
+  tarjob -s '{0000..0999}' -j 100 --slurm job.sh -- \\
       tarproc -c '...' /shared/in-{}.tar -o /shared/out-{}.tar && sbatch job.sh
 
 \b
@@ -40,10 +51,6 @@ tail is shown on stderr. The command finds $TARJOB_SHARD, $TARJOB_INDEX and $TAR
 --k8s-manifest and --slurm write files to submit; their tasks run 'tarjob --index I' (shard
 number I of SPEC, counting from 0), which is also how to run one shard by hand.
 """
-
-
-def _positive_float(name: str) -> click.FloatRange:
-    return click.FloatRange(min=0, min_open=name == "timeout")
 
 
 @click.command("tarjob", cls=TarprocCommand, epilog=EPILOG,
@@ -60,9 +67,9 @@ def _positive_float(name: str) -> click.FloatRange:
 @click.option("--force", is_flag=True, help="Run every shard, even those the journal has as done.")
 @click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True, metavar="N",
               help="Run a failed shard up to N more times.")
-@click.option("--backoff", type=_positive_float("backoff"), default=5.0, show_default=True, metavar="SEC",
+@click.option("--backoff", type=click.FloatRange(min=0), default=5.0, show_default=True, metavar="SEC",
               help="Wait SEC before the first retry, twice that before the second, and so on.")
-@click.option("--timeout", type=_positive_float("timeout"), default=None, metavar="SEC",
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SEC",
               help="Kill an attempt (its whole process group) after SEC seconds.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Keep each shard's whole output as DIR/ID.log (on the machine that ran it).")
@@ -125,14 +132,9 @@ def main(
             journal=journal if journal != DEFAULT_JOURNAL else None,
         )
         if k8s_manifest:
-            write_atomically(k8s_manifest, k8s_manifest_text(cluster, image, namespace, cpu, memory))
-            say(f"tarjob: wrote {k8s_manifest}: Indexed Job {name!r} of {len(numbered)} shards "
-                f"(kubectl apply -f {k8s_manifest})")
+            _write_k8s(cluster, k8s_manifest, image or "", namespace, cpu, memory)
         else:
-            assert slurm is not None
-            cluster.journal = os.path.abspath(journal)  # array tasks share it (a shared file system)
-            write_atomically(slurm, slurm_script(cluster, _int_or_none(cpu), memory), mode=0o755)
-            say(f"tarjob: wrote {slurm}: array of {len(numbered)} shards (sbatch {slurm})")
+            _write_slurm(cluster, slurm or "", journal, cpu, memory)
         return
 
     if index is not None:
@@ -141,75 +143,92 @@ def main(
             raise OptionError(f"--index {index}: SPEC has {n} shards (numbers 0 to {n - 1})")
         numbered = [(index, shards.ids[index])]
     if log_dir and not dry_run:
-        os.makedirs(log_dir, exist_ok=True)
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+        except OSError as e:
+            raise SinkError(f"cannot create the log directory: {e.strerror}", log_dir) from None
 
     book = Journal(journal)
-    todo = numbered if force else _not_done(numbered, book, options.command_text, quiet)
-    skipped = len(numbered) - len(todo)
-
+    todo = numbered if force else _not_done(numbered, book, options.command_text)
     if dry_run:
         for _, shard in todo:
             click.echo(shlex.join(shard_argv(argv, shard, shell)))
         return
     book.open()  # an unwritable journal is an error before any shard runs
+    try:
+        if index is not None:
+            _run_index(todo, index, options, book, quiet)
+        else:
+            _run_all(todo, len(numbered), options, book, _engine(dask, jobs), quiet)
+    finally:
+        book.close()
 
-    if index is not None:
-        _run_index(todo, index, options, book, quiet)
-        return
 
+def _write_k8s(cluster: ClusterJob, path: str, image: str, namespace: str | None, cpu: str | None,
+               memory: str | None) -> None:
+    write_atomically(path, k8s_manifest(cluster, image, namespace=namespace, cpu=cpu, memory=memory))
+    say(f"tarjob: wrote {path}: Indexed Job {cluster.name!r} of {len(cluster.ids)} shards (kubectl apply -f {path})")
+
+
+def _write_slurm(cluster: ClusterJob, path: str, journal: str, cpu: str | None, memory: str | None) -> None:
+    cluster.journal = os.path.abspath(journal)  # array tasks share it (a shared file system)
+    write_atomically(path, slurm_script(cluster, _int_or_none(cpu), memory), mode=0o755)
+    say(f"tarjob: wrote {path}: array of {len(cluster.ids)} shards (sbatch {path})")
+
+
+def _engine(dask: str | None, jobs: int | None) -> Callable[[JobOptions], Engine]:
+    """How to start the engine, once there is something to run (a Dask cluster takes seconds)."""
+    workers = jobs or os.cpu_count() or 1
+
+    def start(options: JobOptions) -> Engine:
+        if dask is None:
+            return LocalPool(options, workers)
+        from ..jobs.dask_engine import DaskEngine
+
+        return DaskEngine(options, dask, workers)
+
+    return start
+
+
+def _run_all(todo: list[tuple[int, str]], total: int, options: JobOptions, book: Journal,
+             start_engine: Callable[[JobOptions], Engine], quiet: bool) -> None:
+    """Run ``todo`` on the engine, show each failure, then the summary; exit 1 if any failed."""
+    skipped = total - len(todo)
     if skipped and not quiet:
-        say(f"tarjob: skipped {skipped} done (in {journal}; --force runs them again)")
+        say(f"tarjob: skipped {skipped} done (in {book.path}; --force runs them again)")
     start = time.monotonic()
     failed: list[ShardResult] = []
     ok = 0
-    try:
-        if todo:  # else no cluster to start
-            engine = _engine(options, dask, jobs or os.cpu_count() or 1)
-            results = run_shards(todo, options, engine, book, on_retry=_retry_warning(options))
-            with contextlib.closing(results):
-                for result in _progress(results, len(todo), quiet):
-                    if result.ok:
-                        ok += 1
-                    else:
-                        failed.append(result)
-                        _show_failure(result, options)
-    finally:
-        book.close()
+    if todo:
+        results = run_shards(todo, options, start_engine(options), book, on_retry=_retry_warning(options))
+        with contextlib.closing(results):
+            for result in _progress(results, len(todo), quiet):
+                if result.ok:
+                    ok += 1
+                else:
+                    failed.append(result)
+                    _show_failure(result, options)
     seconds = time.monotonic() - start
     if not quiet:
         rate = f"{len(todo) / seconds:.2f}" if seconds > 0 else "-"
-        say(f"tarjob: {len(numbered)} shards: {ok} done, {skipped} skipped, {len(failed)} failed "
+        say(f"tarjob: {total} shards: {ok} done, {skipped} skipped, {len(failed)} failed "
             f"in {seconds:.1f} s ({rate} shards/s)")
     if failed:
         failed.sort(key=lambda r: r.index)
         names = ", ".join(r.shard for r in failed[:10]) + (", ..." if len(failed) > 10 else "")
-        raise JobsFailed(f"{len(failed)} of {len(numbered)} shards failed: {names} (see {journal})")
+        raise JobsFailed(f"{len(failed)} of {total} shards failed: {names} (see {book.path})")
 
 
-def _not_done(numbered: list[tuple[int, str]], book: Journal, command: str, quiet: bool) -> list[tuple[int, str]]:
+def _not_done(numbered: list[tuple[int, str]], book: Journal, command: str) -> list[tuple[int, str]]:
     """The shards without an ``ok`` record of this command; a word about those done by another."""
     done = book.done(warn, command)
     todo = [(i, s) for i, s in numbered if s not in done]
     others = book.done(command=None) - done
     again = sum(1 for _, s in todo if s in others)
-    if again and not quiet:
+    if again:
         warn(f"{book.path} has {again} of these shards done by another command: running them "
              "(give each job its own --journal)")
     return todo
-
-
-def _engine(options: JobOptions, dask: str | None, workers: int) -> Engine:
-    if dask is None:
-        return LocalPool(options, workers)
-    from ..jobs.dask_engine import DaskEngine
-
-    return DaskEngine(options, dask, workers)
-
-
-def k8s_manifest_text(cluster: ClusterJob, image: str | None, namespace: str | None, cpu: str | None,
-                      memory: str | None) -> str:
-    assert image is not None
-    return k8s_manifest(cluster, image, namespace=namespace, cpu=cpu, memory=memory)
 
 
 def _int_or_none(value: str | None) -> int | None:
@@ -227,10 +246,7 @@ def _run_index(todo: list[tuple[int, str]], index: int, options: JobOptions, boo
             say(f"tarjob: shard {index} is done already (--force runs it again)")
         return
     (i, shard), = todo
-    try:
-        result = run_one(i, shard, options, book, on_retry=_retry_warning(options))
-    finally:
-        book.close()
+    result = run_one(i, shard, options, book, on_retry=_retry_warning(options))
     if not result.ok:
         _show_failure(result, options)
         raise JobsFailed(f"shard {shard} (number {i}) failed: {result.last.reason(options.timeout)}")
@@ -238,7 +254,7 @@ def _run_index(todo: list[tuple[int, str]], index: int, options: JobOptions, boo
         say(f"tarjob: shard {shard} (number {i}) done in {result.last.seconds:.1f} s")
 
 
-def _retry_warning(options: JobOptions):  # type: ignore[no-untyped-def]
+def _retry_warning(options: JobOptions) -> Callable[[Task, Attempt, float], None]:
     def on_retry(task: Task, attempt: Attempt, pause: float) -> None:
         warn(f"shard {task.shard} {attempt.reason(options.timeout)} (attempt {task.attempt} of "
              f"{options.retries + 1}); retrying in {pause:g} s")
@@ -251,8 +267,7 @@ TAIL_LINES = 10
 
 def _show_failure(result: ShardResult, options: JobOptions) -> None:
     """The failed shard's reason, then the end of its output, each line prefixed with its id."""
-    tries = f" (after {result.attempts} attempts)" if result.attempts > 1 else ""
-    lines = [f"tarjob: shard {result.shard} {result.last.reason(options.timeout)}{tries}"]
+    lines = [f"tarjob: {describe_failure(result, options)}"]
     tail = result.last.output_tail.splitlines()[-TAIL_LINES:]
     lines += [f"{result.shard}: {line}" for line in tail]
     say("\n".join(lines))

@@ -18,6 +18,7 @@ c: {}
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -61,6 +62,28 @@ class ClusterJob:
         if self.shell:
             args.append("--shell")
         return [*args, "--", *self.command]
+
+
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def check_job_name(name: str, kubernetes: bool) -> None:
+    """A Kubernetes Job name is a DNS label (it becomes the pods' ``job-name`` label); a Slurm
+    one goes on an ``#SBATCH`` line, where a space would end it."""
+    if kubernetes and (len(name) > 63 or not _K8S_NAME.fullmatch(name)):
+        raise OptionError(f"--name {name!r}: a Kubernetes Job name is lower-case letters, digits and '-' "
+                          "(63 at most; it starts and ends with a letter or digit)")
+    if not kubernetes and (not name or any(c.isspace() or c in "'\"\\%" for c in name)):
+        raise OptionError(f"--name {name!r}: a Slurm job name here has no spaces, quotes or '%'")
+
+
+def _check_listable(ids: list[str]) -> None:
+    """Ids that travel as a list (a ConfigMap, a here-document) must read back as themselves
+    through ``-s @FILE``, which skips '#' lines and strips blanks."""
+    for shard in ids:
+        if shard != shard.strip() or shard.startswith("#") or "\n" in shard or "\r" in shard:
+            raise OptionError(f"shard id {shard!r} can't be passed in a list (it starts with '#', or has "
+                              "surrounding blanks or a line break): rename it, or use a brace expression")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,6 +171,7 @@ def k8s_manifest(
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     if not job.portable:
+        _check_listable(job.ids)
         text = "".join(shard + "\n" for shard in job.ids)
         if len(text.encode()) > CONFIGMAP_LIMIT:
             raise OptionError(f"{len(job.ids)} shard ids are too many for a ConfigMap (1 MiB); "
@@ -157,8 +181,11 @@ def k8s_manifest(
         spec = f"@{SHARDS_DIR}/shards"
         volumes.append({"name": "shards", "configMap": {"name": cm_meta["name"]}})
         mounts.append({"name": "shards", "mountPath": SHARDS_DIR, "readOnly": True})
-    # retries are the Job's (a fresh pod, maybe on another node); each pod makes one attempt
-    args = [_k8s_escape(a) for a in job.tarjob_args("$(JOB_COMPLETION_INDEX)", spec, retries=0)]
+    # retries are the Job's (a fresh pod, maybe on another node); each pod makes one attempt. A
+    # pod's own file system is thrown away with it and may be read-only: no journal there unless
+    # --journal names one (on a shared volume)
+    pod_job = job if job.journal else dataclasses.replace(job, journal="/dev/null")
+    args = [_k8s_escape(a) for a in pod_job.tarjob_args("$(JOB_COMPLETION_INDEX)", spec, retries=0)]
     args[1] = "$(JOB_COMPLETION_INDEX)"
     container: dict[str, Any] = {"name": "tarjob", "image": image, "command": ["tarjob"], "args": args}
     requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
@@ -222,6 +249,7 @@ def slurm_script(job: ClusterJob, cpus: int | None = None, memory: str | None = 
     if job.portable:
         lines.append(f"exec tarjob {command}")
     else:  # the ids, as listed now, on stdin (a here-document)
+        _check_listable(job.ids)
         marker = "TARJOB_SHARDS"
         while marker in job.ids:
             marker += "_"

@@ -128,31 +128,37 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """SIGTERM this process (the keeper below) when the thread that started it dies (a Dask worker
-    killed hard, or closed)."""
-    try:
+def _die_with(parent: int) -> Callable[[], None]:
+    """What the child runs between fork and exec: SIGTERM it (the keeper below) when the thread
+    that started it dies (a Dask worker killed hard, or closed)."""
+    try:  # looked up here: an import in the child could wait forever on a lock another thread held
         import ctypes
 
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None).prctl
     except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:  # the parent died before prctl: nobody would send the signal
-        os._exit(128 + signal.SIGTERM)
+        prctl = None
+
+    def arm() -> None:  # pragma: no cover - runs in the child
+        if prctl is not None:
+            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl: nobody would send the signal
+            os._exit(128 + signal.SIGTERM)
+
+    return arm
 
 
 # The parent-death signal reaches one process only, not what the command started (a shell's
 # children, tarproc's pool): so a keeper leads the process group, runs the command in it, and on
 # that signal kills the whole group. It exits as the command did (re-raising a fatal signal).
 _KEEPER = """\
-import os, signal, subprocess, sys
+import os, signal, sys
 signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
 try:
-    child = subprocess.Popen(sys.argv[1:])
+    pid = os.posix_spawnp(sys.argv[1], sys.argv[1:], os.environ)
 except OSError as e:
     sys.stderr.write(f"{sys.argv[1]}: {e.strerror}\\n")
     sys.exit(127)
-code = child.wait()
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 if code < 0:
     try:
         signal.signal(-code, signal.SIG_DFL)
@@ -215,7 +221,7 @@ def run_attempt(
             proc = subprocess.Popen(
                 _kept(argv) if die_with_parent else list(argv), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=log, start_new_session=True, env={**os.environ, **(env or {})},
-                preexec_fn=_die_with_parent if die_with_parent else None,
+                preexec_fn=_die_with(os.getpid()) if die_with_parent else None,
             )
         except OSError as e:
             detail = f"{argv[0]}: {e.strerror}"

@@ -151,7 +151,7 @@ def test_bad_inputs_are_one_line_errors(cli, here, spec, setup, text):
 
 
 def test_truncated_journal_line_is_a_warning(cli, here):
-    (here / "tarjob.jsonl").write_text('{"shard": "0", "status": "ok"}\n{"shard": "1", "st')
+    (here / "tarjob.jsonl").write_text('{"shard": "0", "status": "ok", "command": "true \'{}\'"}\n{"shard": "1", "st')
     r = run(cli, ["-s", "{0..1}", "--", "true", "{}"])
     assert r.exit_code == 0, r.stderr
     assert "warning: tarjob.jsonl: line 2: a truncated record" in r.stderr and "skipped 1 done" in r.stderr
@@ -207,11 +207,24 @@ def test_k8s_manifest_and_its_index_path_run_locally(cli, here):
     assert p.returncode == 0, p.stderr
     assert dict(cli.members((here / "out-1.tar").read_bytes()))["s1/0.k"] == b"s1/0\n"
     assert not (here / "out-0.tar").exists()
-    (rec,) = journal()
+    # a pod's file system goes with it (and may be read-only): no journal there by default
+    assert argv[argv.index("--journal") + 1] == "/dev/null" and not (here / "tarjob.jsonl").exists()
+
+
+def test_k8s_pods_share_a_journal_given_by_path(cli, here):
+    r = run(cli, ["-s", "{0..2}", "--journal", "shared/j.jsonl", "--k8s-manifest", "job.yaml", "--image", "img",
+                  "--", "bash", "-c", "echo run >> $0.runs", "{}"])
+    assert r.exit_code == 0, r.stderr
+    (job,) = yaml.safe_load_all((here / "job.yaml").read_text())
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    argv = [a.replace("$(JOB_COMPLETION_INDEX)", "1").replace("$$", "$") for a in container["command"] + container["args"]]
+    (here / "shared").mkdir()
+    for _ in range(2):  # the second time: a pod the Job ran again finds its shard done
+        p = subprocess.run(argv, cwd=here, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+    (rec,) = journal("shared/j.jsonl")
     assert (rec["shard"], rec["index"], rec["status"], rec["engine"]) == ("1", 1, "ok", "index")
-    # a pod run again (the Job retried it) finds it done
-    p = subprocess.run(argv, cwd=here, capture_output=True, text=True)
-    assert p.returncode == 0 and len(journal()) == 1
+    assert (here / "1.runs").read_text() == "run\n"
 
 
 def test_k8s_only_failed_indexes_of_a_glob_spec(cli, here):
@@ -259,10 +272,13 @@ def test_slurm_script_runs_locally(cli, here, spec):
 # -------------------------------------------------------------------------------------------
 # Dask: a real LocalCluster (scheduler here, worker processes, all on 127.0.0.1)
 
+# on a worker, the command's parent is the keeper (see run.py): the worker is the keeper's parent
+WORKER_PID = "echo $(ps -o ppid= -p $PPID)"
+
 
 def test_dask_local_cluster(cli, here):
     r = run(cli, ["-s", "{0..5}", "--dask", "local", "-j", "2", "--retries", "1", "--backoff", "0.05", "--",
-                  "bash", "-c", "echo $PPID > {}.worker; [ {} != 4 ] || [ -e 4.worker.seen ] || "
+                  "bash", "-c", f"{WORKER_PID} > {{}}.worker; [ {{}} != 4 ] || [ -e 4.worker.seen ] || "
                   "{ touch 4.worker.seen; echo flaky >&2; exit 9; }"])
     assert r.exit_code == 0, r.stderr
     assert "warning: shard 4 exited with status 9 (attempt 1 of 2)" in r.stderr
@@ -277,7 +293,7 @@ def test_dask_local_cluster(cli, here):
 def test_dask_worker_killed_mid_run(here, allowed_failures):
     """SIGKILL the worker running shard 1. Dask reschedules its task on another worker (3: the
     default); with 0 it gives up at once (KilledWorker): a 'killed' attempt, and tarjob retries."""
-    cmd = "echo $PPID >> {}.pids; sleep 1; echo done {} > {}.out"
+    cmd = f"{WORKER_PID} >> {{}}.pids; sleep 1; echo done {{}} > {{}}.out"
     proc = tarjob_process(["-s", "{0..3}", "--dask", "local", "-j", "2", "--retries", "2", "--backoff", "0.1",
                            "--", "bash", "-c", cmd], cwd=here,
                           env={"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": allowed_failures})

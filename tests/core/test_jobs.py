@@ -176,7 +176,8 @@ def test_run_shards_retries_with_backoff(tmp_path):
     assert [(r["shard"], r["attempt"], r["status"]) for r in records if r["shard"] == "b"] == [
         ("b", 1, "failed"), ("b", 2, "failed"), ("b", 3, "ok")]
     assert set(records[0]) == {"shard", "index", "status", "attempt", "seconds", "host", "exit_code",
-                               "output_tail", "start", "engine"}
+                               "output_tail", "start", "engine", "command"}
+    assert records[0]["command"] == options.command_text
 
 
 def test_run_shards_gives_up_after_retries(tmp_path):
