@@ -32,10 +32,11 @@ Examples:
 
 \b
 Destinations (--to, or arguments that are ZMQ URLs) use tensorcom's grammar: zpush://host:port
-connects a PUSH socket to a receiver that binds (tarrecv zpull://:port); zrpush binds instead;
-zpub/zrpub publish to subscribers (they DROP batches a slow subscriber can't take: the receiver
-reports the gaps); +ipc uses a Unix socket (zpush+ipc:///tmp/feed); a brace list gives several
-endpoints, which take batches in turn. A bind with no host listens on 127.0.0.1 only.
+connects a PUSH socket to a receiver that binds (tarrecv zpull://:port); zrpush binds instead
+(one receiver per endpoint); zpub/zrpub publish to subscribers (they DROP batches a slow
+subscriber can't take: the receiver reports the gaps); +ipc uses a Unix socket
+(zpush+ipc:///tmp/feed); a brace list gives several endpoints, which take batches in turn. A bind
+with no host listens on 127.0.0.1 only.
 
 \b
 Each batch is one message: a msgpack header (keys, and name, dtype and shape of each tensor) and

@@ -30,8 +30,9 @@ def generate_keys(directory: str | os.PathLike[str], *, force: bool = False) -> 
     if existing and not force:
         raise SinkError(f"{existing[0]} exists; use --force to replace the keys (old clients stop working)")
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o700)
+        if not root.exists():  # an existing directory keeps its mode: it may be shared, or "."
+            root.mkdir(parents=True)
+            os.chmod(root, 0o700)
         if (root / AUTHORIZED).exists():
             shutil.rmtree(root / AUTHORIZED)
         (root / AUTHORIZED).mkdir()

@@ -87,13 +87,25 @@ class ReceiveStats:
 
 @dataclass
 class _Sender:
+    """What a receiver knows of one sender; ``sockets`` are the receiver's sockets it was seen on."""
+
     id: str
     group: str
     rank: int
     last_heard: float
-    next_seq: dict[int, int] = field(default_factory=dict)
+    sockets: set[int] = field(default_factory=set)
+    next_seq: dict[int, int] = field(default_factory=dict)  # the sender's socket (dest) -> next number
     eofs: dict[int, tuple[int, int]] = field(default_factory=dict)  # epoch -> (batches, samples)
-    final: bool = False
+    eof_sockets: dict[int, set[int]] = field(default_factory=dict)  # epoch -> sockets its eof came on
+    final_sockets: set[int] = field(default_factory=set)
+
+    def ended(self, epoch: int) -> bool:
+        """Its eof for ``epoch`` came on every socket it was seen on (each socket is in order)."""
+        return self.sockets <= self.eof_sockets.get(epoch, set())
+
+    @property
+    def final(self) -> bool:
+        return bool(self.final_sockets) and self.sockets <= self.final_sockets
 
 
 class Receiver:
@@ -140,6 +152,7 @@ class Receiver:
         self._own_context = context is None
         self._context = context or zmq.Context()
         self._sockets: list[Any] = []
+        self._next = 0
         self._started = time.monotonic()
         self._closed = False
         try:
@@ -187,7 +200,8 @@ class Receiver:
         wait for it, that everything they sent has been read.
         """
         try:
-            while not self.finished:
+            pending: set[int] = set()  # epochs with an eof seen and no EpochEnd yet
+            while not (self.finished and self._nothing_unseen()):
                 message = self._receive()
                 if message is None:
                     continue
@@ -203,7 +217,11 @@ class Receiver:
                     stats.bytes += message.nbytes
                     yield batch
                 elif kind == "eof":
-                    yield from self._epoch_ends(header.get("epoch", -1))
+                    pending.add(header["epoch"])
+                for epoch in sorted(pending):
+                    if self._epoch_ended(epoch):
+                        pending.discard(epoch)
+                        yield self._epoch_end(epoch)
         except TransportError:  # the stream is broken: let the senders see us go
             self.close()
             raise
@@ -260,14 +278,18 @@ class Receiver:
             # waiting, and they, not the wall clock, say who is alive
             self._check_silence()
             return None
-        for index, sock in enumerate(self._sockets):
+        count = len(self._sockets)
+        for turn in range(count):
+            index = (self._next + turn) % count  # in turn: no socket waits behind another
+            sock = self._sockets[index]
             if sock not in ready:
                 continue
+            self._next = index + 1
             frames = sock.recv_multipart(copy=False)
             url = self.endpoints[index].url
             try:
                 message = decode(frames, url)
-                self._track(message.kind, message.header, url)
+                self._track(message.kind, message.header, index, url)
             except WireError as e:
                 self.stats.rejected += 1
                 self.warn(f"rejected a message: {e}")
@@ -275,47 +297,54 @@ class Receiver:
             return message
         return None
 
-    def _track(self, kind: str, header: dict[str, Any], url: str) -> None:
-        sender_id, group = header["sender"], header.get("group")
-        rank, size = header.get("rank"), header.get("senders")
-        if not isinstance(group, str) or not isinstance(rank, int) or not isinstance(size, int) or size < 1:
-            raise WireError(f"{kind} message without group, rank and sender count", url)
+    def _track(self, kind: str, header: dict[str, Any], index: int, url: str) -> None:
+        sender_id, group = header["sender"], header["group"]
         state = self._senders.get(sender_id)
         now = time.monotonic()
         if state is None:
-            state = self._senders[sender_id] = _Sender(sender_id, group, rank, now)
-            self._groups[group] = max(size, self._groups.get(group, 0))
+            state = self._senders[sender_id] = _Sender(sender_id, group, header["rank"], now)
+            self._groups[group] = max(header["senders"], self._groups.get(group, 0))
             self._group_seen.setdefault(group, now)
             self.stats.senders = len(self._senders)
         state.last_heard = now
+        state.sockets.add(index)
         dest, seq = header.get("dest"), header.get("seq")
-        if kind in ("batch", "eof") and isinstance(dest, int) and isinstance(seq, int) and not header.get("spread"):
+        if kind in ("batch", "eof") and dest is not None and seq is not None:
             expected = state.next_seq.get(dest)
             if expected is not None and seq > expected:
                 self.stats.lost += seq - expected
                 self.warn(f"lost {seq - expected} batches from sender {sender_id} "
                           f"(numbers {expected} to {seq - 1}): a PUB/SUB drop, or a receiver restarted")
-            state.next_seq[dest] = seq + 1 if kind == "batch" else seq
+            state.next_seq[dest] = seq + 1 if kind == "batch" else max(seq, expected or 0)
         if kind == "eof":
             if header.get("aborted"):
                 raise TransportError(f"sender {sender_id} stopped before the end of its stream (interrupted)", url)
-            epoch = header.get("epoch")
-            if isinstance(epoch, int):
-                state.eofs[epoch] = (int(header.get("batches", 0)), int(header.get("samples", 0)))
-            if header.get("final"):
-                state.final = True
+            epoch = header["epoch"]
+            state.eofs[epoch] = (header["batches"], header["samples"])
+            state.eof_sockets.setdefault(epoch, set()).add(index)
+            if header["final"]:
+                state.final_sockets.add(index)
 
-    def _epoch_ends(self, epoch: int) -> Iterator[EpochEnd]:
+    def _nothing_unseen(self) -> bool:
+        """No message waits on a socket some sender was never seen on (it may hold that sender's
+        batches: an end must not overtake them)."""
+        seen = set.intersection(*(s.sockets for s in self._senders.values())) if self._senders else set()
+        return not any(sock.poll(timeout=10) for i, sock in enumerate(self._sockets) if i not in seen)
+
+    def _epoch_ended(self, epoch: int) -> bool:
         if epoch in self._epochs_done:
-            return
+            return False
         for group, size in self._groups.items():
-            members = [s for s in self._senders.values() if s.group == group and epoch in s.eofs]
+            members = [s for s in self._senders.values() if s.group == group and (s.ended(epoch) or s.final)]
             if len(members) < size:
-                return
+                return False
+        return self._nothing_unseen()
+
+    def _epoch_end(self, epoch: int) -> EpochEnd:
         self._epochs_done.add(epoch)
         self.stats.epochs += 1
         counts = [s.eofs[epoch] for s in self._senders.values() if epoch in s.eofs]
-        yield EpochEnd(epoch, sum(c[0] for c in counts), sum(c[1] for c in counts))
+        return EpochEnd(epoch, sum(c[0] for c in counts), sum(c[1] for c in counts))
 
     def _check_silence(self) -> None:
         now = time.monotonic()

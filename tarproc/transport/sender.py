@@ -85,7 +85,6 @@ class Sender:
         self.id = f"{socketlib.gethostname()}:{os.getpid()}:{rank}"
         self.common = {
             "sender": self.id, "group": group or uuid.uuid4().hex, "rank": rank, "senders": senders,
-            "spread": self.endpoints[0].kind == "push" and self.endpoints[0].bind,
         }
         self.stats = SendStats()
         self._epoch_counts = [0, 0]  # batches, samples in the current epoch
@@ -109,7 +108,7 @@ class Sender:
                 keys = server_keys(curve)
                 self._auth = Authenticator(self._context, keys[2])
             for endpoint in self.endpoints:
-                self._sockets.append(self._open(endpoint, hwm, keys))
+                self._sockets.append(self._open(endpoint, hwm, heartbeat, keys))
                 self._seq.append(0)
                 self._greeted.append(False)
         except BaseException:
@@ -122,11 +121,15 @@ class Sender:
         self._thread = threading.Thread(target=self._run, name="tarproc-sender", daemon=True)
         self._thread.start()
 
-    def _open(self, endpoint: Endpoint, hwm: int, keys: Any) -> Any:
+    def _open(self, endpoint: Endpoint, hwm: int, heartbeat: float, keys: Any) -> Any:
         import zmq
 
         sock = self._context.socket(zmq.PUSH if endpoint.kind == "push" else zmq.PUB)
         sock.setsockopt(zmq.SNDHWM, hwm)
+        # ZMTP heartbeats: a receiver that vanished without closing (host down) is disconnected,
+        # so close(), which waits for receivers to go, can't wait on it for ever
+        sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat * 1000)))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat * 10_000)))
         if not endpoint.bind:
             sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a receiver that isn't there
         if keys is not None:
@@ -175,7 +178,7 @@ class Sender:
                 self._put(None)
                 self._thread.join()
                 if self._error is None:
-                    self._wait_for_receivers()
+                    self._wait_for_receivers(None)
             else:
                 self._abort.set()
                 self._thread.join(timeout=2 * self.heartbeat + 1)
@@ -215,14 +218,21 @@ class Sender:
             while monitor is not None and monitor.poll(0):
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
                 self._peers[index] += -1 if event == zmq.EVENT_DISCONNECTED else 1
+            if self._peers[index] > 1 and self.endpoints[index].bind:
+                raise TransportError(
+                    f"{self._peers[index]} receivers connected to one bound PUSH endpoint: ZMQ would deal "
+                    "out the end-of-stream messages among them; give each receiver its own endpoint "
+                    "(zrpush://:78{80..83}) or let the receivers bind (zpush)", self.endpoints[index].url)
 
-    def _wait_for_receivers(self, timeout: float | None = None) -> None:
+    def _wait_for_receivers(self, timeout: float | None) -> None:
         """Keep the connections open until the receivers, having read the end of the stream, close them.
 
         Closing first would lose what still sits in the kernel's socket buffers: a receiver at its
         high-water mark has not read it yet, and ZMQ drops it when the sending side disconnects.
+        A receiver ends only when all senders have, so this can take as long as the slowest
+        sender: there is no limit (``timeout=None``), but a receiver that is gone is noticed
+        (disconnect, or ZMTP heartbeats).
         """
-        timeout = self.send_timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._count_peers()
@@ -271,6 +281,7 @@ class Sender:
 
     def _wait_writable(self, what: str) -> int | None:
         """The next socket (in turn) that can take a message now, waiting up to the send timeout."""
+        self._count_peers()
         if len(self._sockets) == 1 and self._sockets[0].get(_EVENTS) & _POLLOUT:
             return 0  # the common case, without a poll
         started = time.monotonic()

@@ -36,6 +36,8 @@ DTYPES = (
 )
 BYTES = "bytes"
 MAX_HEADER = 64 << 20  # keys and sizes of a very large batch fit easily; garbage does not get parsed
+MAX_SAMPLES = 1 << 20  # per batch (and per list in a header)
+MAX_DIMENSION = 1 << 40
 _ITEMSIZE = {name: (2 if name == "bfloat16" else np.dtype(name).itemsize) for name in DTYPES}
 
 
@@ -144,7 +146,8 @@ def encode_batch(
     list of arrays (ragged), or a list of ``bytes``/``None`` (a raw field). ``text`` names integer
     tensors made from text fields; ``bfloat16`` names uint16 arrays that hold bfloat16 bits.
 
-    >>> frames = encode_batch(["a", "b"], {"x": np.arange(6, dtype=np.int32).reshape(2, 3)}, sender="s", epoch=0, seq=0)
+    >>> ids = {"sender": "host:1:0", "group": "g", "rank": 0, "senders": 1}
+    >>> frames = encode_batch(["a", "b"], {"x": np.arange(6, dtype=np.int32).reshape(2, 3)}, **ids, epoch=0, seq=0)
     >>> message = decode(frames)
     >>> message.tensors["x"].tolist(), message.header["keys"]
     ([[0, 1, 2], [3, 4, 5]], ['a', 'b'])
@@ -199,36 +202,60 @@ def decode(frames: Sequence[Any], url: str | None = None) -> Message:
     if len(head) > MAX_HEADER:
         raise WireError(f"header of {len(head)} bytes is larger than {MAX_HEADER}", url)
     try:
-        header = msgpack.unpackb(head, raw=False, strict_map_key=True)
+        # limits keep garbage from costing more than its own size (a few bytes can't claim a
+        # billion-element array)
+        header = msgpack.unpackb(head, raw=False, strict_map_key=True, max_array_len=MAX_SAMPLES,
+                                 max_map_len=64, max_str_len=1 << 20, max_bin_len=1 << 20, max_ext_len=0)
     except Exception as e:  # msgpack raises several unrelated types on garbage
-        raise WireError(f"not a wire format message (header is not msgpack: {e})", url) from None
+        raise WireError(f"not a wire format message (header is not msgpack: {type(e).__name__}: {e})",
+                        url) from None
     if not isinstance(header, dict):
         raise WireError("not a wire format message (header is not a map)", url)
     version = header.get("v")
-    if version != VERSION:
+    if type(version) is not int or version != VERSION:
         raise WireError(f"unknown wire format version {version!r} (this receiver reads version {VERSION})", url)
     kind = header.get("kind")
     if kind not in KINDS:
         raise WireError(f"unknown message kind {kind!r}", url)
-    if not isinstance(header.get("sender"), str):
-        raise WireError(f"{kind} message without a sender id", url)
+    if not isinstance(header.get("sender"), str) or not isinstance(header.get("group"), str):
+        raise WireError(f"{kind} message without a sender id and group", url)
+    rank, senders = _int(header.get("rank"), "rank", url), _int(header.get("senders"), "sender count", url)
+    if not rank < senders:
+        raise WireError(f"rank {rank} of {senders} senders", url)
+    for name in ("dest", "seq"):
+        if name in header:
+            _int(header[name], name, url)
     if kind != "batch":
         if len(frames) != 1:
             raise WireError(f"{kind} message with {len(frames) - 1} extra frames", url)
+        if kind == "eof":
+            _check_eof(header, url)
         return Message(kind, header)
     return _decode_batch(header, frames, url)
 
 
+def _check_eof(header: dict[str, Any], url: str | None) -> None:
+    aborted = header.get("aborted", False)
+    if type(aborted) is not bool or type(header.get("final")) is not bool:
+        raise WireError("eof message: 'final' and 'aborted' must be true or false", url)
+    if not aborted:
+        for name in ("epoch", "batches", "samples"):
+            _int(header.get(name), name, url)
+
+
 def _int(value: Any, what: str, url: str | None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise WireError(f"bad {what} {value!r} in batch header", url)
+    if type(value) is not int or value < 0:
+        raise WireError(f"bad {what} {value!r} in header", url)
     return value
 
 
 def _shape(value: Any, url: str | None) -> tuple[int, ...]:
     if not isinstance(value, list) or len(value) > 32:
-        raise WireError(f"bad shape {value!r} in batch header", url)
-    return tuple(_int(d, "dimension", url) for d in value)
+        raise WireError(f"bad shape {str(value)[:80]} in batch header", url)
+    shape = tuple(_int(d, "dimension", url) for d in value)
+    if any(d > MAX_DIMENSION for d in shape):  # even an empty array can't have such a dimension
+        raise WireError(f"shape {list(shape)} has a dimension over {MAX_DIMENSION}", url)
+    return shape
 
 
 def _decode_batch(header: dict[str, Any], frames: Sequence[Any], url: str | None) -> Message:
@@ -289,7 +316,12 @@ def _decode_batch(header: dict[str, Any], frames: Sequence[Any], url: str | None
 
 
 def _array(buffer: memoryview, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape) if len(buffer) else np.empty(shape, dtype)
+    if len(buffer):
+        return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    try:
+        return np.empty(shape, dtype)
+    except ValueError:  # numpy's own limits on the dimensions of an empty array
+        raise WireError(f"empty tensor of shape {list(shape)} is too big for numpy") from None
 
 
 def to_batch(message: Message) -> Batch:

@@ -18,6 +18,9 @@ from tarproc.transport.urls import is_zmq_url, parse_endpoint
 from tarproc.transport.wire import DTYPES, control, to_batch
 
 
+IDS = {"sender": "s", "group": "g", "rank": 0, "senders": 1}
+
+
 def ipc(tmp_path, name="feed"):
     return f"ipc://{tmp_path}/{name}"
 
@@ -89,14 +92,14 @@ def test_is_zmq_url_tells_destinations_from_inputs():
 def test_every_dtype_round_trips(dtype):
     array = (np.arange(24) % 2 == 1) if dtype == "bool" else np.arange(24).astype(dtype)
     array = array.reshape(2, 3, 4)
-    message = decode(encode_batch(["a", "b"], {"x": array}, sender="s", epoch=0, seq=0))
+    message = decode(encode_batch(["a", "b"], {"x": array}, **IDS, epoch=0, seq=0))
     assert message.tensors["x"].dtype == np.dtype(dtype)
     np.testing.assert_array_equal(message.tensors["x"], array)
 
 
 def test_bfloat16_travels_as_its_bits():
     bits = np.array([[0x3F80, 0x4000]], dtype=np.uint16)  # 1.0 and 2.0 in bfloat16
-    frames = encode_batch(["a"], {"x": bits}, bfloat16=["x"], sender="s", epoch=0, seq=0)
+    frames = encode_batch(["a"], {"x": bits}, bfloat16=["x"], **IDS, epoch=0, seq=0)
     message = decode(frames)
     assert msgpack.unpackb(frames[0])["tensors"][0]["dtype"] == "bfloat16"
     assert message.tensors["x"].view(np.uint16).tolist() == [[0x3F80, 0x4000]]
@@ -106,7 +109,7 @@ def test_bfloat16_travels_as_its_bits():
 def test_bytes_fields_ragged_tensors_and_missing_values():
     ragged = [np.zeros((2, 3), np.float32), np.ones((4, 1), np.float32)]
     frames = encode_batch(["a", "b"], {"json": [b'{"x": 1}', None], "mask": ragged, "cls": np.array([3, 4])},
-                          text=["cls"], sender="s", epoch=2, seq=7)
+                          text=["cls"], **IDS, epoch=2, seq=7)
     batch = to_batch(decode(frames))
     assert batch["__key__"] == ["a", "b"] and batch.epoch == 2 and batch.seq == 7
     assert batch["json"] == [b'{"x": 1}', None]
@@ -117,24 +120,25 @@ def test_bytes_fields_ragged_tensors_and_missing_values():
 def test_received_arrays_are_views_of_the_frames_not_copies():
     array = np.arange(256 * 1024, dtype=np.uint8).reshape(4, -1)
     frames = [zmq.Frame(f) if not isinstance(f, bytes) else zmq.Frame(f)
-              for f in encode_batch(list("abcd"), {"x": array}, sender="s", epoch=0, seq=0)]
+              for f in encode_batch(list("abcd"), {"x": array}, **IDS, epoch=0, seq=0)]
     message = decode(frames)
     assert np.shares_memory(message.tensors["x"], np.frombuffer(frames[1].buffer, np.uint8))
 
 
 def test_the_sender_does_not_copy_large_arrays():
     array = np.zeros((4, 1 << 16), np.float32)
-    frames = encode_batch(list("abcd"), {"x": array}, sender="s", epoch=0, seq=0)
+    frames = encode_batch(list("abcd"), {"x": array}, **IDS, epoch=0, seq=0)
     assert np.shares_memory(frames[1], array)
 
 
 def test_a_dtype_outside_v1_is_refused():
     with pytest.raises(WireError, match="complex64 can't be sent"):
-        encode_batch(["a"], {"x": np.zeros(1, np.complex64)}, sender="s", epoch=0, seq=0)
+        encode_batch(["a"], {"x": np.zeros(1, np.complex64)}, **IDS, epoch=0, seq=0)
 
 
 def header(**fields):
-    base = {"v": 1, "kind": "batch", "sender": "s", "epoch": 0, "seq": 0, "n": 1, "keys": ["a"],
+    base = {"v": 1, "kind": "batch", "sender": "s", "group": "g", "rank": 0, "senders": 1, "epoch": 0, "seq": 0,
+            "n": 1, "keys": ["a"],
             "tensors": [{"name": "x", "dtype": "uint8", "shape": [1, 4]}]}
     base.update(fields)
     return msgpack.packb(base)
@@ -158,6 +162,18 @@ def header(**fields):
         ([header(tensors=[{"name": "x", "dtype": "uint8", "shape": [1, -4]}]), b""], "bad dimension"),
         ([header(tensors=[{"name": "x", "dtype": "bytes", "sizes": [1, 2]}]), b"1"], "needs 1 sizes"),
         ([header(seq=-1), b"1234"], "bad seq"),
+        ([header(v=True), b"1234"], "unknown wire format version True"),
+        ([header(rank=2, senders=2), b"1234"], "rank 2 of 2 senders"),
+        ([header(tensors=[{"name": "x", "dtype": "uint8", "shape": [1, 0, 2**63]}]), b""], "dimension over"),
+        ([header(n=0, keys=[], tensors=[{"name": "x", "dtype": "uint8", "shape": [0] + [2**39] * 30}]), b""],
+         "too big for numpy"),
+        ([msgpack.packb([[]] * 2_000_000)], "exceeds max_array_len"),
+        ([msgpack.packb({"v": 1, "kind": "eof", "sender": "s", "group": "g", "rank": 0, "senders": 1,
+                         "epoch": 0, "final": True, "batches": "x", "samples": 1})], "bad batches 'x'"),
+        ([msgpack.packb({"v": 1, "kind": "eof", "sender": "s", "group": "g", "rank": 0, "senders": 1,
+                         "epoch": [1], "final": True, "batches": 1, "samples": 1})], "bad epoch"),
+        ([msgpack.packb({"v": 1, "kind": "eof", "sender": "s", "group": "g", "rank": 0, "senders": 1,
+                         "epoch": 0, "final": "no", "batches": 1, "samples": 1})], "true or false"),
     ],
 )
 def test_malformed_messages_are_wire_errors(frames, message):
@@ -166,9 +182,10 @@ def test_malformed_messages_are_wire_errors(frames, message):
 
 
 def test_control_messages_carry_no_frames():
-    assert decode(control("heartbeat", sender="s")).kind == "heartbeat"
+    ids = {"sender": "s", "group": "g", "rank": 0, "senders": 1}
+    assert decode(control("heartbeat", **ids)).kind == "heartbeat"
     with pytest.raises(WireError, match="extra frames"):
-        decode([*control("eof", sender="s"), b"x"])
+        decode([*control("heartbeat", **ids), b"x"])
 
 
 # -- Sender and Receiver ------------------------------------------------------------------------
@@ -397,6 +414,60 @@ def test_batches_fan_out_to_several_receivers_and_each_sees_the_end(tmp_path):
         t.join(10)
     keys = got[urls[0]] + got[urls[1]]
     assert len(keys) == 40 == len(set(keys)) and got[urls[0]] and got[urls[1]]
+
+
+def test_a_receiver_on_several_sockets_ends_only_after_all_of_them(tmp_path):
+    """The final eof on one socket must not overtake batches still waiting on another."""
+    urls = [ipc(tmp_path, "a"), ipc(tmp_path, "b")]
+    with Receiver([f"zpull+{u}" for u in urls], hwm=1, timeout=10) as receiver:
+        thread = in_thread(send_epochs, [f"zpush+{u}" for u in urls], epochs=2, batches=20, hwm=1)
+        keys, ends = [], []
+        for event in receiver.events():
+            if isinstance(event, EpochEnd):
+                ends.append((event.epoch, len(keys)))
+            else:
+                keys += event["__key__"]
+                time.sleep(0.005)  # a slow consumer: both sockets fill up
+    thread.join()
+    assert len(keys) == 80 == len(set(keys)) and receiver.stats.lost == 0
+    assert ends == [(0, 40), (1, 80)]  # each epoch's end comes after all of its batches
+
+
+def test_a_sender_that_finishes_early_waits_for_the_others(tmp_path):
+    """A receiver ends only when every sender has; the first one done waits, past its send timeout."""
+    url = ipc(tmp_path)
+
+    def send(rank, batches):
+        with Sender(f"zpush+{url}", heartbeat=0.1, rank=rank, senders=2, group="g", send_timeout=0.5) as sender:
+            for i in range(batches):
+                sender.send([f"r{rank}-{i}"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+                time.sleep(0.1)
+            sender.end_epoch(0, final=True)
+
+    with Receiver(f"zpull+{url}", timeout=5) as receiver:
+        threads = [in_thread(send, 0, 1), in_thread(send, 1, 15)]
+        keys = [k for batch in receiver for k in batch["__key__"]]
+    for t in threads:
+        t.join()
+    assert len(keys) == 16
+
+
+def test_two_receivers_on_one_bound_push_endpoint_are_refused(tmp_path):
+    url = ipc(tmp_path)
+    sender = Sender(f"zrpush+{url}", heartbeat=0.1)
+    context = zmq.Context()
+    pulls = [context.socket(zmq.PULL) for _ in range(2)]
+    for pull in pulls:
+        pull.connect(url)
+    time.sleep(0.3)
+    with pytest.raises(TransportError, match="2 receivers connected to one bound PUSH endpoint"):
+        for _ in range(20):
+            sender.send(["a"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+            time.sleep(0.05)
+    sender.close(abort=True)
+    for pull in pulls:
+        pull.close(0)
+    context.term()
 
 
 # -- CURVE --------------------------------------------------------------------------------------
