@@ -17,7 +17,6 @@ from tarproc.transport.curve import generate_keys
 from tarproc.transport.urls import is_zmq_url, parse_endpoint
 from tarproc.transport.wire import DTYPES, control, to_batch
 
-
 IDS = {"sender": "s", "group": "g", "rank": 0, "senders": 1}
 
 
