@@ -54,7 +54,8 @@ epoch ends with an end-of-epoch message from each sender; receivers end when all
               help="Where to send: zpush://host:port (default pattern), zpub://…, +ipc; repeatable.")
 @click.option("--raw", is_flag=True, help="Send the encoded fields unchanged; decode nothing.")
 @click.option("-p", "--senders", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Sender processes, each reading its share of the shards (and decoding them).")
+              help="Sender processes, each reading its share of the shards (and decoding them); "
+                   "at most one per shard.")
 @click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True, help="Passes over the shards.")
 @click.option("--repeat", is_flag=True, help="Pass over the shards until stopped (instead of --epochs).")
 @click.option("--shuffle-shards", is_flag=True, help="Shuffle the shard order every epoch (see --seed).")

@@ -261,8 +261,7 @@ class Sender:
         try:
             while True:
                 if self._abort.is_set():
-                    self._send_all(control("eof", **self.common, aborted=True, epoch=-1, final=True,
-                                           batches=0, samples=0), block=False)
+                    self._say_aborted()
                     return
                 try:
                     item = self._queue.get(timeout=self.heartbeat)
@@ -363,6 +362,22 @@ class Sender:
                 raise TransportError(f"no receiver took {what} for {self.send_timeout:g} s",
                                      self.endpoints[index].url)
             sock.poll(timeout=int(min(self.heartbeat, 0.25) * 1000), flags=zmq.POLLOUT)
+
+    def _say_aborted(self) -> None:
+        """Tell every receiver this sender stopped early, waiting a moment for room in full queues."""
+        import zmq
+
+        message = control("eof", **self.common, aborted=True, final=True)
+        deadline = time.monotonic() + ABORT_WAIT / 2
+        for sock in self._sockets:
+            while True:
+                try:
+                    sock.send_multipart(message, flags=zmq.NOBLOCK)
+                    break
+                except zmq.Again:
+                    if time.monotonic() > deadline:
+                        break
+                    sock.poll(timeout=50, flags=zmq.POLLOUT)
 
     def _send_all(self, message: list[bytes], *, block: bool) -> None:
         import zmq

@@ -113,6 +113,8 @@ def serve(
     told which decoder the first sender uses.
     """
     check_config(inputs, config)
+    if config.senders > len(inputs):  # a sender with no shard would only send empty epochs
+        config = replace(config, senders=len(inputs))
     started = time.monotonic()
     group = uuid.uuid4().hex
     if config.senders == 1:
