@@ -163,7 +163,8 @@ def isolated(fn: Callable[..., tuple[float, int]], *args: Any) -> tuple[float, i
 def alternate_many(
     reps: int, sides: list[tuple[str, Callable[[], tuple[float, int]]]], expect: int, what: str
 ) -> list[list[float]]:
-    """``alternate_inner`` for any number of sides, taken in turn each repetition."""
+    """``common.alternate`` for measures that time themselves (each returns (seconds, count)), for any
+    number of sides, taken in turn each repetition."""
     times: list[list[float]] = [[] for _ in sides]
     for r in range(reps):
         line = f"  rep {r + 1}:"
@@ -176,25 +177,6 @@ def alternate_many(
             line += f" {name} {t:.3f} s"
         log(line)
     return times
-
-
-def alternate_inner(
-    reps: int, a: Callable[[], tuple[float, int]], b: Callable[[], tuple[float, int]], expect: int, what: str
-) -> tuple[list[float], list[float]]:
-    """common.alternate for measures that time themselves: each returns (seconds, count)."""
-    ta: list[float] = []
-    tb: list[float] = []
-    for r in range(reps):
-        line = f"  rep {r + 1}:"
-        for name, run, times in (("tarproc", a, ta), ("baseline", b, tb)):
-            gc.collect()
-            t, n = run()
-            if n != expect:
-                raise RuntimeError(f"{what}: {name} counted {n}, expected {expect}")
-            times.append(t)
-            line += f" {name} {t:.3f} s"
-        log(line)
-    return ta, tb
 
 
 def serve_images(shard: str, device: str) -> tuple[float, int]:
@@ -273,8 +255,8 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
     shard = str(ctx.data.jpeg)
     images = ctx.data.jpeg_samples
     log(f"zmq: tarserve --device cpu --threads 2 -b 64 into a Receiver vs tardecode -p 2, {images} JPEGs")
-    ta, tb = alternate_inner(reps, lambda: serve_images(shard, "cpu"), lambda: decode_images(shard, "cpu"), images,
-                             "end to end cpu")
+    ta, tb = alternate_many(reps, [("tarproc", lambda: serve_images(shard, "cpu")),
+                                   ("baseline", lambda: decode_images(shard, "cpu"))], images, "end to end cpu")
     a, b = images / statistics.median(ta), images / statistics.median(tb)
     rows.append(Row("end to end: shards → batches at a `Receiver`, `tarserve --size 224 --device cpu --threads 2 "
                     "-b 64` (start-up included)", a, "img/s",
@@ -284,8 +266,8 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
 
     if dali_available() and gpu_count() > 0:
         log("zmq: the same with --device gpu")
-        ta, tb = alternate_inner(reps, lambda: serve_images(shard, "gpu"), lambda: decode_images(shard, "gpu"),
-                                 images, "end to end gpu")
+        ta, tb = alternate_many(reps, [("tarproc", lambda: serve_images(shard, "gpu")),
+                                       ("baseline", lambda: decode_images(shard, "gpu"))], images, "end to end gpu")
         a, b = images / statistics.median(ta), images / statistics.median(tb)
         rows.append(Row("the same, `--device gpu`", a, "img/s", "`tardecode --device gpu` (same options)", b,
                         "report", "—"))

@@ -40,19 +40,24 @@ def expand_urls(args: Iterable[str], list_files: Iterable[str] = ()) -> list[str
             if part:
                 urls.extend(braceexpand(part))
     for list_file in list_files:
-        try:
-            if list_file == "-":
-                text = sys.stdin.read()
-            else:
-                with open(list_file, encoding="utf-8") as f:
-                    text = f.read()
-        except OSError as e:
-            raise SourceError(f"cannot read list file: {e.strerror}", list_file) from None
-        for line in text.splitlines():
-            line = line.strip()
-            if line and not line.startswith("#"):
-                urls.extend(expand_urls([line]))
+        for line in read_list_file(list_file):
+            urls.extend(expand_urls([line]))
     return urls
+
+
+def read_list_file(path: str, what: str = "list file") -> list[str]:
+    """The lines of a list file (``-`` = stdin), stripped, without blank lines and ``#`` comments."""
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+    except OSError as e:
+        raise SourceError(f"cannot read the {what}: {e.strerror}", path) from None
+    except UnicodeDecodeError as e:
+        raise SourceError(f"the {what} is not UTF-8 text (byte {e.start})", path) from None
+    return [line for line in (raw.strip() for raw in text.splitlines()) if line and not line.startswith("#")]
 
 
 def is_fsspec_url(url: str) -> bool:

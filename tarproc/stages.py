@@ -112,6 +112,22 @@ def select_fields(
             yield out
 
 
+def chunked(samples: Iterable[Sample], size: int) -> Iterator[list[Sample]]:
+    """Lists of ``size`` samples (the last one may be shorter).
+
+    >>> [len(c) for c in chunked(({"__key__": str(i)} for i in range(5)), 2)]
+    [2, 2, 1]
+    """
+    chunk: list[Sample] = []
+    for sample in samples:
+        chunk.append(sample)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def shuffle(samples: Iterable[Sample], bufsize: int, seed: int | None = None) -> Iterator[Sample]:
     """Shuffle with a buffer of ``bufsize`` samples, filled completely before the first output.
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import DecodeError, OptionError
 from ..samples import Sample
+from ..stages import chunked
 from .cpu import CpuDecoder, ImageError, Job
 from .dali import DaliDecoder, dali_available, gpu_count
 from .spec import AugmentSpec
@@ -78,17 +79,6 @@ def parse_field_list(field: str) -> list[str]:
     return names
 
 
-def _chunks(samples: Iterable[Sample], size: int) -> Iterator[list[Sample]]:
-    chunk: list[Sample] = []
-    for sample in samples:
-        chunk.append(sample)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def decoded_batches(
     samples: Iterable[Sample],
     spec: AugmentSpec,
@@ -127,7 +117,7 @@ def decoded_batches(
         return key if epoch == 0 else f"{key}\x00epoch {epoch}"
 
     def jobs() -> Iterator[list[Job]]:
-        for chunk in _chunks(samples, batch_size):
+        for chunk in chunked(samples, batch_size):
             found = [next((n for n in names if n in s), None) for s in chunk]
             in_flight.append((chunk, found))
             yield [(bytes(s[f]), plan_key(s)) for s, f in zip(chunk, found, strict=True) if f is not None]

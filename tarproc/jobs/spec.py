@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import glob
 import shlex
-import sys
 from dataclasses import dataclass
 
 from braceexpand import braceexpand
 
-from ..errors import OptionError, TarprocError
+from ..errors import OptionError, SourceError, TarprocError
+from ..sources import read_list_file
 
 PLACEHOLDER = "{}"
 
@@ -87,21 +87,9 @@ def load_shards(spec: str) -> Shards:
 
 def _read_list(path: str) -> list[str]:
     try:
-        if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-    except OSError as e:
-        raise SpecError(f"cannot read the shard list: {e.strerror}", path) from None
-    except UnicodeDecodeError as e:
-        raise SpecError(f"the shard list is not UTF-8 text (byte {e.start})", path) from None
-    ids = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            ids.append(line)
-    return ids
+        return read_list_file(path, "shard list")
+    except SourceError as e:
+        raise SpecError(e.message, e.url) from None
 
 
 def check_command(command: list[str], shell: bool) -> None:

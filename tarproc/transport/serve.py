@@ -13,7 +13,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import OptionError, SampleError, TarprocError, TransportError
 from ..samples import Sample, field_names, read_samples
-from ..stages import shuffle
+from ..stages import chunked, shuffle
 from ..tario import ReadStats
 from .sender import DEFAULT_HEARTBEAT, DEFAULT_HWM, DEFAULT_SEND_TIMEOUT, Sender, SendStats
 from .urls import parse_endpoints
@@ -176,17 +176,6 @@ def _no_samples() -> Iterator[Sample]:
     yield from ()
 
 
-def _chunks(samples: Iterable[Sample], size: int) -> Iterator[list[Sample]]:
-    chunk: list[Sample] = []
-    for sample in samples:
-        chunk.append(sample)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def _batches(
     samples: Iterator[Sample], config: ServeConfig, decoder: Any, stats: Any, epoch: int, warn: Callable[[str], None]
 ) -> Iterator[tuple[list[str], dict[str, Any], list[str]]]:
@@ -199,7 +188,7 @@ def _batches(
                                   stats=stats, warn=warn, epoch=epoch)
         # skipped images leave short batches behind: re-cut them to the batch size
         samples = (sample for batch in decoded for sample in batch)
-    for chunk in _chunks(samples, config.batch_size):
+    for chunk in chunked(samples, config.batch_size):
         if len(chunk) < config.batch_size and config.last_batch == "drop":
             break
         yield _tensors(chunk, config, image=decoder is not None)

@@ -136,3 +136,11 @@ def scripts() -> SimpleNamespace:
     if not (tarcat.exists() and tarsplit.exists()):
         pytest.skip(f"console scripts are not installed next to {sys.executable}")
     return SimpleNamespace(tarcat=str(tarcat), tarsplit=str(tarsplit), tar=shutil.which("tar"))
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run in a fresh directory, with our commands on PATH (tarjob runs them by name)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(VENV_BIN) + os.pathsep + os.environ.get("PATH", ""))
+    return tmp_path

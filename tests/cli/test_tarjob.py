@@ -20,13 +20,6 @@ from tarproc.cli.tarjob import main as tarjob
 VENV_BIN = str(Path(sys.executable).parent)
 
 
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    """Run in a fresh directory, with our commands on PATH (the jobs run them by name)."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PATH", VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
-    return tmp_path
-
 
 def run(cli, args, **kw):
     return cli.run(tarjob, args, **kw)

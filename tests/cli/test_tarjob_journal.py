@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
 from tarproc.cli.tarjob import main as tarjob
-
-VENV_BIN = str(Path(sys.executable).parent)
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PATH", VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
-    return tmp_path
 
 
 def test_two_jobs_over_the_same_ids_share_a_journal_without_skipping_each_other(cli, here):
