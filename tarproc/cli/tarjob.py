@@ -127,8 +127,7 @@ def main(
 
     if k8s_manifest or slurm:
         cluster = ClusterJob(
-            spec, [s for _, s in numbered], shards.portable and only is None, argv, shell=shell, retries=retries,
-            backoff=backoff, timeout=timeout, parallelism=jobs, name=name, log_dir=log_dir,
+            spec, [s for _, s in numbered], shards.portable and only is None, options, parallelism=jobs, name=name,
             journal=journal if journal != DEFAULT_JOURNAL else None,
         )
         if k8s_manifest:

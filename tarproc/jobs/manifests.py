@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OptionError, SinkError
+from .run import JobOptions
 
 SHARDS_DIR = "/etc/tarjob"
 CONFIGMAP_LIMIT = 1_000_000  # a ConfigMap holds at most 1 MiB
@@ -35,33 +36,29 @@ CONFIGMAP_LIMIT = 1_000_000  # a ConfigMap holds at most 1 MiB
 
 @dataclass
 class ClusterJob:
-    """What both manifests need: the shards, the command and the per-shard options."""
+    """What both manifests need: the shards, the per-shard options, and how the cluster runs them."""
 
     spec: str
     ids: list[str]
     portable: bool  # the SPEC expands to ``ids`` anywhere (a pure brace expression)
-    command: list[str]
-    shell: bool = False
-    retries: int = 0
-    backoff: float = 5.0
-    timeout: float | None = None
+    options: JobOptions
     parallelism: int | None = None
     name: str = "tarjob"
     journal: str | None = None
-    log_dir: str | None = None
 
     def tarjob_args(self, index: str, spec: str, retries: int) -> list[str]:
         """The arguments of ``tarjob --index`` in one task."""
-        args = ["--index", index, "-s", spec, "--retries", str(retries), "--backoff", f"{self.backoff:g}", "-q"]
-        if self.timeout is not None:
-            args += ["--timeout", f"{self.timeout:g}"]
+        options = self.options
+        args = ["--index", index, "-s", spec, "--retries", str(retries), "--backoff", f"{options.backoff:g}", "-q"]
+        if options.timeout is not None:
+            args += ["--timeout", f"{options.timeout:g}"]
         if self.journal:
             args += ["--journal", self.journal]
-        if self.log_dir:
-            args += ["--log-dir", self.log_dir]
-        if self.shell:
+        if options.log_dir:
+            args += ["--log-dir", options.log_dir]
+        if options.shell:
             args.append("--shell")
-        return [*args, "--", *self.command]
+        return [*args, "--", *options.command]
 
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -204,7 +201,7 @@ def k8s_manifest(
             "completionMode": "Indexed",
             "completions": len(job.ids),
             "parallelism": job.parallelism or len(job.ids),
-            "backoffLimitPerIndex": job.retries,
+            "backoffLimitPerIndex": job.options.retries,
             "podFailurePolicy": {"rules": [
                 # a drained or preempted node is not the shard's fault: not counted against it
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
@@ -244,7 +241,7 @@ def slurm_script(job: ClusterJob, cpus: int | None = None, memory: str | None = 
         "set -euo pipefail",
     ]
     # the task id is the one word the shell expands; everything else is quoted as given
-    args = job.tarjob_args("TASK", job.spec if job.portable else "@-", job.retries)
+    args = job.tarjob_args("TASK", job.spec if job.portable else "@-", job.options.retries)
     command = " ".join('"$SLURM_ARRAY_TASK_ID"' if i == 1 else shlex.quote(a) for i, a in enumerate(args))
     if job.portable:
         lines.append(f"exec tarjob {command}")

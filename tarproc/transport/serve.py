@@ -58,13 +58,9 @@ class ServeConfig:
 
 
 @dataclass
-class ServeStats:
-    """What all senders together sent, and what decoding skipped."""
+class ServeStats(SendStats):
+    """What all senders together sent, what decoding skipped, and how long it took."""
 
-    batches: int = 0
-    samples: int = 0
-    bytes: int = 0
-    epochs: int = 0
     skipped: int = 0
     seconds: float = 0.0
 

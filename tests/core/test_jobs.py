@@ -215,8 +215,8 @@ def test_closing_early_kills_running_commands(tmp_path):
 
 def cluster_job(**kw):
     base = dict(spec="{0000..0009}", ids=[f"{i:04d}" for i in range(10)], portable=True,
-                command=["tarproc", "-c", "echo $(date) $$", "in-{}.tar", "-o", "out-{}.tar"],
-                retries=3, parallelism=4, name="ocr")
+                options=JobOptions(["tarproc", "-c", "echo $(date) $$", "in-{}.tar", "-o", "out-{}.tar"], retries=3),
+                parallelism=4, name="ocr")
     base.update(kw)
     return ClusterJob(**base)
 

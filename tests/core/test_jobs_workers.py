@@ -65,7 +65,7 @@ def test_stopping_a_run_kills_its_commands_on_the_worker():
 
 @pytest.mark.parametrize("shard", ["#1.tar", " a.tar", "a\nb.tar"])
 def test_ids_that_a_list_would_change_are_refused_in_manifests(shard):
-    job = ClusterJob("*.tar", ["x.tar", shard], False, ["cp", "{}", "out"])
+    job = ClusterJob("*.tar", ["x.tar", shard], False, JobOptions(["cp", "{}", "out"]))
     with pytest.raises(OptionError, match="can't be passed in a list"):
         k8s_manifest(job, "img")
     with pytest.raises(OptionError, match="can't be passed in a list"):
