@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     CompressedShardError,
     CompressionError,
+    DatasetError,
     DecodeError,
     DuplicateError,
     IndexFileError,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from .pcat import parallel_samples
     from .process import map_samples, shell_samples
     from .sort import SortStats, sort_samples
+    from .dataset import Dataset, Loader
     from .transport import EpochEnd, Receiver, Sender
 
 __version__ = "0.1.0"
@@ -56,6 +58,8 @@ _LAZY = {
     "Receiver": "transport",
     "Sender": "transport",
     "EpochEnd": "transport",
+    "Dataset": "dataset",
+    "Loader": "dataset",
 }
 
 
@@ -70,12 +74,15 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CompressedShardError",
     "CompressionError",
+    "Dataset",
+    "DatasetError",
     "DecodeError",
     "DuplicateError",
     "EpochEnd",
     "IndexFileError",
     "IndexedShard",
     "JobError",
+    "Loader",
     "OptionError",
     "ReadStats",
     "Receiver",

@@ -18,6 +18,18 @@ class TarprocError(Exception):
     def __str__(self) -> str:
         return f"{self.url}: {self.message}" if self.url else self.message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # pickle with every attribute (a DataLoader worker sends errors to the main process);
+        # the default would call __init__ with the message alone, which most subclasses don't take
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type[TarprocError], args: tuple[object, ...], state: dict[str, object]) -> TarprocError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class TarFormatError(TarprocError):
     """The stream is not a valid tar archive: truncated, bad checksum, garbage, too large a member.
@@ -116,6 +128,46 @@ class WireError(TarprocError):
 
     ``url`` is the endpoint it arrived on; a receiver reports it and keeps running.
     """
+
+
+class DatasetError(TarprocError):
+    """An error in a training dataset's worker process, as the main process receives it.
+
+    ``message`` is the original error's one line (shard URL, key, field, byte offset) and
+    ``worker`` the DataLoader worker that hit it. torch's DataLoader re-raises a worker's exception
+    by calling its class with a message that wraps the worker's traceback; this class takes the
+    original line back out of that message, so the main process sees one clear line.
+    """
+
+    def __init__(self, message: str, url: str | None = None, worker: int | None = None, cause: str | None = None) -> None:
+        if url is None and message.startswith("Caught ") and "\nOriginal Traceback" in message:
+            message, worker = _unwrap_worker_message(message)
+            url = None
+        self.worker = worker
+        self.cause = cause
+        super().__init__(message, url)
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return text if self.worker is None else f"{text} (DataLoader worker {self.worker})"
+
+
+def _unwrap_worker_message(text: str) -> tuple[str, int | None]:
+    """The original one-line message and worker id inside torch's wrapped worker exception text."""
+    first = text.split("\n", 1)[0]
+    worker = None
+    if "worker process " in first:
+        number = first.rsplit("worker process ", 1)[1].rstrip(".")
+        worker = int(number) if number.isdigit() else None
+    for line in reversed(text.rstrip().splitlines()):
+        prefix = f"{__name__}.DatasetError: "
+        if line.startswith(prefix):
+            message = line[len(prefix):]
+            # our own __str__ added the worker suffix in the worker: drop it, it is re-added here
+            if worker is not None and message.endswith(f" (DataLoader worker {worker})"):
+                message = message[: -len(f" (DataLoader worker {worker})")]
+            return message, worker
+    return first, worker
 
 
 class OptionError(TarprocError):

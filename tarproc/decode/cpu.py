@@ -25,7 +25,7 @@ from PIL import Image, UnidentifiedImageError
 
 from ..imaging import rgb_image
 from ..sniff import sniff_type
-from .spec import AugmentSpec, Plan
+from .spec import AugmentSpec, Plan, color_matrix
 
 Job = tuple[bytes, str]  # (encoded image, sample key: the seed of its random parameters)
 Result = Any  # np.ndarray, or ImageError for an image that could not be decoded
@@ -92,7 +92,7 @@ def decode_rgb(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = Tru
                     array = simplejpeg.decode_jpeg(data, colorspace="RGB")
             except (ValueError, KeyError) as e:
                 raise ImageError(str(e) or type(e).__name__) from None
-            if plan.identity:  # no resampling: crop in place, without a round trip through Pillow
+            if plan.identity and plan.color is None:  # crop in place, without a round trip through Pillow
                 x0, y0, x1, y1 = (int(v) for v in plan.window)
                 return array[y0:y1, x0:x1], plan
             return _resample(Image.fromarray(array), plan, f), plan
@@ -123,6 +123,10 @@ def _decode_pillow(data: bytes, spec: AugmentSpec, key: str) -> tuple[np.ndarray
 
 
 def _resample(im: Image.Image, plan: Plan, factor: int) -> np.ndarray:
+    """Rotate, take and resample the window, and map the colours, as ``plan`` says."""
+    if plan.angle:
+        # about the centre, keeping the size, black corners (as DALI's rotate with keep_size)
+        im = im.rotate(plan.angle, Image.Resampling.BILINEAR, expand=False, fillcolor=(0, 0, 0))
     if plan.identity:
         x0, y0, x1, y1 = (int(v) for v in plan.window)
         if (x0, y0, x1, y1) != (0, 0, im.width, im.height):
@@ -130,6 +134,10 @@ def _resample(im: Image.Image, plan: Plan, factor: int) -> np.ndarray:
     else:
         box = tuple(v / factor for v in plan.window)
         im = im.resize(plan.out, Image.Resampling.BILINEAR, box=box)  # type: ignore[arg-type]
+    if plan.color is not None:
+        # one affine map, rounded and clipped to 0..255 in C (Pillow's matrix conversion)
+        matrix, offset = color_matrix(plan.color)
+        im = im.convert("RGB", tuple(v for row in matrix for v in (*row, offset)))  # type: ignore[arg-type]
     return np.asarray(im)
 
 

@@ -1,10 +1,13 @@
 """The ``dali-cpu`` and ``gpu`` backends: one NVIDIA DALI graph, fed with encoded bytes and plans.
 
 The graph: ``fn.external_source`` of encoded bytes and of each image's plan (window start/end,
-output size, flip flag, all computed on the host by ``AugmentSpec.plan``), ``fn.decoders.image``
-(``device="mixed"``: the GPU and its hardware JPEG engine; ``"cpu"`` with ``device_id=None``: no
-GPU needed), ``fn.resize`` of the window with antialiased linear interpolation, and
-``fn.crop_mirror_normalize`` for flip, mean/std, dtype and layout.
+output size, flip flag, rotation angle and colour parameters, all computed on the host by
+``AugmentSpec.plan``), ``fn.decoders.image`` (``device="mixed"``: the GPU and its hardware JPEG
+engine; ``"cpu"`` with ``device_id=None``: no GPU needed), ``fn.rotate`` about the centre (only when
+the spec rotates), ``fn.resize`` of the window with antialiased linear interpolation,
+``fn.color_twist`` (only when the spec jitters colours) and ``fn.crop_mirror_normalize`` for flip,
+mean/std, dtype and layout. The operators run where the decoder puts the images: on the GPU after
+``mixed``.
 
 A DALI pipeline is no longer usable after an error, and one bad image fails its whole batch: the
 pipeline is then rebuilt, each image of the batch is checked on the cpu path, and the good ones go
@@ -92,12 +95,20 @@ class DaliDecoder:
             flip = fn.external_source(name="flip", dtype=types.INT32, ndim=0)
             images = fn.decoders.image(encoded, device="mixed" if self.gpu else "cpu",
                                        output_type=types.RGB, adjust_orientation=False)
+            if spec.rotate:
+                angle = fn.external_source(name="angle", dtype=types.FLOAT, ndim=0)
+                images = fn.rotate(images, angle=angle, keep_size=True, fill_value=0,
+                                   interp_type=types.INTERP_LINEAR)
             if geometric:
                 start = fn.external_source(name="start", dtype=types.FLOAT, ndim=1)
                 end = fn.external_source(name="end", dtype=types.FLOAT, ndim=1)
                 size = fn.external_source(name="size", dtype=types.FLOAT, ndim=1)
                 images = fn.resize(images, roi_start=start, roi_end=end, size=size,
                                    interp_type=types.INTERP_LINEAR, antialias=True)
+            if spec.jitter:
+                color = {name: fn.external_source(name=name, dtype=types.FLOAT, ndim=0)
+                         for name in ("brightness", "contrast", "saturation", "hue")}
+                images = fn.color_twist(images, **color)  # uint8 out: rounded and clipped, as on the cpu
             return fn.crop_mirror_normalize(
                 images, mirror=flip, mean=mean, std=std, dtype=getattr(types, _DTYPES[spec.output_dtype]),
                 output_layout=spec.layout,
@@ -115,6 +126,12 @@ class DaliDecoder:
             pipe.feed_input("start", [np.array([p.window[1], p.window[0]], np.float32) for p in plans])
             pipe.feed_input("end", [np.array([p.window[3], p.window[2]], np.float32) for p in plans])
             pipe.feed_input("size", [np.array([p.out[1], p.out[0]], np.float32) for p in plans])
+        if self.spec.rotate:
+            pipe.feed_input("angle", [np.array(p.angle, np.float32) for p in plans])
+        if self.spec.jitter:
+            neutral = (1.0, 1.0, 1.0, 0.0)
+            for i, name in enumerate(("brightness", "contrast", "saturation", "hue")):
+                pipe.feed_input(name, [np.array((p.color or neutral)[i], np.float32) for p in plans])
         (out,) = pipe.run()
         return out
 

@@ -16,12 +16,28 @@ same window and flip the same images for the same seed:
 - ``random_crop``: torchvision's ``RandomResizedCrop`` window (area fraction drawn from ``scale``,
   log-uniform aspect ratio from ``ratio``, 10 attempts then a central fallback; integer window),
   resampled to ``size`` x ``size``;
-- ``flip``: the image is mirrored horizontally with probability ``flip``.
+- ``flip``: the image is mirrored horizontally with probability ``flip``;
+- ``rotate``: before the window is taken, the whole image is rotated counter-clockwise about its
+  centre by an angle drawn uniformly from ``[-rotate, rotate]`` degrees, keeping its size, corners
+  filled with black (torchvision's ``RandomRotation(rotate)``, here with bilinear sampling); the
+  window is then taken in the rotated image;
+- colour jitter (``brightness``, ``contrast``, ``saturation``, ``hue``, torchvision's
+  ``ColorJitter`` ranges: factors drawn from ``[max(0, 1 - x), 1 + x]``, the hue shift from
+  ``[-hue, hue]`` of a full turn) applied to the resampled window as **one affine colour map** per
+  image, then rounded and clipped to 0..255: hue rotates and saturation scales the chroma plane of
+  YIQ space, contrast scales around mid-grey 128, brightness scales everything, i.e.
+  ``out = b * (c * (H(s, h) @ rgb) + 128 * (1 - c))``. This is exactly DALI's ``color_twist``, so
+  every backend computes the same map. It differs from torchvision in three stated ways: contrast
+  pivots on 128 rather than on the image's mean grey, hue is a YIQ rotation rather than an HSV
+  shift, and the order is fixed (one map) rather than random.
 
 Resampling is bilinear with antialiasing (a triangle filter widened by the downscale factor:
 Pillow's ``BILINEAR``, DALI's ``INTERP_LINEAR`` with ``antialias=True``). Per-image randomness comes
 from ``random.Random(f"{seed}/{key}")``: the same seed gives the same crops and flips whatever the
-backend, the batch size, the number of processes or the order of the samples.
+backend, the batch size, the number of processes or the order of the samples. Training feeds add
+the epoch to the key (``plan_key``), so each epoch gets new augmentations, still reproducible. With
+``seed=None`` (the default) the stages draw a fresh seed each time they run: new augmentations on
+every pass, as torchvision gives, but not reproducible.
 
 Pixel values: RGB (grayscale replicated, CMYK converted, alpha dropped), EXIF orientation ignored
 (pixels as stored). Without ``mean``/``std`` the values are 0..255 (as uint8 or float); with them,
@@ -44,17 +60,67 @@ DTYPES = ("uint8", "float16", "float32")
 
 
 class Plan(NamedTuple):
-    """What to do with one image: resample ``window`` (x0, y0, x1, y1) to ``out`` (w, h), flip."""
+    """What to do with one image: rotate by ``angle`` degrees (counter-clockwise), resample ``window``
+    (x0, y0, x1, y1) to ``out`` (w, h), flip, then apply ``color`` (brightness, contrast,
+    saturation, hue in degrees) when it is not None."""
 
     window: tuple[float, float, float, float]
     out: tuple[int, int]
     flip: bool
+    angle: float = 0.0
+    color: tuple[float, float, float, float] | None = None
 
     @property
     def identity(self) -> bool:
         """True when the plan copies stored pixels (no resampling needed)."""
         x0, y0, x1, y1 = self.window
-        return self.out == (round(x1 - x0), round(y1 - y0)) and all(float(v).is_integer() for v in self.window)
+        return (
+            self.angle == 0
+            and self.out == (round(x1 - x0), round(y1 - y0))
+            and all(float(v).is_integer() for v in self.window)
+        )
+
+
+def plan_key(key: str, epoch: int = 0) -> str:
+    """The string a sample's random parameters are drawn from: its key, joined to the epoch after 0.
+
+    >>> plan_key("a"), plan_key("a", 2)
+    ('a', 'a\\x00epoch 2')
+    """
+    return key if epoch == 0 else f"{key}\x00epoch {epoch}"
+
+
+_YIQ = ((0.299, 0.587, 0.114), (0.596, -0.274, -0.322), (0.211, -0.523, 0.312))
+
+
+def _inverse3(m: tuple[tuple[float, ...], ...]) -> list[list[float]]:
+    (a, b, c), (d, e, f), (g, h, i) = m
+    det = a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)
+    adj = [[e * i - f * h, c * h - b * i, b * f - c * e], [f * g - d * i, a * i - c * g, c * d - a * f],
+           [d * h - e * g, b * g - a * h, a * e - b * d]]
+    return [[v / det for v in row] for row in adj]
+
+
+_YIQ_INV = _inverse3(_YIQ)
+
+
+def color_matrix(color: tuple[float, float, float, float]) -> tuple[list[list[float]], float]:
+    """The affine colour map of ``(brightness, contrast, saturation, hue_degrees)``: ``(M, offset)``
+    with ``out = M @ rgb + offset`` (the same map DALI's ``color_twist`` applies).
+
+    >>> m, off = color_matrix((1.0, 1.0, 1.0, 0.0))
+    >>> [[round(v, 6) + 0.0 for v in row] for row in m], off
+    ([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], 0.0)
+    """
+    brightness, contrast, saturation, hue = color
+    h = math.radians(hue)
+    cos, sin = math.cos(h) * saturation, math.sin(h) * saturation
+    # chroma plane (I, Q) scaled by saturation and rotated by the hue angle, luma kept
+    chroma = ((1.0, 0.0, 0.0), (0.0, cos, sin), (0.0, -sin, cos))
+    inner = [[sum(chroma[i][k] * _YIQ[k][j] for k in range(3)) for j in range(3)] for i in range(3)]
+    hs = [[sum(_YIQ_INV[i][k] * inner[k][j] for k in range(3)) for j in range(3)] for i in range(3)]
+    scale = brightness * contrast
+    return [[scale * v for v in row] for row in hs], brightness * 128.0 * (1.0 - contrast)
 
 
 @dataclass(frozen=True)
@@ -78,7 +144,12 @@ class AugmentSpec:
     std: tuple[float, ...] | None = None
     layout: str = "HWC"
     dtype: str | None = None
-    seed: int = 0
+    seed: int | None = None
+    rotate: float = 0.0
+    brightness: float = 0.0
+    contrast: float = 0.0
+    saturation: float = 0.0
+    hue: float = 0.0
 
     def __post_init__(self) -> None:
         if self.size is not None and self.size < 1:
@@ -99,6 +170,13 @@ class AugmentSpec:
             raise OptionError(f"bad ratio {lo},{hi}; need 0 < LO <= HI")
         if not 0 <= self.flip <= 1:
             raise OptionError(f"bad flip probability {self.flip}; must be in 0..1")
+        if not 0 <= self.rotate <= 180:
+            raise OptionError(f"bad rotation {self.rotate}; give the largest angle in degrees, 0..180")
+        for name, value in (("brightness", self.brightness), ("contrast", self.contrast), ("saturation", self.saturation)):
+            if value < 0:
+                raise OptionError(f"bad {name} {value}; must be >= 0 (the factor is drawn from [1-x, 1+x])")
+        if not 0 <= self.hue <= 0.5:
+            raise OptionError(f"bad hue {self.hue}; must be in 0..0.5 (a fraction of the colour circle)")
         for name, values in (("mean", self.mean), ("std", self.std)):
             if values is not None and len(values) != 3:
                 raise OptionError(f"bad {name} {values}; give three values (R,G,B)")
@@ -132,15 +210,25 @@ class AugmentSpec:
         """True when images are cropped or resized (else they keep their stored size)."""
         return self.size is not None or self.resize is not None
 
+    @property
+    def jitter(self) -> bool:
+        """True when colours are jittered (brightness, contrast, saturation or hue)."""
+        return bool(self.brightness or self.contrast or self.saturation or self.hue)
+
+    @property
+    def random(self) -> bool:
+        """True when the spec draws anything at random (then its seed matters)."""
+        return self.random_crop or self.flip > 0 or self.rotate > 0 or self.jitter
+
     def plan(self, key: str, height: int, width: int) -> Plan:
         """The plan for the image of sample ``key`` stored as ``height`` x ``width``.
 
         >>> AugmentSpec(size=100).plan("k", 300, 400)
-        Plan(window=(150, 100, 250, 200), out=(100, 100), flip=False)
+        Plan(window=(150, 100, 250, 200), out=(100, 100), flip=False, angle=0.0, color=None)
         >>> AugmentSpec(resize=150).plan("k", 300, 400).out
         (200, 150)
         """
-        rng = random.Random(f"{self.seed}/{key}")
+        rng = random.Random(f"{self.seed}/{key}") if self.seed is not None else random.Random()
         h, w = height, width
         window: tuple[float, float, float, float]
         if self.random_crop:
@@ -163,7 +251,18 @@ class AugmentSpec:
         else:
             window, out = (0, 0, w, h), (w, h)
         flip = self.flip > 0 and rng.random() < self.flip
-        return Plan(window, out, flip)
+        # drawn after the crop and flip, so specs without them keep the plans they always had
+        angle = rng.uniform(-self.rotate, self.rotate) if self.rotate else 0.0
+        color = None
+        if self.jitter:
+
+            def factor(x: float) -> float:
+                return rng.uniform(max(0.0, 1 - x), 1 + x) if x else 1.0
+
+            brightness, contrast, saturation = factor(self.brightness), factor(self.contrast), factor(self.saturation)
+            hue = rng.uniform(-self.hue, self.hue) * 360 if self.hue else 0.0
+            color = (brightness, contrast, saturation, hue)
+        return Plan(window, out, flip, angle, color)
 
 
 def random_resized_window(

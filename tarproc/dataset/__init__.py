@@ -1,0 +1,28 @@
+"""Training datasets over sharded tar files: ``Dataset`` (a torch ``IterableDataset`` when torch is
+installed, a plain iterable otherwise) and ``Loader`` (a DataLoader that keeps the position).
+
+::
+
+    import torch, tarproc
+    from tarproc.decode import AugmentSpec, IMAGENET_MEAN, IMAGENET_STD
+
+    spec = AugmentSpec(size=224, random_crop=True, flip=0.5, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout="CHW")
+    ds = tarproc.Dataset("train-{0000..0147}.tar", decode=spec, shuffle=1000, to_tuple=("jpg", "cls"), batch_size=64)
+    for epoch in range(90):
+        ds.set_epoch(epoch)
+        for images, labels in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=8):
+            ...
+
+The rules (who reads what, epochs, resume, errors) are in ``docs/training.md``; the split of an
+epoch among ranks and workers in ``tarproc.dataset.split``.
+"""
+
+from .core import EncodedImages, EpochClock, Position
+from .fields import DEFAULT_HANDLERS, apply_handlers, collate
+from .loader import HAVE_TORCH, Dataset, Loader
+from .split import Assignment, Part, epoch_order, load_lengths, split_by_shard, split_even
+
+__all__ = [
+    "DEFAULT_HANDLERS", "HAVE_TORCH", "Assignment", "Dataset", "EncodedImages", "EpochClock", "Loader", "Part",
+    "Position", "apply_handlers", "collate", "epoch_order", "load_lengths", "split_by_shard", "split_even",
+]

@@ -1,0 +1,494 @@
+"""``Dataset``: shards to training batches, over the same reader, stages and decode stage as the commands.
+
+One consumer (a DataLoader worker of one rank, or the main process) runs this pipeline::
+
+    its parts of the epoch's shards (split.py)   -> read_samples, every sample of its parts, in order
+    -> shuffle buffer (seed, epoch, consumer)     -> skip what a resumed run already took
+    -> batches of batch_size input samples        -> decode + augment the image (AugmentSpec, plan key = key + epoch)
+    -> field handlers (cls -> int, json, ...)     -> to_tuple selection -> collate (numpy, then torch tensors)
+
+The module never imports torch: ``tarproc.dataset.loader`` is the thin torch-facing layer (worker
+info, tensors, ``Loader``), and ``Dataset`` becomes a ``torch.utils.data.IterableDataset`` there
+when torch can be imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import multiprocessing
+import os
+import random
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from ..decode.spec import AugmentSpec, plan_key
+from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder, parse_field_list
+from ..errors import DecodeError, OptionError, TarprocError
+from ..samples import Sample, read_samples
+from ..sources import expand_urls
+from ..stages import chunked, shuffle
+from ..tario import DEFAULT_MAX_MEMBER_SIZE
+from .fields import DEFAULT_HANDLERS, Handler, apply_handlers, collate, parse_selection, pick
+from .split import Assignment, Part, epoch_order, load_lengths, split_by_shard, split_even
+
+ON_ERROR = ("fail", "skip")
+DEVICES = ("cpu", "dali-cpu", "gpu")
+STATE_VERSION = 1
+_PASS_STRIDE = 1_000_000  # repeat=True: pass p of nominal epoch e draws its randomness as epoch e * stride + p
+
+
+class Position(NamedTuple):
+    """Where a batch comes from: ``epoch``, the ``consumer`` (rank * workers + worker) of
+    ``consumers``, and how many of the consumer's input samples the epoch has taken up to and
+    including this batch (the count a resumed run skips)."""
+
+    epoch: int
+    consumer: int
+    consumers: int
+    taken: int
+
+
+class EncodedImages(NamedTuple):
+    """A batch's images still encoded, for decoding in the main process (``device="gpu"``)."""
+
+    datas: list[bytes]
+    plan_keys: list[str]
+    keys: list[str]
+    urls: list[str | None]
+    fields: list[str]
+
+
+class EpochClock:
+    """The epoch number, shared by the main process and its DataLoader workers.
+
+    ``set_epoch(e)`` writes it to shared memory, so persistent workers see it too. Without
+    ``set_epoch``, each iteration of the dataset is the next epoch: every consumer counts the
+    iterations begun (``begin``), and ``workers`` of them make one epoch.
+    """
+
+    def __init__(self) -> None:
+        self._shared = multiprocessing.get_context().Array("q", [0, 0], lock=True)
+
+    def set(self, epoch: int) -> None:
+        with self._shared.get_lock():
+            self._shared[0] = epoch
+            self._shared[1] = 0
+
+    def begin(self, workers: int) -> int:
+        with self._shared.get_lock():
+            started = self._shared[1]
+            self._shared[1] = started + 1
+            return int(self._shared[0]) + started // workers
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration (of every worker) will run, when no iteration is under way."""
+        with self._shared.get_lock():
+            return int(self._shared[0])
+
+
+class Dataset:
+    """Batches for training from sharded tar files; see ``docs/training.md``.
+
+    >>> import os, tempfile, tarproc
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.tar")
+    >>> with open(path, "wb") as f, tarproc.TarWriter(f) as w:
+    ...     for i in range(5):
+    ...         w.write_sample({"__key__": f"k{i}", "cls": i, "txt": f"t{i}"})
+    >>> ds = Dataset(path, to_tuple=("cls", "txt"), batch_size=2, tensors="numpy")
+    >>> [(b[0].tolist(), b[1]) for b in ds]
+    [([0, 1], ['t0', 't1']), ([2, 3], ['t2', 't3']), ([4], ['t4'])]
+    """
+
+    def __init__(
+        self,
+        urls: str | Iterable[str],
+        *,
+        batch_size: int = 64,
+        shuffle: int = 0,
+        shuffle_shards: bool | None = None,
+        seed: int = 0,
+        decode: AugmentSpec | None = None,
+        device: str = "cpu",
+        image: str = DEFAULT_FIELDS,
+        threads: int = 1,
+        handlers: Mapping[str, Handler | None] | None = None,
+        to_tuple: Sequence[str] | None = None,
+        map: Callable[[Sample], Sample | None] | None = None,  # noqa: A002 - the user-facing name
+        drop_last: bool = False,
+        repeat: bool = False,
+        batches_per_epoch: int | None = None,
+        lengths: str | os.PathLike[str] | Mapping[str, int] | Sequence[int] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        on_error: str = "fail",
+        tensors: str = "auto",
+        dup: str = "error",
+        max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    ) -> None:
+        self.urls = expand_urls([urls] if isinstance(urls, str) else list(urls))
+        if not self.urls:
+            raise OptionError("no shards given")
+        if "-" in self.urls:
+            raise OptionError("a training dataset reads its shards once per epoch: give paths or URLs, not stdin (-)")
+        if batch_size < 1:
+            raise OptionError(f"bad batch size {batch_size}; must be >= 1")
+        if shuffle < 0:
+            raise OptionError(f"bad shuffle buffer {shuffle}; must be >= 0 (0: no sample shuffle)")
+        if device not in DEVICES:
+            raise OptionError(f"bad device {device!r}; use one of {', '.join(DEVICES)}")
+        if on_error not in ON_ERROR:
+            raise OptionError(f"bad on_error {on_error!r}; use one of {', '.join(ON_ERROR)}")
+        if tensors not in ("auto", "torch", "numpy"):
+            raise OptionError(f"bad tensors {tensors!r}; use auto, torch or numpy")
+        if batches_per_epoch is not None and (batches_per_epoch < 1 or not repeat):
+            raise OptionError("batches_per_epoch needs repeat=True and must be >= 1")
+        if threads < 1:
+            raise OptionError(f"bad threads {threads}; must be >= 1")
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.shuffle_shards = bool(shuffle) if shuffle_shards is None else shuffle_shards
+        self.seed = seed
+        self.spec = decode
+        if decode is not None and decode.seed is None:
+            # the dataset's seed makes the augmentations reproducible; the epoch makes them new
+            self.spec = dataclasses.replace(decode, seed=seed)
+        self.device = device
+        self.image_fields = parse_field_list(image)
+        self.threads = threads
+        self.handlers = dict(DEFAULT_HANDLERS if handlers is None else handlers)
+        self.selection = parse_selection(to_tuple) if to_tuple is not None else None
+        self.map = map
+        self.drop_last = drop_last
+        self.repeat = repeat
+        self.batches_per_epoch = batches_per_epoch
+        self.lengths = load_lengths(lengths, self.urls) if lengths is not None else None
+        self.rank, self.world_size = rank, world_size
+        if (rank is None) != (world_size is None):
+            raise OptionError("give both rank and world_size, or neither (then RANK/WORLD_SIZE or torch.distributed)")
+        if rank is not None and world_size is not None and not 0 <= rank < world_size:
+            raise OptionError(f"bad rank {rank} of world size {world_size}")
+        self.on_error = on_error
+        self.tensors = tensors
+        self.dup = dup
+        self.max_member_size = max_member_size
+        self.decode_stats = DecodeStats()
+        self.dropped = 0  # samples the even split left out of the last epoch begun
+        self._clock = EpochClock()
+        self._resume: dict[int, int] = {}  # consumer -> input samples to skip, for the epoch _resume_epoch
+        self._resume_epoch: int | None = None
+        self._resume_start: dict[int, int] = {}  # the same, kept whole for Loader's bookkeeping
+        self._resume_consumers: int | None = None
+        self._taken: dict[int, int] = {}  # in-process iteration: consumer -> samples taken this epoch
+        self._epoch_seen: int | None = None
+        self._consumers_seen: int | None = None
+        self._tagged = False  # set by Loader: yield (Position, batch) pairs
+        self._main_decoder: Any = None
+
+    # -- who am I ---------------------------------------------------------------------------------
+
+    @property
+    def decodes_in_main(self) -> bool:
+        """True when images are decoded in the main process (``device="gpu"``: CUDA can't run in
+        forked workers); the workers then read, shuffle and batch the encoded bytes."""
+        return self.spec is not None and self.device == "gpu"
+
+    def rank_world(self) -> tuple[int, int]:
+        """``(rank, world_size)``: as given, else ``RANK``/``WORLD_SIZE`` (torchrun), else
+        torch.distributed when it is initialized, else ``(0, 1)``."""
+        if self.rank is not None and self.world_size is not None:
+            return self.rank, self.world_size
+        env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+        if env_rank is not None and env_world is not None:
+            try:
+                rank, world = int(env_rank), int(env_world)
+            except ValueError:
+                raise OptionError(f"bad RANK={env_rank!r} / WORLD_SIZE={env_world!r} in the environment") from None
+            if not 0 <= rank < world:
+                raise OptionError(f"bad RANK={rank} for WORLD_SIZE={world}")
+            return rank, world
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+        return 0, 1
+
+    def worker_info(self) -> tuple[int, int, bool]:
+        """``(worker, workers, in_worker)``: overridden by the torch layer for DataLoader workers."""
+        return 0, 1, False
+
+    def to_tensors(self, batch: Any) -> Any:
+        """Numpy arrays to framework tensors: overridden by the torch layer."""
+        return batch
+
+    # -- epochs and resume -------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run ``epoch`` next (as ``DistributedSampler.set_epoch``): its shard order, shuffle and
+        augmentations. Without it, each pass over the dataset is the next epoch."""
+        if epoch < 0:
+            raise OptionError(f"bad epoch {epoch}; must be >= 0")
+        self._clock.set(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._clock.epoch
+
+    def assignment(self, epoch: int, rank: int, world_size: int, worker: int, workers: int) -> Assignment:
+        """What consumer ``(rank, worker)`` reads in ``epoch`` (see ``tarproc.dataset.split``)."""
+        order = epoch_order(self.urls, self.seed, epoch, self.shuffle_shards)
+        if self.lengths is not None:
+            return split_even(order, self.lengths, rank, world_size, worker, workers)
+        return split_by_shard(order, rank * workers + worker, world_size * workers)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where in-process iteration (no DataLoader workers) stands; ``Loader.state_dict`` for workers."""
+        return self._state(self._epoch_seen, self._consumers_seen, self._taken)
+
+    def _state(self, epoch: int | None, consumers: int | None, taken: Mapping[int, int]) -> dict[str, Any]:
+        rank, world = self.rank_world()
+        return {
+            "version": STATE_VERSION, "seed": self.seed, "epoch": self.epoch if epoch is None else epoch,
+            "rank": rank, "world_size": world, "consumers": consumers, "taken": {str(c): n for c, n in taken.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue where ``state`` (from ``state_dict``) stood: the same epoch, each consumer
+        skipping the samples it had taken (same seed, world size and number of workers)."""
+        try:
+            version, seed, epoch = state["version"], state["seed"], int(state["epoch"])
+            consumers = state["consumers"]
+            taken = {int(c): int(n) for c, n in state["taken"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise OptionError("not a tarproc dataset state (expected the dict state_dict() returned)") from None
+        if version != STATE_VERSION:
+            raise OptionError(f"dataset state version {version} is not supported (this is version {STATE_VERSION})")
+        if seed != self.seed:
+            raise OptionError(f"the state is for seed {seed}, this dataset has seed {self.seed}: resume with the same seed")
+        self._clock.set(epoch)
+        self._resume, self._resume_start, self._resume_epoch = dict(taken), dict(taken), epoch
+        self._resume_consumers = None if consumers is None else int(consumers)
+
+    # -- the pipeline ------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        rank, world = self.rank_world()
+        worker, workers, in_worker = self.worker_info()
+        epoch = self._clock.begin(workers)
+        consumers = world * workers
+        consumer = rank * workers + worker
+        skip = 0
+        if self._resume_epoch == epoch:
+            if self._resume_consumers is not None and self._resume_consumers != consumers:
+                raise OptionError(
+                    f"the saved state is for {self._resume_consumers} readers (ranks x workers), this run has "
+                    f"{consumers}: resume with the same world size and num_workers"
+                )
+            skip = self._resume.pop(consumer, 0)
+        if self.decodes_in_main and in_worker and not self._tagged:
+            raise OptionError(
+                "device='gpu' decodes in the main process (CUDA can't run in forked DataLoader workers): "
+                "iterate ds.loader(num_workers=N) instead of DataLoader(ds, ...)"
+            )
+        if not in_worker:
+            self._epoch_seen, self._consumers_seen = epoch, consumers
+            self._taken = {consumer: skip}
+        batches = self._batches(epoch, rank, world, worker, workers, skip)
+        if self.batches_per_epoch is not None:
+            base, extra = divmod(self.batches_per_epoch, workers)
+            batches = itertools.islice(batches, base + (1 if worker < extra else 0))
+        try:
+            for taken, batch in batches:
+                if not in_worker:
+                    self._taken[consumer] = taken
+                    if self.decodes_in_main:
+                        batch = self.finish(batch)
+                if self._tagged:
+                    yield Position(epoch, consumer, consumers, taken), batch
+                else:
+                    yield batch
+        except TarprocError as e:
+            if not in_worker:
+                raise
+            from ..errors import DatasetError
+
+            raise DatasetError(str(e), worker=worker, cause=type(e).__name__) from e
+        finally:
+            if self._main_decoder is not None and not self._tagged:
+                self._main_decoder.close()
+                self._main_decoder = None
+
+    def _batches(self, epoch: int, rank: int, world: int, worker: int, workers: int, skip: int) -> Iterator[tuple[int, Any]]:
+        """``(samples taken so far, batch)`` for one consumer: one epoch, or passes without end."""
+        passes = itertools.count() if self.repeat else [0]
+        for p in passes:
+            run_epoch = epoch * _PASS_STRIDE + p if self.repeat else epoch
+            assignment = self.assignment(run_epoch, rank, world, worker, workers)
+            if self.repeat and not assignment.parts:
+                return  # nothing to read (more readers than samples): an empty stream, not a spin
+            self.dropped = assignment.dropped
+            yield from self._epoch_batches(assignment, run_epoch, rank * workers + worker, skip if p == 0 else 0)
+
+    def _epoch_batches(self, assignment: Assignment, epoch: int, consumer: int, skip: int) -> Iterator[tuple[int, Any]]:
+        samples: Iterable[Sample] = self._read(assignment.parts)
+        if self.map is not None:
+            samples = (m for m in (self.map(s) for s in samples) if m is not None)
+        if self.shuffle:
+            seed = random.Random(f"{self.seed}/samples/{epoch}/{consumer}").getrandbits(63)
+            samples = shuffle(samples, self.shuffle, seed=seed)
+        taken = skip
+        if skip:
+            samples = itertools.islice(samples, skip, None)
+        decoder = None
+        if self.spec is not None and not self.decodes_in_main:
+            decoder = make_decoder(self.spec, self.device, self.batch_size, self.threads)
+        try:
+            for chunk in chunked(samples, self.batch_size):
+                taken += len(chunk)
+                if self.drop_last and len(chunk) < self.batch_size:
+                    break
+                rows = self._rows(chunk, decoder, epoch)
+                if rows:
+                    yield taken, self.to_tensors(collate(rows))
+        finally:
+            if decoder is not None:
+                decoder.close()
+
+    def _read(self, parts: list[Part]) -> Iterator[Sample]:
+        for part in parts:
+            samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size)
+            try:
+                for index, sample in enumerate(samples):
+                    if part.stop is not None and index >= part.stop:
+                        break
+                    if part.wants(index):
+                        yield sample
+            finally:
+                samples.close()
+
+    def _rows(self, chunk: list[Sample], decoder: Any, epoch: int) -> list[Any]:
+        """Decode, handle and select one batch's samples; bad ones fail or are skipped (counted)."""
+        skip_fields: frozenset[str] = frozenset()
+        if self.spec is not None and decoder is not None:
+            chunk = next(iter(decoded_batches(
+                chunk, self.spec, field=";".join(self.image_fields), device=decoder, batch_size=len(chunk),
+                on_error=self.on_error, stats=self.decode_stats, warn=_warn, epoch=epoch,
+            )), [])
+            skip_fields = frozenset(self.image_fields)
+        elif self.spec is not None:
+            chunk = [self._encoded(s, epoch) for s in chunk]
+            chunk = [s for s in chunk if s is not None]
+            skip_fields = frozenset(self.image_fields)
+        rows = []
+        for sample in chunk:
+            try:
+                sample = apply_handlers(sample, self.handlers, skip_fields)
+                rows.append(pick(sample, self.selection) if self.selection is not None else sample)
+            except DecodeError as e:
+                if self.on_error == "fail":
+                    raise
+                self.decode_stats.skipped += 1
+                _warn(f"skipped: {e}")
+        if rows and self.spec is not None and self.decodes_in_main:
+            rows = [_bundle_encoded(rows)]  # type: ignore[list-item]
+            return rows
+        return rows
+
+    def _encoded(self, sample: Sample, epoch: int) -> Sample | None:
+        """For decoding in the main process: the image field's bytes, as ``(bytes, plan key)``."""
+        for name in self.image_fields:
+            if name in sample:
+                sample[name] = _Encoded(bytes(sample[name]), plan_key(str(sample["__key__"]), epoch), name)
+                return sample
+        error = DecodeError(f"no image field ({';'.join(self.image_fields)})", sample.get("__url__"), sample.get("__key__"))
+        if self.on_error == "fail":
+            raise error
+        self.decode_stats.skipped += 1
+        _warn(f"skipped: {error}")
+        return None
+
+    # -- main-process decoding (device="gpu") ------------------------------------------------------
+
+    def finish(self, batch: Any) -> Any:
+        """Decode a batch whose images are still encoded (``EncodedImages``), here, in this process."""
+        if self._main_decoder is None:
+            from ..decode.dali import DaliDecoder
+
+            assert self.spec is not None
+            self._main_decoder = DaliDecoder(self.spec, self.batch_size, threads=self.threads, gpu=self.device == "gpu")
+        return finish_encoded(batch, self._main_decoder, self.on_error, self.decode_stats, self.to_tensors)
+
+
+class _Encoded(NamedTuple):
+    data: bytes
+    plan_key: str
+    field: str
+
+
+def _bundle_encoded(rows: list[Any]) -> Any:
+    """Collate rows whose image is ``_Encoded`` into one batch with an ``EncodedImages`` column."""
+    def images(values: list[_Encoded], keys: list[str], urls: list[str | None]) -> EncodedImages:
+        return EncodedImages([v.data for v in values], [v.plan_key for v in values], keys, urls, [v.field for v in values])
+
+    first = rows[0]
+    if isinstance(first, tuple):
+        # tuples hold no key: take it from the plan key (key + epoch suffix)
+        cols = []
+        for i, value in enumerate(first):
+            column = [r[i] for r in rows]
+            if isinstance(value, _Encoded):
+                keys = [v.plan_key.split("\x00", 1)[0] for v in column]
+                cols.append(images(column, keys, [None] * len(column)))
+            else:
+                cols.append(collate([(v,) for v in column])[0])
+        return tuple(cols)
+    out = collate([{k: v for k, v in r.items() if not isinstance(v, _Encoded)} for r in rows])
+    for name, value in first.items():
+        if isinstance(value, _Encoded):
+            out[name] = images([r[name] for r in rows], [r["__key__"] for r in rows], [r.get("__url__") for r in rows])
+    return out
+
+
+def finish_encoded(batch: Any, decoder: Any, on_error: str, stats: DecodeStats, to_tensors: Callable[[Any], Any]) -> Any:
+    """Decode the ``EncodedImages`` of a batch with ``decoder`` (a ``DaliDecoder``); rows whose
+    image fails are an error or, with ``on_error="skip"``, removed from every column."""
+    import numpy as np
+
+    def decode(images: EncodedImages) -> tuple[Any, list[int]]:
+        results = decoder.decode_batch(list(zip(images.datas, images.plan_keys, strict=True)))
+        keep = []
+        for i, result in enumerate(results):
+            if isinstance(result, Exception):
+                error = DecodeError(str(result), images.urls[i], images.keys[i], images.fields[i])
+                if on_error == "fail":
+                    raise error
+                stats.skipped += 1
+                _warn(f"skipped: {error}")
+            else:
+                keep.append(i)
+        arrays = [results[i] for i in keep]
+        stats.decoded += len(arrays)
+        same = arrays and all(a.shape == arrays[0].shape for a in arrays)
+        return (np.stack(arrays) if same else arrays), keep
+
+    def select(column: Any, keep: list[int], n: int) -> Any:
+        if len(keep) == n:
+            return column
+        if isinstance(column, np.ndarray) or hasattr(column, "index_select"):
+            return column[keep]
+        return [column[i] for i in keep]
+
+    columns = dict(enumerate(batch)) if isinstance(batch, tuple) else dict(batch)
+    keep, n, image = None, 0, None
+    for name, value in columns.items():
+        if isinstance(value, EncodedImages):
+            n, image = len(value.datas), name
+            columns[name], keep = decode(value)
+    if keep is not None and len(keep) != n:
+        columns = {k: (v if k == image else select(v, keep, n)) for k, v in columns.items()}
+    return to_tensors(tuple(columns.values()) if isinstance(batch, tuple) else columns)
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)

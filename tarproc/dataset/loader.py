@@ -1,0 +1,144 @@
+"""The torch-facing layer: ``Dataset`` as a ``torch.utils.data.IterableDataset``, and ``Loader``.
+
+Without torch, ``Dataset`` is the plain iterable of ``tarproc.dataset.core`` (numpy batches).
+With torch, it is also an ``IterableDataset`` whose batches hold tensors, and it knows its
+DataLoader worker. ``Loader`` is a DataLoader over it that records what the training loop took
+(``state_dict`` for exact resume) and decodes in the main process for ``device="gpu"``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .core import Dataset as _Core
+from .core import Position
+
+try:  # torch stays optional at runtime
+    import torch
+    from torch.utils.data import IterableDataset
+
+    HAVE_TORCH = True
+except ImportError:  # pragma: no cover - the test suite runs with torch
+    torch = None
+    IterableDataset = object
+    HAVE_TORCH = False
+
+
+def _as_torch(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return torch.from_numpy(value)
+    if isinstance(value, tuple):
+        return tuple(_as_torch(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _as_torch(v) for k, v in value.items()}
+    if isinstance(value, list) and value and all(isinstance(v, np.ndarray) for v in value):
+        return [torch.from_numpy(v) for v in value]
+    return value
+
+
+class Dataset(_Core, IterableDataset):  # type: ignore[misc, valid-type]
+    __doc__ = _Core.__doc__
+
+    def worker_info(self) -> tuple[int, int, bool]:
+        if HAVE_TORCH:
+            info = torch.utils.data.get_worker_info()
+            if info is not None:
+                return info.id, info.num_workers, True
+        return 0, 1, False
+
+    def to_tensors(self, batch: Any) -> Any:
+        if self.tensors == "numpy" or (self.tensors == "auto" and not HAVE_TORCH):
+            return batch
+        if not HAVE_TORCH:
+            from ..errors import OptionError
+
+            raise OptionError("tensors='torch' needs PyTorch: pip install torch")
+        return _as_torch(batch)
+
+    def loader(self, num_workers: int = 0, **kwargs: Any) -> Loader:
+        """A ``Loader`` (a DataLoader that tracks the position for ``state_dict``) over this dataset."""
+        return Loader(self, num_workers=num_workers, **kwargs)
+
+
+class Loader:
+    """``DataLoader(dataset, batch_size=None, num_workers=N, ...)`` that also keeps the position.
+
+    Iterate it as a DataLoader. ``state_dict()`` says, per reader, how many samples the training
+    loop has received this epoch; ``load_state_dict()`` makes the next iteration continue from
+    there, nothing repeated or skipped. With ``device="gpu"`` the workers batch encoded images and
+    the Loader decodes them here with DALI, on the GPU. A worker's error arrives as one
+    ``DatasetError`` line naming the shard, key and field; a worker that dies is a ``DatasetError``
+    naming the shards it was reading.
+    """
+
+    def __init__(self, dataset: Dataset, num_workers: int = 0, **kwargs: Any) -> None:
+        if not HAVE_TORCH:
+            from ..errors import OptionError
+
+            raise OptionError("Loader needs PyTorch: pip install torch (or iterate the Dataset itself)")
+        if kwargs.get("batch_size") is not None:
+            from ..errors import OptionError
+
+            raise OptionError("the dataset batches inside its workers: don't give the Loader a batch_size")
+        kwargs["batch_size"] = None
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.kwargs = kwargs
+        self._epoch: int | None = None
+        self._consumers: int | None = None
+        self._taken: dict[int, int] = {}
+
+    def __iter__(self) -> Iterator[Any]:
+        ds = self.dataset
+        ds._tagged = True  # before the workers start: they inherit it
+        loader = torch.utils.data.DataLoader(ds, num_workers=self.num_workers, **self.kwargs)
+        first = True
+        try:
+            for position, batch in _reraise_clean(loader):
+                position = Position(*position)
+                if first or position.epoch != self._epoch:
+                    first = False
+                    self._epoch, self._consumers = position.epoch, position.consumers
+                    # readers resumed mid-epoch start from where the state left them
+                    self._taken = dict(ds._resume_start) if position.epoch == ds._resume_epoch else {}
+                self._taken[position.consumer] = position.taken
+                if ds.decodes_in_main:
+                    batch = ds.finish(batch)
+                yield batch
+        finally:
+            ds._tagged = False
+            if ds._main_decoder is not None:
+                ds._main_decoder.close()
+                ds._main_decoder = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of this rank's readers: save it with the model, per rank."""
+        return self.dataset._state(self._epoch, self._consumers, self._taken)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` on the next iteration."""
+        self.dataset.load_state_dict(state)
+        self._epoch, self._consumers = None, None
+
+    def __len__(self) -> int:
+        raise TypeError("a Loader over shards has no length (batches_per_epoch sets one for repeat=True)")
+
+
+def _reraise_clean(loader: Any) -> Iterator[Any]:
+    """The loader's items; a dead worker becomes a DatasetError (torch says only its pid)."""
+    from ..errors import DatasetError
+
+    try:
+        yield from loader
+    except RuntimeError as e:
+        if "DataLoader worker" in str(e) and ("exited unexpectedly" in str(e) or "killed by signal" in str(e)):
+            raise DatasetError(f"a DataLoader worker died: {str(e).splitlines()[0]}") from e
+        raise
+
+
+def torch_available() -> bool:
+    return importlib.util.find_spec("torch") is not None
