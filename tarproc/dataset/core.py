@@ -112,6 +112,7 @@ class Dataset:
         seed: int = 0,
         decode: AugmentSpec | None = None,
         device: str = "cpu",
+        decode_in: str = "auto",
         image: str = DEFAULT_FIELDS,
         threads: int = 1,
         handlers: Mapping[str, Handler | None] | None = None,
@@ -139,6 +140,12 @@ class Dataset:
             raise OptionError(f"bad shuffle buffer {shuffle}; must be >= 0 (0: no sample shuffle)")
         if device not in DEVICES:
             raise OptionError(f"bad device {device!r}; use one of {', '.join(DEVICES)}")
+        if decode_in not in ("auto", "worker", "main"):
+            raise OptionError(f"bad decode_in {decode_in!r}; use auto, worker or main")
+        if decode_in == "main" and device == "cpu":
+            raise OptionError("decode_in='main' is for the DALI backends (dali-cpu, gpu)")
+        if decode_in == "worker" and device == "gpu":
+            raise OptionError("device='gpu' decodes in the main process: CUDA can't run in forked DataLoader workers")
         if on_error not in ON_ERROR:
             raise OptionError(f"bad on_error {on_error!r}; use one of {', '.join(ON_ERROR)}")
         if tensors not in ("auto", "torch", "numpy"):
@@ -156,6 +163,7 @@ class Dataset:
             # the dataset's seed makes the augmentations reproducible; the epoch makes them new
             self.spec = dataclasses.replace(decode, seed=seed)
         self.device = device
+        self.decode_in = "main" if decode_in == "main" or device == "gpu" else "worker"
         self.image_fields = parse_field_list(image)
         self.threads = threads
         self.handlers = dict(DEFAULT_HANDLERS if handlers is None else handlers)
@@ -191,9 +199,10 @@ class Dataset:
 
     @property
     def decodes_in_main(self) -> bool:
-        """True when images are decoded in the main process (``device="gpu"``: CUDA can't run in
-        forked workers); the workers then read, shuffle and batch the encoded bytes."""
-        return self.spec is not None and self.device == "gpu"
+        """True when images are decoded in the main process (always for ``device="gpu"``: CUDA can't
+        run in forked workers; ``decode_in="main"`` for dali-cpu): the workers then read, shuffle
+        and batch the encoded bytes, and the Loader decodes each batch with DALI."""
+        return self.spec is not None and self.decode_in == "main"
 
     def rank_world(self) -> tuple[int, int]:
         """``(rank, world_size)``: as given, else ``RANK``/``WORLD_SIZE`` (torchrun), else
@@ -273,6 +282,22 @@ class Dataset:
     # -- the pipeline ------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        worker, _, in_worker = self.worker_info()
+        try:
+            yield from self._iterate()
+        except TarprocError as e:
+            if not in_worker:
+                raise
+            from ..errors import DatasetError
+
+            # one line for the main process (torch re-raises a worker's error with its traceback)
+            raise DatasetError(str(e), worker=worker, cause=type(e).__name__) from e
+        finally:
+            if self._main_decoder is not None and not self._tagged:
+                self._main_decoder.close()
+                self._main_decoder = None
+
+    def _iterate(self) -> Iterator[Any]:
         rank, world = self.rank_world()
         worker, workers, in_worker = self.worker_info()
         epoch = self._clock.begin(workers)
@@ -288,8 +313,8 @@ class Dataset:
             skip = self._resume.pop(consumer, 0)
         if self.decodes_in_main and in_worker and not self._tagged:
             raise OptionError(
-                "device='gpu' decodes in the main process (CUDA can't run in forked DataLoader workers): "
-                "iterate ds.loader(num_workers=N) instead of DataLoader(ds, ...)"
+                f"device={self.device!r} with decoding in the main process (CUDA can't run in forked DataLoader "
+                "workers): iterate ds.loader(num_workers=N) instead of DataLoader(ds, ...)"
             )
         if not in_worker:
             self._epoch_seen, self._consumers_seen = epoch, consumers
@@ -298,26 +323,15 @@ class Dataset:
         if self.batches_per_epoch is not None:
             base, extra = divmod(self.batches_per_epoch, workers)
             batches = itertools.islice(batches, base + (1 if worker < extra else 0))
-        try:
-            for taken, batch in batches:
-                if not in_worker:
-                    self._taken[consumer] = taken
-                    if self.decodes_in_main:
-                        batch = self.finish(batch)
-                if self._tagged:
-                    yield Position(epoch, consumer, consumers, taken), batch
-                else:
-                    yield batch
-        except TarprocError as e:
+        for taken, batch in batches:
+            if self._tagged:  # the Loader keeps the position (and decodes, when decoding in main)
+                yield Position(epoch, consumer, consumers, taken), batch
+                continue
             if not in_worker:
-                raise
-            from ..errors import DatasetError
-
-            raise DatasetError(str(e), worker=worker, cause=type(e).__name__) from e
-        finally:
-            if self._main_decoder is not None and not self._tagged:
-                self._main_decoder.close()
-                self._main_decoder = None
+                self._taken[consumer] = taken
+                if self.decodes_in_main:
+                    batch = self.finish(batch)
+            yield batch
 
     def _batches(self, epoch: int, rank: int, world: int, worker: int, workers: int, skip: int) -> Iterator[tuple[int, Any]]:
         """``(samples taken so far, batch)`` for one consumer: one epoch, or passes without end."""
@@ -349,7 +363,9 @@ class Dataset:
                 if self.drop_last and len(chunk) < self.batch_size:
                     break
                 rows = self._rows(chunk, decoder, epoch)
-                if rows:
+                if rows and self.decodes_in_main:
+                    yield taken, _bundle_encoded(rows)  # decoded (and made tensors) by finish()
+                elif rows:
                     yield taken, self.to_tensors(collate(rows))
         finally:
             if decoder is not None:
@@ -390,9 +406,6 @@ class Dataset:
                     raise
                 self.decode_stats.skipped += 1
                 _warn(f"skipped: {e}")
-        if rows and self.spec is not None and self.decodes_in_main:
-            rows = [_bundle_encoded(rows)]  # type: ignore[list-item]
-            return rows
         return rows
 
     def _encoded(self, sample: Sample, epoch: int) -> Sample | None:
@@ -479,7 +492,8 @@ def finish_encoded(batch: Any, decoder: Any, on_error: str, stats: DecodeStats, 
             return column[keep]
         return [column[i] for i in keep]
 
-    columns = dict(enumerate(batch)) if isinstance(batch, tuple) else dict(batch)
+    sequence = isinstance(batch, (tuple, list))  # a DataLoader turns tuples into lists
+    columns = dict(enumerate(batch)) if sequence else dict(batch)
     keep, n, image = None, 0, None
     for name, value in columns.items():
         if isinstance(value, EncodedImages):
@@ -487,7 +501,7 @@ def finish_encoded(batch: Any, decoder: Any, on_error: str, stats: DecodeStats, 
             columns[name], keep = decode(value)
     if keep is not None and len(keep) != n:
         columns = {k: (v if k == image else select(v, keep, n)) for k, v in columns.items()}
-    return to_tensors(tuple(columns.values()) if isinstance(batch, tuple) else columns)
+    return to_tensors(tuple(columns.values()) if sequence else columns)
 
 
 def _warn(message: str) -> None:

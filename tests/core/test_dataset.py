@@ -1,0 +1,365 @@
+"""tarproc.Dataset with a real torch DataLoader: every key once per epoch across workers x ranks,
+epochs, resume, handlers, errors from workers, and the main-process decode design (on dali-cpu)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tarhelpers import encode_image, write_tar
+
+import tarproc
+from tarproc.dataset import Dataset, Loader, split_by_shard, split_even
+from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, dali_available
+from tarproc.errors import DatasetError, DecodeError, OptionError
+
+torch = pytest.importorskip("torch")
+DataLoader = torch.utils.data.DataLoader
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+
+def picture(i: int, w: int = 40, h: int = 30) -> np.ndarray:
+    rng = np.random.default_rng(i)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 255 / w, y * 255 / h, np.full_like(x, (i * 37) % 256)], axis=-1)
+    return np.clip(base + rng.normal(0, 10, base.shape), 0, 255).astype(np.uint8)
+
+
+def make_shards(directory: Path, sizes: list[int], images: bool = False) -> list[str]:
+    """Shards of the given sample counts; keys are unique across shards."""
+    paths, n = [], 0
+    for s, size in enumerate(sizes):
+        samples = []
+        for _ in range(size):
+            sample: dict[str, object] = {"__key__": f"s{s}/k{n:05d}", "cls": n % 7, "txt": f"t{n}"}
+            if images:
+                sample["jpg"] = encode_image(picture(n), quality=90)
+            samples.append(sample)
+            n += 1
+        paths.append(str(write_tar(directory / f"shard-{s:04d}.tar", samples)))
+    return paths
+
+
+def all_keys(paths: list[str]) -> list[str]:
+    return [s["__key__"] for s in tarproc.read_samples(paths)]
+
+
+def keys_of(batches) -> list[str]:  # type: ignore[no-untyped-def]
+    return [k for b in batches for k in b[0]]
+
+
+# ---------------------------------------------------------------------------------------------
+# the split rules
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 7, 12])
+@pytest.mark.parametrize("consumers", [1, 2, 3, 5, 6, 15])
+def test_by_shard_split_covers_every_sample_once(shards: int, consumers: int) -> None:
+    order = [f"u{i}" for i in range(shards)]
+    size = 11
+    seen = Counter()
+    busy = 0
+    for c in range(consumers):
+        parts = split_by_shard(order, c, consumers).parts
+        busy += bool(parts)
+        for part in parts:
+            seen.update((part.url, i) for i in range(size) if part.wants(i))
+    assert seen == Counter({(u, i): 1 for u in order for i in range(size)})
+    assert busy == consumers  # fewer shards than readers: shards are cut, nobody idles
+
+
+@pytest.mark.parametrize("world,workers", [(1, 1), (2, 3), (3, 2), (4, 5)])
+def test_even_split_gives_every_rank_the_same_counts(world: int, workers: int) -> None:
+    lengths = {"a": 17, "b": 3, "c": 40, "d": 9}
+    order = ["c", "a", "d", "b"]
+    per: dict[tuple[int, int], int] = {}
+    seen = Counter()
+    for r in range(world):
+        for w in range(workers):
+            a = split_even(order, lengths, r, world, w, workers)
+            per[r, w] = sum(p.stop - p.start for p in a.parts)
+            seen.update((p.url, i) for p in a.parts for i in range(p.start, p.stop))
+            assert a.dropped == 69 % world
+    assert all(n == 1 for n in seen.values()) and sum(seen.values()) == 69 - 69 % world
+    for w in range(workers):  # the same sizes on every rank: the same batch counts for DDP
+        assert len({per[r, w] for r in range(world)}) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# every key exactly once per epoch, with a real DataLoader
+
+
+@pytest.mark.parametrize("sizes", [[13, 30], [5, 9, 1, 14, 7, 3, 11]], ids=["fewer-shards", "more-shards"])
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("workers", [0, 1, 2, 3, 5])
+def test_each_key_once_per_epoch_across_workers_and_ranks(tmp_path: Path, sizes: list[int], world: int, workers: int) -> None:
+    paths = make_shards(tmp_path, sizes)
+    got: list[str] = []
+    for rank in range(world):
+        ds = Dataset(paths, batch_size=4, shuffle=5, seed=3, to_tuple=("__key__", "cls"), rank=rank, world_size=world)
+        got += keys_of(DataLoader(ds, batch_size=None, num_workers=workers))
+    assert Counter(got) == Counter(all_keys(paths))
+
+
+def test_rank_and_world_from_torchrun_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = make_shards(tmp_path, [6, 6, 6, 6])
+    got = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        ds = Dataset(paths, batch_size=4, to_tuple=("__key__",))
+        mine = keys_of(DataLoader(ds, batch_size=None, num_workers=2))
+        assert len(mine) == 12
+        got += mine
+    assert sorted(got) == sorted(all_keys(paths))
+
+
+def test_even_split_equal_batches_per_rank_from_a_manifest(tmp_path: Path) -> None:
+    sizes = [17, 3, 40, 9]
+    paths = make_shards(tmp_path, sizes)
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps({"shard": os.path.basename(p), "samples": n}) + "\n" for p, n in zip(paths, sizes)))
+    counts, got = [], []
+    for rank in range(3):
+        ds = Dataset(paths, batch_size=5, shuffle=10, lengths=str(manifest), rank=rank, world_size=3, to_tuple=("__key__",))
+        batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+        counts.append(len(batches))
+        got += keys_of(batches)
+    assert len(set(counts)) == 1  # DDP: every rank steps the same number of times
+    assert len(got) == len(set(got)) == 69 - 69 % 3
+
+
+# ---------------------------------------------------------------------------------------------
+# epochs: new shard order, shuffle and augmentations; the same for the same (seed, epoch)
+
+SPEC = AugmentSpec(size=24, random_crop=True, flip=0.5, rotate=10, brightness=0.4, contrast=0.4, saturation=0.4,
+                   hue=0.1, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout="CHW")
+
+
+def images_by_key(ds: Dataset, workers: int) -> dict[str, np.ndarray]:
+    out = {}
+    for keys, images in DataLoader(ds, batch_size=None, num_workers=workers):
+        out.update(zip(keys, images.numpy(), strict=True))
+    return out
+
+
+@pytest.fixture(scope="module")
+def image_shards(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return make_shards(tmp_path_factory.mktemp("images"), [10, 7, 12], images=True)
+
+
+def test_epochs_give_new_augmentations_reproducible_whatever_the_workers(image_shards: list[str]) -> None:
+    def run(epoch: int, workers: int, seed: int = 1) -> dict[str, np.ndarray]:
+        ds = Dataset(image_shards, decode=SPEC, shuffle=8, seed=seed, batch_size=4, to_tuple=("__key__", "jpg"))
+        ds.set_epoch(epoch)
+        return images_by_key(ds, workers)
+
+    e0, e0_again, e0_two_workers, e1 = run(0, 0), run(0, 0), run(0, 2), run(1, 2)
+    assert set(e0) == set(e1) == set(all_keys(image_shards))
+    for key in e0:
+        assert np.array_equal(e0[key], e0_again[key]) and np.array_equal(e0[key], e0_two_workers[key])
+    assert sum(not np.allclose(e0[k], e1[k]) for k in e0) >= len(e0) - 1
+    other_seed = run(0, 0, seed=2)
+    assert sum(not np.allclose(e0[k], other_seed[k]) for k in e0) >= len(e0) - 1
+
+
+def test_each_pass_is_the_next_epoch_without_set_epoch(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [9, 9, 9])
+    ds = Dataset(paths, shuffle=100, seed=0, batch_size=3, to_tuple=("__key__",))
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    orders = [keys_of(loader) for _ in range(3)]
+    assert all(sorted(o) == sorted(all_keys(paths)) for o in orders)
+    assert orders[0] != orders[1] != orders[2]
+    ds.set_epoch(1)
+    assert keys_of(loader) == orders[1]  # the same (seed, epoch), the same order
+
+
+def test_set_epoch_reaches_persistent_workers(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [9, 9, 9])
+    ds = Dataset(paths, shuffle=100, seed=0, batch_size=3, to_tuple=("__key__",))
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    ds.set_epoch(5)
+    first = keys_of(loader)
+    ds.set_epoch(6)
+    second = keys_of(loader)
+    ds.set_epoch(5)
+    assert keys_of(loader) == first != second
+
+
+def test_repeat_with_a_nominal_epoch_length(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [5, 5])
+    ds = Dataset(paths, batch_size=4, repeat=True, batches_per_epoch=7, to_tuple=("__key__",))
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert len(batches) == 7 and len(keys_of(batches)) > 10  # more than one pass over 10 samples
+
+
+# ---------------------------------------------------------------------------------------------
+# resume: nothing repeated, nothing skipped
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_continues_exactly(tmp_path: Path, workers: int) -> None:
+    paths = make_shards(tmp_path, [11, 8, 13])
+
+    def dataset() -> Dataset:
+        return Dataset(paths, shuffle=6, seed=9, batch_size=3, to_tuple=("__key__",))
+
+    loader = dataset().loader(num_workers=workers)
+    ds0 = loader.dataset
+    ds0.set_epoch(4)
+    first: list[str] = []
+    for i, (keys,) in enumerate(loader):
+        first += keys
+        if i == 4:
+            break
+    state = loader.state_dict()
+    assert state["epoch"] == 4
+    state = json.loads(json.dumps(state))  # it is plain JSON: save it anywhere
+    resumed = dataset().loader(num_workers=workers)
+    resumed.load_state_dict(state)
+    rest = [k for (keys,) in resumed for k in keys]
+    assert sorted(first + rest) == sorted(all_keys(paths))
+    # and the whole epoch matches an uninterrupted run's set; the next epoch is epoch 5
+    again = [k for (keys,) in resumed for k in keys]
+    assert sorted(again) == sorted(all_keys(paths)) and resumed.state_dict()["epoch"] == 5
+
+
+def test_resume_refuses_another_layout(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [6, 6])
+    loader = Dataset(paths, batch_size=2, to_tuple=("__key__",)).loader(num_workers=2)
+    next(iter(loader))
+    state = loader.state_dict()
+    other = Dataset(paths, batch_size=2, to_tuple=("__key__",)).loader(num_workers=0)
+    other.load_state_dict(state)
+    with pytest.raises(OptionError, match="same world size and num_workers"):
+        list(other)
+    with pytest.raises(OptionError, match="same seed"):
+        Dataset(paths, seed=5).load_state_dict(state)
+
+
+# ---------------------------------------------------------------------------------------------
+# fields, tuples, tensors
+
+
+def test_handlers_and_tensors(tmp_path: Path) -> None:
+    buf = __import__("io").BytesIO()
+    np.save(buf, np.arange(3, dtype=np.int16))
+    path = write_tar(tmp_path / "f.tar", [
+        {"__key__": f"k{i}", "cls": i, "json": json.dumps({"n": i}), "txt": f"hé{i}", "npy": buf.getvalue(), "bin": b"\x00"}
+        for i in range(3)
+    ])
+    ds = Dataset(str(path), batch_size=3, handlers={"cls": int, "json": json.loads, "txt": bytes.decode, "npy": None})
+    (batch,) = list(ds)
+    assert batch["__key__"] == ["k0", "k1", "k2"] and batch["txt"] == ["hé0", "hé1", "hé2"]
+    assert batch["json"] == [{"n": 0}, {"n": 1}, {"n": 2}] and batch["bin"] == [b"\x00"] * 3
+    assert isinstance(batch["npy"], list) and batch["npy"][0][:6] == b"\x93NUMPY"  # handler None: bytes
+    (labels, arrays), = list(Dataset(str(path), batch_size=3, to_tuple=("cls", "npy")))
+    assert isinstance(labels, torch.Tensor) and labels.dtype == torch.int64 and labels.tolist() == [0, 1, 2]
+    assert arrays.shape == (3, 3) and arrays.dtype == torch.int16
+    (labels,), = list(Dataset(str(path), batch_size=3, to_tuple=("cls",), tensors="numpy"))
+    assert isinstance(labels, np.ndarray)
+
+
+def test_images_decoded_in_workers_as_float_tensors(image_shards: list[str]) -> None:
+    ds = Dataset(image_shards, decode=SPEC, batch_size=8, to_tuple=("jpg", "cls"))
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert sum(len(b[1]) for b in batches) == 29
+    images, labels = batches[0]
+    assert images.shape == (8, 3, 24, 24) and images.dtype == torch.float32 and labels.dtype == torch.int64
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: one clear error in the main process, or skipped and counted
+
+
+def test_corrupt_image_in_a_worker_is_one_line_naming_shard_key_and_field(tmp_path: Path) -> None:
+    good = encode_image(picture(1), quality=90)
+    path = write_tar(tmp_path / "bad.tar", [{"__key__": f"k{i}", "jpg": good if i != 5 else good[:200], "cls": 1} for i in range(8)])
+    ds = Dataset(str(path), decode=AugmentSpec(size=16), batch_size=4, to_tuple=("jpg", "cls"))
+    with pytest.raises(DatasetError) as e:
+        list(DataLoader(ds, batch_size=None, num_workers=2))
+    message = str(e.value)
+    assert "\n" not in message and str(path) in message and "'k5'" in message and "'jpg'" in message, message
+    skipping = Dataset(str(path), decode=AugmentSpec(size=16), batch_size=4, to_tuple=("jpg", "cls"), on_error="skip")
+    assert sum(len(c) for _, c in DataLoader(skipping, batch_size=None, num_workers=2)) == 7
+
+
+def test_failing_handler_names_the_field_in_process_too(tmp_path: Path) -> None:
+    path = write_tar(tmp_path / "h.tar", [{"__key__": "a", "cls": b"seven"}])
+    with pytest.raises(DecodeError, match=r"h\.tar: cannot decode field 'cls' of sample 'a': handler '_int' failed"):
+        list(Dataset(str(path)))
+    with pytest.raises(DatasetError, match=r"field 'cls' of sample 'a'.*\(DataLoader worker 0\)$"):
+        list(DataLoader(Dataset(str(path)), batch_size=None, num_workers=1))
+
+
+def test_missing_shard_is_an_error_naming_it(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [4, 4])
+    ds = Dataset(paths, batch_size=2)
+    os.unlink(paths[1])  # gone after the dataset was made: mid-run, as a worker meets it
+    with pytest.raises(DatasetError, match=f"{paths[1]}: .*no such file"):
+        list(DataLoader(ds, batch_size=None, num_workers=2))
+
+
+def _die_on_k3(sample: dict) -> dict:  # type: ignore[type-arg]
+    if sample["__key__"].endswith("k00003"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sample
+
+
+@pytest.mark.timeout(60)
+def test_a_dying_worker_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [6, 6])
+    ds = Dataset(paths, batch_size=2, map=_die_on_k3, to_tuple=("__key__",))
+    with pytest.raises(DatasetError, match="DataLoader worker died"):
+        list(ds.loader(num_workers=2))
+
+
+def test_bad_arguments_are_option_errors(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [2])
+    for kwargs in ({"batch_size": 0}, {"device": "tpu"}, {"on_error": "ignore"}, {"batches_per_epoch": 3},
+                   {"rank": 1}, {"rank": 2, "world_size": 2}, {"decode_in": "main"}, {"lengths": [1, 2]}):
+        with pytest.raises(OptionError):
+            Dataset(paths, **kwargs)
+    with pytest.raises(OptionError, match="stdin"):
+        Dataset("-")
+
+
+# ---------------------------------------------------------------------------------------------
+# the gpu design, run on dali-cpu: workers batch encoded bytes, the main process decodes
+
+
+@pytest.mark.skipif(not dali_available(), reason="NVIDIA DALI is not installed")
+def test_main_process_decode_matches_worker_decode(image_shards: list[str]) -> None:
+    spec = AugmentSpec(size=24, random_crop=True, flip=0.5, seed=4)
+    cpu = Dataset(image_shards, decode=spec, batch_size=5, to_tuple=("__key__", "jpg", "cls"))
+    main = Dataset(image_shards, decode=spec, device="dali-cpu", decode_in="main", batch_size=5, to_tuple=("__key__", "jpg", "cls"))
+    want = {k: (im.numpy(), int(c)) for keys, ims, cls in DataLoader(cpu, batch_size=None, num_workers=2)
+            for k, im, c in zip(keys, ims, cls, strict=True)}
+    got = {}
+    for keys, ims, cls in main.loader(num_workers=2):
+        assert isinstance(ims, torch.Tensor) and ims.shape[1:] == (24, 24, 3)
+        got.update({k: (im.numpy(), int(c)) for k, im, c in zip(keys, ims, cls, strict=True)})
+    assert set(got) == set(want)
+    for k in want:
+        diff = np.abs(got[k][0].astype(int) - want[k][0])
+        assert got[k][1] == want[k][1] and diff.mean() <= 1.0, (k, diff.mean())
+    with pytest.raises(DatasetError, match="ds.loader"):
+        list(DataLoader(main, batch_size=None, num_workers=1))
+
+
+@pytest.mark.skipif(not dali_available(), reason="NVIDIA DALI is not installed")
+def test_main_process_decode_skips_bad_rows_in_every_column(tmp_path: Path) -> None:
+    good = encode_image(picture(2), quality=90)
+    path = write_tar(tmp_path / "m.tar", [{"__key__": f"k{i}", "jpg": good if i != 2 else b"not a jpeg" * 20, "cls": i} for i in range(5)])
+    ds = Dataset(str(path), decode=AugmentSpec(size=16), device="dali-cpu", decode_in="main", batch_size=5,
+                 to_tuple=("jpg", "cls"), on_error="skip")
+    (images, labels), = list(ds.loader(num_workers=1))
+    assert images.shape[0] == 4 and labels.tolist() == [0, 1, 3, 4]
+    ds_fail = Dataset(str(path), decode=AugmentSpec(size=16), device="dali-cpu", decode_in="main", batch_size=5)
+    with pytest.raises(DecodeError, match="m.tar: cannot decode field 'jpg' of sample 'k2'"):
+        list(ds_fail.loader(num_workers=1))
