@@ -382,7 +382,7 @@ class DecodeOptions:
 
 
 def _spec(v: dict[str, Any]) -> Any:
-    from ..decode import AugmentSpec, parse_pair, parse_triple
+    from ..decode import AugmentSpec, parse_jitter, parse_pair, parse_triple
 
     size, resize = v["size"], v["resize"]
     if v["random_crop"] and size is None:
@@ -393,6 +393,7 @@ def _spec(v: dict[str, Any]) -> Any:
         resize = round(size * 8 / 7)  # the usual evaluation transform: 256 then 224
     if resize == 0:
         resize = None
+    jitter = parse_jitter(v["jitter"]) if v["jitter"] else (0.0, 0.0, 0.0, 0.0)
     return AugmentSpec(
         size=size, resize=resize, random_crop=v["random_crop"],
         scale=parse_pair(v["scale"], "scale") if v["scale"] else (0.08, 1.0),
@@ -401,6 +402,7 @@ def _spec(v: dict[str, Any]) -> Any:
         mean=parse_triple(v["mean"], "mean") if v["mean"] else None,
         std=parse_triple(v["std"], "std") if v["std"] else None,
         layout=v["layout"].upper(), dtype=v["dtype"], seed=v["seed"] if v["seed"] is not None else _random_seed(),
+        rotate=v["rotate"], brightness=jitter[0], contrast=jitter[1], saturation=jitter[2], hue=jitter[3],
     )
 
 
@@ -429,6 +431,10 @@ def _decode_params(processes: tuple[str, ...], seed_help: str = "Seed of random 
         click.option("--ratio", metavar="LO,HI", help="Aspect ratio range of --random-crop [default: 3/4,4/3]."),
         click.option("--flip", type=click.FloatRange(0, 1), default=0.0, show_default=True, metavar="P",
                      help="Mirror horizontally with probability P."),
+        click.option("--rotate", type=click.FloatRange(0, 180), default=0.0, show_default=True, metavar="DEG",
+                     help="Rotate by a random angle in [-DEG, DEG] before cropping (RandomRotation)."),
+        click.option("--jitter", metavar="B,C,S,H",
+                     help="Colour jitter: brightness, contrast, saturation, hue ranges (ColorJitter), e.g. 0.4,0.4,0.4,0.1."),
         click.option("--mean", metavar="R,G,B", help="Normalize: subtract this mean (0..1 scale; 'imagenet')."),
         click.option("--std", metavar="R,G,B", help="Normalize: divide by this std (0..1 scale; 'imagenet')."),
         click.option("--layout", type=click.Choice(["HWC", "CHW"], case_sensitive=False), default="HWC",

@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..errors import DecodeError
 from .cpu import CpuDecoder, ImageError, decode_image, image_size
 from .dali import DaliDecoder, dali_available, gpu_count
-from .spec import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, Plan, parse_pair, parse_triple
+from .spec import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, Plan, color_matrix, parse_jitter, parse_pair, parse_triple, plan_key
 from .stage import (
     DECODE_ON_ERROR,
     DEFAULT_FIELDS,
@@ -39,5 +39,5 @@ __all__ = [
     "DECODE_ON_ERROR", "DEFAULT_FIELDS", "DEVICES", "IMAGENET_MEAN", "IMAGENET_STD", "AugmentSpec", "Batch",
     "CpuDecoder", "DaliDecoder", "DecodeError", "DecodeStats", "ImageError", "Plan", "batches", "dali_available",
     "decode_image", "decode_samples", "decoded_batches", "gpu_count", "image_size", "make_decoder", "npy_bytes",
-    "parse_pair", "parse_triple", "resolve_device",
+    "color_matrix", "parse_jitter", "parse_pair", "parse_triple", "plan_key", "resolve_device",
 ]

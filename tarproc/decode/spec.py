@@ -313,6 +313,22 @@ def parse_triple(text: str, name: str) -> tuple[float, float, float]:
     return values  # type: ignore[return-value]
 
 
+def parse_jitter(text: str) -> tuple[float, float, float, float]:
+    """Parse ``B,C,S,H`` (brightness, contrast, saturation, hue; missing ones 0) for --jitter.
+
+    >>> parse_jitter("0.4,0.4,0.4,0.1"), parse_jitter("0.2")
+    ((0.4, 0.4, 0.4, 0.1), (0.2, 0.0, 0.0, 0.0))
+    """
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise OptionError(f"bad --jitter {text!r}; expected B,C,S,H numbers like 0.4,0.4,0.4,0.1") from None
+    if not 1 <= len(values) <= 4:
+        raise OptionError(f"bad --jitter {text!r}; expected up to four numbers B,C,S,H")
+    b, c, s, h = (values + [0.0] * 4)[:4]
+    return b, c, s, h
+
+
 def parse_pair(text: str, name: str) -> tuple[float, float]:
     """Parse ``LO,HI`` (``3/4,4/3`` fractions allowed) for --scale/--ratio.
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import secrets
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -15,7 +17,7 @@ from ..samples import Sample
 from ..stages import chunked
 from .cpu import CpuDecoder, ImageError, Job
 from .dali import DaliDecoder, dali_available, gpu_count
-from .spec import AugmentSpec
+from .spec import AugmentSpec, plan_key
 
 DEVICES = ("auto", "cpu", "dali-cpu", "gpu")
 DECODE_ON_ERROR = ("fail", "skip")
@@ -100,27 +102,27 @@ def decoded_batches(
     a ``DecodeError`` naming URL, key and field, or, with ``on_error="skip"``, dropped, counted in
     ``stats.skipped`` and reported through ``warn``; the rest of its batch is kept.
 
-    Random crops and flips come from (seed, key); a nonzero ``epoch`` joins it to the key, so each
-    epoch of a training feed (tarserve --epochs) gets fresh augmentations, still reproducible.
+    Random crops, flips, rotations and colours come from (seed, key); a nonzero ``epoch`` joins
+    it to the key, so each epoch of a training feed gets fresh augmentations, still reproducible.
+    A spec without a seed gets a fresh one on every call: each pass over the data is augmented
+    anew (as torchvision does), not reproducibly.
     """
     if on_error not in DECODE_ON_ERROR:
         raise OptionError(f"bad on_error {on_error!r}; use one of {', '.join(DECODE_ON_ERROR)}")
     names = parse_field_list(field)
+    if spec.seed is None and spec.random:
+        spec = dataclasses.replace(spec, seed=secrets.randbits(63))
     stats = stats if stats is not None else DecodeStats()
     owned = isinstance(device, str)
     decoder = make_decoder(spec, device, batch_size, processes) if isinstance(device, str) else device
     stats.backend = decoder.name
     in_flight: deque[tuple[list[Sample], list[str | None]]] = deque()
 
-    def plan_key(sample: Sample) -> str:
-        key = str(sample.get("__key__"))
-        return key if epoch == 0 else f"{key}\x00epoch {epoch}"
-
     def jobs() -> Iterator[list[Job]]:
         for chunk in chunked(samples, batch_size):
             found = [next((n for n in names if n in s), None) for s in chunk]
             in_flight.append((chunk, found))
-            yield [(bytes(s[f]), plan_key(s)) for s, f in zip(chunk, found, strict=True) if f is not None]
+            yield [(bytes(s[f]), plan_key(str(s.get("__key__")), epoch)) for s, f in zip(chunk, found, strict=True) if f is not None]
 
     def failed(sample: Sample, fieldname: str | None, reason: str) -> None:
         error = DecodeError(reason, sample.get("__url__"), sample.get("__key__"), fieldname)

@@ -57,6 +57,18 @@ def test_augmentation_options_and_seed(cli, tmp_path) -> None:  # type: ignore[n
     assert array.shape == (3, 24, 24) and array.dtype == np.float16 and array.min() < -0.5
 
 
+def test_rotation_and_jitter_options(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = cli.write_tar(tmp_path / "in.tar", shard(4))
+    base = [src, "--device", "cpu", "--size", "24", "--random-crop", "--seed", "3", "-q"]
+    plain = cli.run(tardecode, base)
+    rotated = cli.run(tardecode, [*base, "--rotate", "10", "--jitter", "0.4,0.4,0.4,0.1"])
+    assert plain.exit_code == rotated.exit_code == 0
+    assert plain.stdout_bytes != rotated.stdout_bytes
+    bad = cli.run(tardecode, [*base, "--jitter", "0.4,x"])
+    assert bad.exit_code == 2 and "bad --jitter '0.4,x'" in bad.stderr
+    assert cli.run(tardecode, [*base, "--rotate", "200"]).exit_code == 2
+
+
 def test_auto_device_is_reported_and_stats(cli) -> None:  # type: ignore[no-untyped-def]
     r = cli.run(tardecode, ["--resize", "30", "--stats", "-o", "/dev/null"], input=cli.tar_bytes(shard(3)))
     assert r.exit_code == 0, r.stderr

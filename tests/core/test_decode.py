@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
@@ -253,3 +254,65 @@ def test_16_bit_grey_png_is_scaled_to_8_bits_not_clipped():
     out = decode_image(buf.getvalue(), AugmentSpec(), "k")
     assert out.shape == (4, 256, 3) and out.dtype == np.uint8
     assert out[0, :, 0].tolist() == list(range(256))
+
+
+# ---------------------------------------------------------------------------------------------
+# rotation and colour jitter (the full augmentation set)
+
+
+def test_rotation_by_a_quarter_turn_is_rot90() -> None:
+    from tarproc.decode.cpu import _resample
+    from tarproc.decode.spec import Plan
+
+    array = picture(48, 48, 3)
+    out = _resample(Image.fromarray(array), Plan((0, 0, 48, 48), (48, 48), False, angle=90.0), 1)
+    assert np.array_equal(out, np.rot90(array))  # counter-clockwise, as torchvision and DALI
+
+
+def test_colour_map_brightness_contrast_saturation() -> None:
+    from tarproc.decode.cpu import _resample
+    from tarproc.decode.spec import Plan
+
+    array = picture(32, 24, 4)
+    im = Image.fromarray(array)
+
+    def mapped(color: tuple[float, float, float, float]) -> np.ndarray:
+        return _resample(im, Plan((0, 0, 32, 24), (32, 24), False, color=color), 1).astype(int)
+
+    assert np.array_equal(mapped((1.0, 1.0, 1.0, 0.0)), array)
+    assert np.abs(mapped((1.5, 1.0, 1.0, 0.0)) - np.clip(np.rint(array * 1.5), 0, 255)).max() <= 1
+    assert np.abs(mapped((1.0, 0.5, 1.0, 0.0)) - np.rint(array * 0.5 + 64)).max() <= 1  # around mid-grey 128
+    grey = mapped((1.0, 1.0, 0.0, 0.0))
+    assert np.abs(grey[..., 0] - grey[..., 1]).max() <= 1 and np.abs(grey[..., 1] - grey[..., 2]).max() <= 1
+
+
+def test_rotation_and_jitter_are_drawn_per_key_and_epoch() -> None:
+    from tarproc.decode import plan_key
+
+    spec = AugmentSpec(size=32, random_crop=True, rotate=10, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1, seed=3)
+    plans = [spec.plan(plan_key(f"k{i}", e), 100, 120) for e in (0, 1) for i in range(20)]
+    assert all(-10 <= p.angle <= 10 for p in plans) and len({p.angle for p in plans}) == 40
+    for p in plans:
+        b, c, s, h = p.color
+        assert 0.6 <= b <= 1.4 and 0.6 <= c <= 1.4 and 0.6 <= s <= 1.4 and -36 <= h <= 36
+    assert spec.plan("k0", 100, 120) == plans[0]  # reproducible
+    # specs without rotation or jitter keep the plans they always had
+    plain = AugmentSpec(size=32, random_crop=True, flip=0.5, seed=3)
+    assert plain.plan("k0", 100, 120)[:3] == spec.plan("k0", 100, 120)[:3]
+
+
+def test_no_seed_means_new_augmentations_every_pass() -> None:
+    data = [{"__key__": f"k{i}", "png": encode(picture(64, 48, i), "PNG")} for i in range(4)]
+    spec = AugmentSpec(size=16, random_crop=True, flip=0.5, brightness=0.4)
+    first = [s["png"] for s in decode_samples(data, spec, device="cpu")]
+    second = [s["png"] for s in decode_samples(data, spec, device="cpu")]
+    assert any(not np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+    seeded = dataclasses.replace(spec, seed=1)
+    assert all(np.array_equal(a["png"], b["png"]) for a, b in zip(
+        decode_samples(data, seeded, device="cpu"), decode_samples(data, seeded, device="cpu"), strict=True))
+
+
+@pytest.mark.parametrize("kwargs", [{"rotate": -1}, {"rotate": 181}, {"brightness": -0.1}, {"hue": 0.6}])
+def test_bad_augmentation_ranges(kwargs: dict[str, float]) -> None:
+    with pytest.raises(OptionError):
+        AugmentSpec(size=8, **kwargs)

@@ -183,3 +183,26 @@ def test_gpu_bad_image_skipped() -> None:
     stats = DecodeStats()
     out = list(decode_samples(samples(datas), AugmentSpec(size=32), device="gpu", on_error="skip", stats=stats))
     assert [s["__key__"] for s in out] == ["k00", "k01", "k03"] and stats.skipped == 1
+
+
+# rotation and colour jitter: the same plan (angle, factors) on both backends. Rotation resamples
+# twice (rotate, then the window), and the two libraries sample the rotated grid with different
+# pixel-centre rounding, so the bound is looser than for crops: mean |diff| <= 1.5 levels and the
+# 99th percentile <= 8 levels (edges of the black corners move by up to a pixel); jitter alone is
+# one affine map on both, rounded once: the crop bounds above hold.
+JITTER = dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
+
+
+@pytest.mark.parametrize("rotate", [0, 10])
+def test_rotation_and_colour_jitter_agree(rotate: float) -> None:
+    spec = AugmentSpec(size=64, random_crop=True, flip=0.5, rotate=rotate, seed=8, **JITTER)
+    data = samples(images())
+    cpu = list(decode_samples(data, spec, device=CpuDecoder(spec, dct_scaling=False), batch_size=4))
+    dali = list(decode_samples(data, spec, device="dali-cpu", batch_size=4))
+    assert any(spec.plan(str(s["__key__"]), 100, 100).color for s in data)
+    for a, b in zip(cpu, dali, strict=True):
+        if rotate:
+            diff = np.abs(a["jpg"].astype(int) - b["jpg"])
+            assert diff.mean() <= 1.5 and np.percentile(diff, 99) <= 8, (a["__key__"], diff.mean(), np.percentile(diff, 99))
+        else:
+            check_parity(a["jpg"], b["jpg"])
