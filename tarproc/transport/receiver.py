@@ -228,7 +228,8 @@ class Receiver:
         self.close()
 
     def torch(self) -> Iterator[dict[str, Any]]:
-        """The batches with their arrays as torch tensors (sharing memory, no copy)."""
+        """The batches with their arrays as torch tensors (sharing memory, no copy), and the
+        sender's epoch as ``__epoch__``."""
         import warnings
 
         import torch
@@ -245,6 +246,7 @@ class Receiver:
                     out[name] = tensor
                 else:
                     out[name] = value
+            out["__epoch__"] = batch.epoch
             yield out
 
     def dataset(self) -> Any:
