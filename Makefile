@@ -67,6 +67,13 @@ demo: install
 	$(BIN)/tarjob -s '{000000..000003}' -j 2 --journal $(DEMO)/tarjob.jsonl -- $(BIN)/tarproc -q \
 	  -c 'wc -c < sample.jpg | tr -d " \\n" > sample.size.txt' $(DEMO)/shards/demo-{}.tar -o $(DEMO)/sized-{}.tar
 	$(BIN)/tar2tsv '$(DEMO)/sized-{000000..000003}.tar' -f '__key__ size.txt' -c 3
+	@echo "== 13. training batches (tarproc.Dataset): 2 epochs, shuffled, augmented; numpy here, torch tensors when torch is installed"
+	$(BIN)/python -c 'import tarproc; from tarproc.decode import AugmentSpec; \
+	  ds = tarproc.Dataset("$(DEMO)/shards/demo-{000000..000003}.tar", shuffle=100, batch_size=64, to_tuple=("__key__", "jpg", "cls"), \
+	                       decode=AugmentSpec(size=64, random_crop=True, flip=0.5, rotate=10, brightness=0.4, layout="CHW")); \
+	  show = lambda b: print("batches:", [tuple(x[1].shape) for x in b], "labels:", b[0][2][:8], \
+	                         "every key once:", len({k for x in b for k in x[0]}) == sum(len(x[0]) for x in b) == 200); \
+	  [show(list(ds)) for epoch in range(2)]'
 
 test: install-dev
 	$(BIN)/python -m pytest

@@ -36,11 +36,11 @@ from .sources import expand_urls, open_source
 from .tario import ReadStats, TarWriter, iter_members
 
 if TYPE_CHECKING:
+    from .dataset import Dataset, Loader
     from .index import IndexedShard, ShardIndex, build_index
     from .pcat import parallel_samples
     from .process import map_samples, shell_samples
     from .sort import SortStats, sort_samples
-    from .dataset import Dataset, Loader
     from .transport import EpochEnd, Receiver, Sender
 
 __version__ = "0.1.0"

@@ -381,7 +381,7 @@ class Dataset:
                     if part.wants(index):
                         yield sample
             finally:
-                samples.close()
+                samples.close()  # type: ignore[attr-defined]  # a generator: stop reading, close the source
 
     def _rows(self, chunk: list[Sample], decoder: Any, epoch: int) -> list[Any]:
         """Decode, handle and select one batch's samples; bad ones fail or are skipped (counted)."""
@@ -393,8 +393,7 @@ class Dataset:
             )), [])
             skip_fields = frozenset(self.image_fields)
         elif self.spec is not None:
-            chunk = [self._encoded(s, epoch) for s in chunk]
-            chunk = [s for s in chunk if s is not None]
+            chunk = [e for e in (self._encoded(s, epoch) for s in chunk) if e is not None]
             skip_fields = frozenset(self.image_fields)
         rows = []
         for sample in chunk:

@@ -73,7 +73,7 @@ def apply_handlers(sample: Sample, handlers: Mapping[str, Handler | None], skip:
         if handler is None:
             continue
         try:
-            sample[field] = handler(value)
+            sample[field] = handler(bytes(value) if not isinstance(value, bytes) else value)
         except Exception as e:  # a user's handler may raise anything: report it with its context
             reason = f"handler {getattr(handler, '__name__', handler)!r} failed: {type(e).__name__}: {e}"
             raise DecodeError(reason, sample.get("__url__"), sample.get("__key__"), field) from e

@@ -21,8 +21,8 @@ try:  # torch stays optional at runtime
 
     HAVE_TORCH = True
 except ImportError:  # pragma: no cover - the test suite runs with torch
-    torch = None
-    IterableDataset = object
+    torch = None  # type: ignore[assignment]
+    IterableDataset = object  # type: ignore[assignment, misc]
     HAVE_TORCH = False
 
 

@@ -20,7 +20,17 @@ from __future__ import annotations
 from ..errors import DecodeError
 from .cpu import CpuDecoder, ImageError, decode_image, image_size
 from .dali import DaliDecoder, dali_available, gpu_count
-from .spec import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, Plan, color_matrix, parse_jitter, parse_pair, parse_triple, plan_key
+from .spec import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    AugmentSpec,
+    Plan,
+    color_matrix,
+    parse_jitter,
+    parse_pair,
+    parse_triple,
+    plan_key,
+)
 from .stage import (
     DECODE_ON_ERROR,
     DEFAULT_FIELDS,

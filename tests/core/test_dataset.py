@@ -14,7 +14,7 @@ import pytest
 from tarhelpers import encode_image, write_tar
 
 import tarproc
-from tarproc.dataset import Dataset, Loader, split_by_shard, split_even
+from tarproc.dataset import Dataset, split_by_shard, split_even
 from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, dali_available
 from tarproc.errors import DatasetError, DecodeError, OptionError
 
@@ -123,7 +123,7 @@ def test_even_split_equal_batches_per_rank_from_a_manifest(tmp_path: Path) -> No
     sizes = [17, 3, 40, 9]
     paths = make_shards(tmp_path, sizes)
     manifest = tmp_path / "manifest.jsonl"
-    manifest.write_text("".join(json.dumps({"shard": os.path.basename(p), "samples": n}) + "\n" for p, n in zip(paths, sizes)))
+    manifest.write_text("".join(json.dumps({"shard": os.path.basename(p), "samples": n}) + "\n" for p, n in zip(paths, sizes, strict=True)))
     counts, got = [], []
     for rank in range(3):
         ds = Dataset(paths, batch_size=5, shuffle=10, lengths=str(manifest), rank=rank, world_size=3, to_tuple=("__key__",))
