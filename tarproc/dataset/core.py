@@ -48,6 +48,7 @@ class Position(NamedTuple):
     consumer: int
     consumers: int
     taken: int
+    url: str | None = None  # the shard the consumer was reading when the batch was complete
 
 
 class EncodedImages(NamedTuple):
@@ -194,6 +195,7 @@ class Dataset:
         self._consumers_seen: int | None = None
         self._tagged = False  # set by Loader: yield (Position, batch) pairs
         self._main_decoder: Any = None
+        self._reading: str | None = None  # the shard this process is reading now
 
     # -- who am I ---------------------------------------------------------------------------------
 
@@ -325,7 +327,7 @@ class Dataset:
             batches = itertools.islice(batches, base + (1 if worker < extra else 0))
         for taken, batch in batches:
             if self._tagged:  # the Loader keeps the position (and decodes, when decoding in main)
-                yield Position(epoch, consumer, consumers, taken), batch
+                yield Position(epoch, consumer, consumers, taken, self._reading), batch
                 continue
             if not in_worker:
                 self._taken[consumer] = taken
@@ -373,6 +375,7 @@ class Dataset:
 
     def _read(self, parts: list[Part]) -> Iterator[Sample]:
         for part in parts:
+            self._reading = part.url
             samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size)
             try:
                 for index, sample in enumerate(samples):

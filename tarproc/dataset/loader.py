@@ -97,9 +97,11 @@ class Loader:
         ds._tagged = True  # before the workers start: they inherit it
         loader = torch.utils.data.DataLoader(ds, num_workers=self.num_workers, **self.kwargs)
         first = True
+        reading: dict[int, str | None] = {}  # worker -> the shard it was reading at its last batch
         try:
-            for position, batch in _reraise_clean(loader):
+            for position, batch in _reraise_clean(loader, reading):
                 position = Position(*position)
+                reading[position.consumer % max(1, self.num_workers)] = position.url
                 if first or position.epoch != self._epoch:
                     first = False
                     self._epoch, self._consumers = position.epoch, position.consumers
@@ -128,16 +130,29 @@ class Loader:
         raise TypeError("a Loader over shards has no length (batches_per_epoch sets one for repeat=True)")
 
 
-def _reraise_clean(loader: Any) -> Iterator[Any]:
-    """The loader's items; a dead worker becomes a DatasetError (torch says only its pid)."""
+def _reraise_clean(loader: Any, reading: Mapping[int, str | None]) -> Iterator[Any]:
+    """The loader's items; a dead worker becomes a DatasetError naming the shard it was reading
+    (torch's own message names only its process id)."""
+    import re
+
     from ..errors import DatasetError
 
+    it = iter(loader)
+    # worker index by process id, taken now: torch forgets its workers when it shuts them down
+    by_pid = {w.pid: i for i, w in enumerate(getattr(it, "_workers", []))}
     try:
-        yield from loader
+        yield from it
     except RuntimeError as e:
-        if "DataLoader worker" in str(e) and ("exited unexpectedly" in str(e) or "killed by signal" in str(e)):
-            raise DatasetError(f"a DataLoader worker died: {str(e).splitlines()[0]}") from e
-        raise
+        text = str(e)
+        if "DataLoader worker" not in text or not ("exited unexpectedly" in text or "killed by signal" in text):
+            raise
+        match = re.search(r"pid(?:\(s\))? ([\d, ]+)", text)  # "(pid 123)" or "(pid(s) 123, 456)"
+        pids = {int(p) for p in re.findall(r"\d+", match.group(1))} if match else set()
+        workers = sorted(by_pid[p] for p in pids if p in by_pid)
+        shards = sorted({str(reading.get(i)) for i in workers if reading.get(i)})
+        where = f" while reading {', '.join(shards)}" if shards else " before its first batch"
+        which = f"DataLoader worker {', '.join(map(str, workers))}" if workers else "a DataLoader worker"
+        raise DatasetError(f"{which} died{where}: {text.splitlines()[0]}") from e
 
 
 def torch_available() -> bool:

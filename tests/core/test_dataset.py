@@ -306,7 +306,7 @@ def test_missing_shard_is_an_error_naming_it(tmp_path: Path) -> None:
 
 
 def _die_on_k3(sample: dict) -> dict:  # type: ignore[type-arg]
-    if sample["__key__"].endswith("k00003"):
+    if sample["__key__"].endswith("k00005"):
         os.kill(os.getpid(), signal.SIGKILL)
     return sample
 
@@ -315,7 +315,7 @@ def _die_on_k3(sample: dict) -> dict:  # type: ignore[type-arg]
 def test_a_dying_worker_is_an_error_not_a_hang(tmp_path: Path) -> None:
     paths = make_shards(tmp_path, [6, 6])
     ds = Dataset(paths, batch_size=2, map=_die_on_k3, to_tuple=("__key__",))
-    with pytest.raises(DatasetError, match="DataLoader worker died"):
+    with pytest.raises(DatasetError, match=f"DataLoader worker 0 died while reading {paths[0]}: "):
         list(ds.loader(num_workers=2))
 
 
