@@ -62,32 +62,49 @@ class EncodedImages(NamedTuple):
 
 
 class EpochClock:
-    """The epoch number, shared by the main process and its DataLoader workers.
+    """The epoch number, in memory shared by the main process and its DataLoader workers.
 
-    ``set_epoch(e)`` writes it to shared memory, so persistent workers see it too. Without
-    ``set_epoch``, each iteration of the dataset is the next epoch: every consumer counts the
-    iterations begun (``begin``), and ``workers`` of them make one epoch.
+    ``set(e)`` writes it there, so persistent workers see it too. Without ``set``, each pass is the
+    next epoch: every reader counts the passes it has begun in a slot of its own (worker ``w``
+    writes only slot ``w``, so no lock is needed, and the memory works with fork, spawn and
+    forkserver workers alike), and the epoch is the base plus that count.
     """
 
-    def __init__(self) -> None:
-        self._shared = multiprocessing.get_context().Array("q", [0, 0], lock=True)
+    SLOTS = 1024  # DataLoader workers per process; more is an error
+
+    def __init__(self, epoch: int = 0) -> None:
+        self._shared = multiprocessing.RawArray("q", self.SLOTS + 1)
+        self._shared[0] = epoch
 
     def set(self, epoch: int) -> None:
-        with self._shared.get_lock():
-            self._shared[0] = epoch
-            self._shared[1] = 0
+        self._shared[1:] = [0] * self.SLOTS
+        self._shared[0] = epoch
 
-    def begin(self, workers: int) -> int:
-        with self._shared.get_lock():
-            started = self._shared[1]
-            self._shared[1] = started + 1
-            return int(self._shared[0]) + started // workers
+    def begin(self, worker: int) -> int:
+        """The epoch of the pass that ``worker`` begins now."""
+        if not 0 <= worker < self.SLOTS:
+            raise OptionError(f"at most {self.SLOTS} DataLoader workers are supported")
+        begun = self._shared[1 + worker]
+        self._shared[1 + worker] = begun + 1
+        return int(self._shared[0]) + begun
 
     @property
     def epoch(self) -> int:
-        """The epoch the next iteration (of every worker) will run, when no iteration is under way."""
-        with self._shared.get_lock():
-            return int(self._shared[0])
+        """The epoch the next pass will run: the base plus the passes the readers have begun."""
+        return int(self._shared[0]) + max(self._shared[1:])
+
+    def __reduce__(self) -> tuple[object, ...]:
+        from multiprocessing.context import get_spawning_popen
+
+        if get_spawning_popen() is not None:  # a spawned worker: share the memory
+            return _shared_clock, (self._shared,)
+        return EpochClock, (self.epoch,)  # a copy (pickle, deepcopy): a clock of its own
+
+
+def _shared_clock(shared: Any) -> EpochClock:
+    clock = EpochClock.__new__(EpochClock)
+    clock._shared = shared
+    return clock
 
 
 class Dataset:
@@ -302,7 +319,7 @@ class Dataset:
     def _iterate(self) -> Iterator[Any]:
         rank, world = self.rank_world()
         worker, workers, in_worker = self.worker_info()
-        epoch = self._clock.begin(workers)
+        epoch = self._clock.begin(worker)
         consumers = world * workers
         consumer = rank * workers + worker
         skip = 0

@@ -363,3 +363,17 @@ def test_main_process_decode_skips_bad_rows_in_every_column(tmp_path: Path) -> N
     ds_fail = Dataset(str(path), decode=AugmentSpec(size=16), device="dali-cpu", decode_in="main", batch_size=5)
     with pytest.raises(DecodeError, match="m.tar: cannot decode field 'jpg' of sample 'k2'"):
         list(ds_fail.loader(num_workers=1))
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_spawned_workers_share_the_epoch_clock(tmp_path: Path, context: str) -> None:
+    import copy
+
+    paths = make_shards(tmp_path, [9, 9])
+    ds = Dataset(paths, shuffle=100, batch_size=3, to_tuple=("__key__",))
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    first, second = keys_of(loader), keys_of(loader)
+    assert sorted(first) == sorted(second) == sorted(all_keys(paths)) and first != second
+    assert ds.epoch == 2 and copy.deepcopy(ds).epoch == 2  # a copy has a clock of its own
+    ds.set_epoch(0)
+    assert keys_of(loader) == first
