@@ -12,7 +12,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py tarproc/_speedups.c
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py tarproc/_speedups.c tarproc/_jpeg.c
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 

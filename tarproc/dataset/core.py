@@ -51,6 +51,32 @@ class Position(NamedTuple):
     url: str | None = None  # the shard the consumer was reading when the batch was complete
 
 
+class BatchBuffer(NamedTuple):
+    """One batch's image array: ``handle`` is what the batch holds (a torch tensor in shared
+    memory, or the array itself), ``array`` a numpy view of it to decode into."""
+
+    handle: Any
+    array: Any
+
+
+def as_numpy(value: Any) -> Any:
+    """A collated batch with its batch buffers as numpy arrays."""
+    if isinstance(value, BatchBuffer):
+        return value.array
+    if isinstance(value, tuple):
+        return tuple(as_numpy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: as_numpy(v) for k, v in value.items()}
+    return value
+
+
+class Slot(NamedTuple):
+    """A decoded image that lives at ``index`` of ``buffer`` (collate takes the buffer whole)."""
+
+    buffer: BatchBuffer
+    index: int
+
+
 class EncodedImages(NamedTuple):
     """A batch's images still encoded, for decoding in the main process (``device="gpu"``)."""
 
@@ -247,8 +273,8 @@ class Dataset:
         return 0, 1, False
 
     def to_tensors(self, batch: Any) -> Any:
-        """Numpy arrays to framework tensors: overridden by the torch layer."""
-        return batch
+        """Numpy arrays to framework tensors: overridden by the torch layer. Here: numpy."""
+        return as_numpy(batch)
 
     # -- epochs and resume -------------------------------------------------------------------------
 
@@ -406,7 +432,10 @@ class Dataset:
     def _rows(self, chunk: list[Sample], decoder: Any, epoch: int) -> list[Any]:
         """Decode, handle and select one batch's samples; bad ones fail or are skipped (counted)."""
         skip_fields: frozenset[str] = frozenset()
-        if self.spec is not None and decoder is not None:
+        if self.spec is not None and decoder is not None and self.device == "cpu" and self.spec.size is not None:
+            chunk = self._decode_into_batch(chunk, epoch)
+            skip_fields = frozenset(self.image_fields)
+        elif self.spec is not None and decoder is not None:
             chunk = next(iter(decoded_batches(
                 chunk, self.spec, field=";".join(self.image_fields), device=decoder, batch_size=len(chunk),
                 on_error=self.on_error, stats=self.decode_stats, warn=_warn, epoch=epoch,
@@ -426,6 +455,41 @@ class Dataset:
                 self.decode_stats.skipped += 1
                 _warn(f"skipped: {e}")
         return rows
+
+    def _decode_into_batch(self, chunk: list[Sample], epoch: int) -> list[Sample]:
+        """The cpu decode when every image has the same shape: each one is decoded straight into
+        its slot of one batch array (shared memory under torch), so the batch is never copied."""
+        from ..decode.cpu import ImageError, decode_into
+
+        spec = self.spec
+        assert spec is not None and spec.size is not None
+        shape = (3, spec.size, spec.size) if spec.layout == "CHW" else (spec.size, spec.size, 3)
+        buffer = self.batch_buffer((len(chunk), *shape), spec.output_dtype)
+        out: list[Sample] = []
+        for sample in chunk:
+            name = next((n for n in self.image_fields if n in sample), None)
+            try:
+                if name is None:
+                    raise ImageError(f"no image field ({';'.join(self.image_fields)})")
+                decode_into(bytes(sample[name]), spec, plan_key(str(sample["__key__"]), epoch), buffer.array[len(out)])
+            except ImageError as e:
+                error = DecodeError(str(e), sample.get("__url__"), sample.get("__key__"), name)
+                if self.on_error == "fail":
+                    raise error from None
+                self.decode_stats.skipped += 1
+                _warn(f"skipped: {error}")
+                continue
+            sample[name] = Slot(buffer, len(out))
+            out.append(sample)
+        self.decode_stats.decoded += len(out)
+        return out
+
+    def batch_buffer(self, shape: tuple[int, ...], dtype: str) -> BatchBuffer:
+        """An array for one batch of images: overridden by the torch layer (shared memory)."""
+        import numpy as np
+
+        array = np.empty(shape, dtype)
+        return BatchBuffer(array, array)
 
     def _encoded(self, sample: Sample, epoch: int) -> Sample | None:
         """For decoding in the main process: the image field's bytes, as ``(bytes, plan key)``."""

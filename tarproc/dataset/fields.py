@@ -120,6 +120,11 @@ def collate_column(values: list[Any]) -> Any:
     ([1, 2], ['a', 'b'], (2, 2))
     """
     first = values[0]
+    if hasattr(first, "buffer") and hasattr(first, "index"):  # images decoded into one batch array (core.Slot)
+        buffer = first.buffer
+        indices = [v.index for v in values]
+        rows = slice(0, len(values)) if indices == list(range(len(values))) else indices
+        return type(buffer)(buffer.handle[rows], buffer.array[rows])
     if isinstance(first, np.ndarray) and first.dtype != object:
         if all(isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values):
             return np.stack(values)

@@ -9,11 +9,12 @@ DataLoader worker. ``Loader`` is a DataLoader over it that records what the trai
 from __future__ import annotations
 
 import importlib.util
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .core import BatchBuffer, Position, as_numpy
 from .core import Dataset as _Core
-from .core import Position
 
 try:  # torch stays optional at runtime
     import torch
@@ -29,6 +30,8 @@ except ImportError:  # pragma: no cover - the test suite runs with torch
 def _as_torch(value: Any) -> Any:
     import numpy as np
 
+    if isinstance(value, BatchBuffer):
+        return value.handle if isinstance(value.handle, torch.Tensor) else torch.from_numpy(value.array)
     if isinstance(value, np.ndarray) and value.dtype != object:
         return torch.from_numpy(value)
     if isinstance(value, tuple):
@@ -50,9 +53,23 @@ class Dataset(_Core, IterableDataset):  # type: ignore[misc, valid-type]
                 return info.id, info.num_workers, True
         return 0, 1, False
 
+    def batch_buffer(self, shape: tuple[int, ...], dtype: str) -> BatchBuffer:
+        if not HAVE_TORCH or self.tensors == "numpy" or not self.worker_info()[2]:
+            return super().batch_buffer(shape, dtype)
+        # in a DataLoader worker: allocate the batch in shared memory, where torch would otherwise
+        # copy it to send it to the main process
+        numel = math.prod(shape)
+        dt = getattr(torch, dtype)
+        try:
+            storage = torch.UntypedStorage._new_shared(numel * dt.itemsize)
+            tensor = torch.empty(0, dtype=dt).set_(storage, 0, shape)
+        except (AttributeError, RuntimeError, TypeError):  # torch without _new_shared: one copy
+            tensor = torch.empty(shape, dtype=dt).share_memory_()
+        return BatchBuffer(tensor, tensor.numpy())
+
     def to_tensors(self, batch: Any) -> Any:
         if self.tensors == "numpy" or (self.tensors == "auto" and not HAVE_TORCH):
-            return batch
+            return as_numpy(batch)
         if not HAVE_TORCH:
             from ..errors import OptionError
 

@@ -1,10 +1,14 @@
-"""The ``cpu`` backend: simplejpeg for JPEGs, Pillow for everything else, an optional process pool.
+"""The ``cpu`` backend: libjpeg-turbo for JPEGs, Pillow for everything else, an optional process pool.
 
-JPEGs are decoded by libjpeg-turbo through simplejpeg, strictly (corrupt data is an error), at
-1/2, 1/4 or 1/8 size in the DCT domain when the window still covers the output size at that scale
-(only those factors: the others decode more slowly than a full decode); CMYK/YCCK JPEGs go to
-Pillow, as do PNG, WebP and every other format Pillow reads. The window is resampled with Pillow's antialiased
-bilinear filter, and ``finish`` flips, normalizes and lays out the array with numpy.
+JPEGs are decoded by libjpeg-turbo, strictly (corrupt data is an error), at 1/2, 1/4 or 1/8 size
+in the DCT domain when the window still covers the output size at that scale (only those factors:
+the others decode more slowly than a full decode). Where tarproc's own extension
+(``tarproc._jpeg``, built against the system's libjpeg-turbo) is present, only the part of the
+image the window needs is transformed (the rest of the stream is still read and checked), and the
+window's resize, colour map, flip and normalization run in one C pass with Pillow's filter
+coefficients; elsewhere simplejpeg decodes the whole image and Pillow and numpy do the rest, to
+within a level of the same pixels. CMYK/YCCK JPEGs go to Pillow, as do PNG, WebP and every other
+format Pillow reads. The window is resampled with Pillow's antialiased bilinear filter.
 """
 
 from __future__ import annotations
@@ -25,7 +29,12 @@ from PIL import Image, UnidentifiedImageError
 
 from ..imaging import rgb_image
 from ..sniff import sniff_type
-from .spec import AugmentSpec, Plan, color_matrix
+from .spec import AugmentSpec, Plan, color_matrix, rotation_steps
+
+try:  # tarproc's own libjpeg-turbo fast path (optional: built when libjpeg's headers are there)
+    from .. import _jpeg  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the build
+    _jpeg = None
 
 Job = tuple[bytes, str]  # (encoded image, sample key: the seed of its random parameters)
 Result = Any  # np.ndarray, or ImageError for an image that could not be decoded
@@ -72,8 +81,11 @@ def dct_factor(plan: Plan) -> int:
     return 1
 
 
-def decode_rgb(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = True) -> tuple[np.ndarray, Plan]:
-    """Decode, crop and resize one image into an ``(h, w, 3)`` uint8 RGB array, and its plan."""
+def decode_rgb(
+    data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = True, fast: bool = True
+) -> tuple[np.ndarray, Plan]:
+    """Decode, crop and resize one image into an ``(h, w, 3)`` uint8 RGB array (or an ``(h, w, 4)``
+    RGBX one: ``finish`` reads the first three channels), and its plan."""
     if data[:3] == _JPEG_MAGIC:
         try:
             h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data, strict=False)
@@ -82,21 +94,115 @@ def decode_rgb(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = Tru
         if colorspace not in ("CMYK", "YCCK"):  # Pillow converts those (Adobe inverted CMYK included)
             plan = _plan(spec, key, h, w)
             f = dct_factor(plan) if dct_scaling and not plan.identity else 1
+            if _jpeg is not None and fast:
+                return _decode_region_rgb(data, plan, h, w, f), plan
             try:
                 # strict: libjpeg's "corrupt data" and "premature end" warnings are errors, which
                 # Pillow would let pass, returning grey or garbled pixels
+                # RGBX: four bytes a pixel is Pillow's own layout, so Pillow works on the decoded
+                # buffer in place instead of copying it into an image of its own
                 if f > 1:
-                    array = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=math.ceil(h / f),
+                    array = simplejpeg.decode_jpeg(data, colorspace="RGBX", min_height=math.ceil(h / f),
                                                    min_width=math.ceil(w / f), min_factor=f)
                 else:
-                    array = simplejpeg.decode_jpeg(data, colorspace="RGB")
+                    array = simplejpeg.decode_jpeg(data, colorspace="RGBX")
             except (ValueError, KeyError) as e:
                 raise ImageError(str(e) or type(e).__name__) from None
             if plan.identity and plan.color is None:  # crop in place, without a round trip through Pillow
                 x0, y0, x1, y1 = (int(v) for v in plan.window)
-                return array[y0:y1, x0:x1], plan
-            return _resample(Image.fromarray(array), plan, f), plan
+                return array[y0:y1, x0:x1, :3], plan
+            im = Image.frombuffer("RGBX", (array.shape[1], array.shape[0]), array, "raw", "RGBX", 0, 1)
+            return _resample(im, plan, f, (w / 2 / f, h / 2 / f)), plan
     return _decode_pillow(data, spec, key)
+
+
+def _region(plan: Plan, h: int, w: int, f: int) -> tuple[int, int, int, int]:
+    """The pixels (of the image decoded at 1/f) that resampling ``plan`` reads, with a margin."""
+    sw, sh = math.ceil(w / f), math.ceil(h / f)
+    if plan.angle:
+        steps = rotation_steps(plan, sw, sh, f, (w / 2 / f, h / 2 / f))
+        if steps is None:
+            return 0, 0, 1, 1
+        (x0, y0, x1, y1), _, _ = steps
+        return x0 - 2, y0 - 2, x1 + 2, y1 + 2
+    x0, y0, x1, y1 = (v / f for v in plan.window)
+    mx = math.ceil(max(1.0, (x1 - x0) / plan.out[0])) + 2  # the filter's reach, and a margin
+    my = math.ceil(max(1.0, (y1 - y0) / plan.out[1])) + 2
+    return math.floor(x0) - mx, math.floor(y0) - my, math.ceil(x1) + mx, math.ceil(y1) + my
+
+
+def _decode_region(data: bytes, plan: Plan, h: int, w: int, f: int) -> tuple[np.ndarray, int, int]:
+    """The RGBX pixels ``plan`` needs, and their origin in the image decoded at 1/f."""
+    x0, y0, x1, y1 = _region(plan, h, w, f)
+    try:
+        got = _jpeg.decode_region(data, x0, y0, x1, y1, f)
+    except ValueError as e:
+        raise ImageError(str(e) or "damaged JPEG data") from None
+    if got is None:  # CMYK/YCCK: the caller checked the header, so this is a damaged header
+        raise ImageError("unsupported JPEG colour space")
+    buf, cw, ch, ox, oy = got
+    return np.frombuffer(buf, np.uint8).reshape(ch, cw, 4), ox, oy
+
+
+def _shifted(plan: Plan, ox: int, oy: int, f: int) -> Plan:
+    x0, y0, x1, y1 = plan.window
+    return plan._replace(window=(x0 - ox * f, y0 - oy * f, x1 - ox * f, y1 - oy * f))
+
+
+def _decode_region_rgb(data: bytes, plan: Plan, h: int, w: int, f: int) -> np.ndarray:
+    array, ox, oy = _decode_region(data, plan, h, w, f)
+    if plan.identity and plan.color is None:
+        x0, y0, x1, y1 = (int(v) for v in plan.window)
+        return array[y0 - oy:y1 - oy, x0 - ox:x1 - ox, :3]
+    im = Image.frombuffer("RGBX", (array.shape[1], array.shape[0]), array, "raw", "RGBX", 0, 1)
+    return _resample(im, _shifted(plan, ox, oy, f), f, (w / 2 / f - ox, h / 2 / f - oy))
+
+
+_MODES = {("uint8", "HWC"): 0, ("uint8", "CHW"): 1, ("float32", "HWC"): 2, ("float32", "CHW"): 3}
+
+
+def _tables(spec: AugmentSpec) -> np.ndarray:
+    """Per-channel lookup from a level to the output value: normalization, or the level itself."""
+    levels = np.arange(256, dtype=np.float32)
+    if not spec.normalized:
+        return np.stack([levels] * 3)
+    mean, std = spec.mean_std_255
+    return np.stack([(levels - np.float32(m)) * np.float32(1 / s) for m, s in zip(mean, std, strict=True)]).astype(np.float32)
+
+
+def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool, out: np.ndarray | None) -> np.ndarray | None:
+    """A JPEG decoded, resampled, colour-mapped, flipped and normalized by ``tarproc._jpeg`` in one
+    pass, or None when this path doesn't apply (no extension, CMYK, rotation, float16)."""
+    mode = _MODES.get((spec.output_dtype, spec.layout))
+    if _jpeg is None or mode is None or data[:3] != _JPEG_MAGIC or spec.rotate:
+        return None
+    try:
+        h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data, strict=False)
+    except (ValueError, KeyError) as e:  # simplejpeg raises KeyError for some damaged headers
+        raise ImageError(f"damaged JPEG header: {e}") from None
+    if colorspace in ("CMYK", "YCCK"):
+        return None
+    plan = _plan(spec, key, h, w)
+    f = dct_factor(plan) if dct_scaling and not plan.identity else 1
+    array, ox, oy = _decode_region(data, plan, h, w, f)
+    x0, y0, x1, y1 = (v / f for v in plan.window)
+    ow, oh = plan.out
+    if out is None:
+        out = np.empty((3, oh, ow) if spec.layout == "CHW" else (oh, ow, 3), spec.output_dtype)
+    color = None
+    if plan.color is not None:
+        matrix, offset = color_matrix(plan.color)
+        color = [v for row in matrix for v in (*row, offset)]
+    table_key = (spec.mean, spec.std)
+    tables = _TABLES.get(table_key)
+    if tables is None:
+        tables = _TABLES.setdefault(table_key, _tables(spec))
+    _jpeg.resample(array, array.shape[1], array.shape[0], (x0 - ox, y0 - oy, x1 - ox, y1 - oy), ow, oh,
+                   plan.flip, color, tables, mode, out)
+    return out
+
+
+_TABLES: dict[Any, np.ndarray] = {}
 
 
 def _plan(spec: AugmentSpec, key: str, h: int, w: int) -> Plan:
@@ -119,15 +225,18 @@ def _decode_pillow(data: bytes, spec: AugmentSpec, key: str) -> tuple[np.ndarray
         raise _not_an_image(data) from None
     except (*_PIL_ERRORS, Image.DecompressionBombWarning) as e:
         raise ImageError(str(e) or type(e).__name__) from None
-    return _resample(rgb, plan, 1), plan
+    return _resample(rgb, plan, 1, (w / 2, h / 2)), plan
 
 
-def _resample(im: Image.Image, plan: Plan, factor: int) -> np.ndarray:
-    """Rotate, take and resample the window, and map the colours, as ``plan`` says."""
+def _resample(im: Image.Image, plan: Plan, factor: int, center: tuple[float, float] | None = None) -> np.ndarray:
+    """Rotate, take and resample the window, and map the colours, as ``plan`` says.
+
+    ``factor`` is the DCT reduction the image was decoded with (window coordinates are divided by
+    it); ``center`` the centre of rotation in the image's coordinates (default: its middle).
+    """
     if plan.angle:
-        # about the centre, keeping the size, black corners (as DALI's rotate with keep_size)
-        im = im.rotate(plan.angle, Image.Resampling.BILINEAR, expand=False, fillcolor=(0, 0, 0))
-    if plan.identity:
+        im = _rotated_window(im, plan, factor, center or (im.width / 2, im.height / 2))
+    elif plan.identity:
         x0, y0, x1, y1 = (int(v) for v in plan.window)
         if (x0, y0, x1, y1) != (0, 0, im.width, im.height):
             im = im.crop((x0, y0, x1, y1))
@@ -137,30 +246,47 @@ def _resample(im: Image.Image, plan: Plan, factor: int) -> np.ndarray:
     if plan.color is not None:
         # one affine map, rounded and clipped to 0..255 in C (Pillow's matrix conversion)
         matrix, offset = color_matrix(plan.color)
+        if im.mode != "RGB":
+            im = im.convert("RGB")
         im = im.convert("RGB", tuple(v for row in matrix for v in (*row, offset)))  # type: ignore[arg-type]
     return np.asarray(im)
 
 
-def finish(array: np.ndarray, plan: Plan, spec: AugmentSpec) -> np.ndarray:
-    """Flip, normalize, cast and lay out a decoded ``(h, w, 3)`` uint8 array."""
+def _rotated_window(im: Image.Image, plan: Plan, factor: int, center: tuple[float, float]) -> Image.Image:
+    """The rotated window, in the two steps ``rotation_steps`` computes (see ``tarproc.decode.spec``)."""
+    steps = rotation_steps(plan, im.width, im.height, factor, center)
+    if steps is None:  # the window lies wholly outside the rotated image
+        return Image.new("RGB", plan.out)
+    box, size, matrix = steps
+    region = im.resize(size, Image.Resampling.BILINEAR, box=box)
+    fill = (0, 0, 0, 0) if region.mode in ("RGBX", "RGBA") else (0, 0, 0)
+    return region.transform(plan.out, Image.Transform.AFFINE, matrix, Image.Resampling.BILINEAR, fillcolor=fill)
+
+
+def finish(array: np.ndarray, plan: Plan, spec: AugmentSpec, out: np.ndarray | None = None) -> np.ndarray:
+    """Flip, normalize, cast and lay out a decoded ``(h, w, 3)`` (or RGBX ``(h, w, 4)``) uint8
+    array; into ``out`` when given (a slot of a batch: no copy afterwards)."""
     if plan.flip:
         array = array[:, ::-1]
     dtype = spec.output_dtype
+    chw = spec.layout == "CHW"
     if spec.normalized:
         # a 256-entry table per channel, written straight into the output layout: one pass
         mean, std = spec.mean_std_255
         levels = np.arange(256, dtype=np.float32)
-        chw = spec.layout == "CHW"
-        out = np.empty((3, *array.shape[:2]) if chw else array.shape, dtype)
+        if out is None:
+            out = np.empty((3, *array.shape[:2]) if chw else (*array.shape[:2], 3), dtype)
         for c in range(3):
             table = ((levels - np.float32(mean[c])) * np.float32(1 / std[c])).astype(dtype)
             np.take(table, array[:, :, c], out=out[c] if chw else out[:, :, c])
         return out
-    if dtype != "uint8":
-        array = array.astype(dtype)
-    if spec.layout == "CHW":
-        array = array.transpose(2, 0, 1)
-    return np.ascontiguousarray(array)
+    rgb = array[:, :, :3]
+    if chw:
+        rgb = rgb.transpose(2, 0, 1)
+    if out is not None:
+        np.copyto(out, rgb, casting="unsafe")
+        return out
+    return np.ascontiguousarray(rgb, dtype=dtype)
 
 
 def decode_image(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = True) -> np.ndarray:
@@ -171,8 +297,18 @@ def decode_image(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = T
     >>> decode_image(buf.getvalue(), AugmentSpec(size=20, resize=24, layout="CHW"), "k").shape
     (3, 20, 20)
     """
+    fused = _decode_jpeg_fused(data, spec, key, dct_scaling, None)
+    if fused is not None:
+        return fused
     array, plan = decode_rgb(data, spec, key, dct_scaling)
     return finish(array, plan, spec)
+
+
+def decode_into(data: bytes, spec: AugmentSpec, key: str, out: np.ndarray, dct_scaling: bool = True) -> None:
+    """``decode_image`` into ``out`` (a slot of a batch array of the output's shape and dtype)."""
+    if _decode_jpeg_fused(data, spec, key, dct_scaling, out) is None:
+        array, plan = decode_rgb(data, spec, key, dct_scaling)
+        finish(array, plan, spec, out=out)
 
 
 def _decode_or_error(job: Job, spec: AugmentSpec, dct_scaling: bool) -> Result:

@@ -3,8 +3,9 @@
 The graph: ``fn.external_source`` of encoded bytes and of each image's plan (window start/end,
 output size, flip flag, rotation angle and colour parameters, all computed on the host by
 ``AugmentSpec.plan``), ``fn.decoders.image`` (``device="mixed"``: the GPU and its hardware JPEG
-engine; ``"cpu"`` with ``device_id=None``: no GPU needed), ``fn.rotate`` about the centre (only when
-the spec rotates), ``fn.resize`` of the window with antialiased linear interpolation,
+engine; ``"cpu"`` with ``device_id=None``: no GPU needed), ``fn.resize`` of the window with
+antialiased linear interpolation (when the spec rotates: of the source region under the rotated
+window, then ``fn.warp_affine``, as ``rotation_steps`` says),
 ``fn.color_twist`` (only when the spec jitters colours) and ``fn.crop_mirror_normalize`` for flip,
 mean/std, dtype and layout. The operators run where the decoder puts the images: on the GPU after
 ``mixed``.
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .cpu import CpuDecoder, ImageError, Job, Result, image_size
-from .spec import AugmentSpec, Plan
+from .spec import AugmentSpec, Plan, rotation_steps
 
 _DTYPES = {"uint8": "UINT8", "float16": "FLOAT16", "float32": "FLOAT"}
 
@@ -96,10 +97,17 @@ class DaliDecoder:
             images = fn.decoders.image(encoded, device="mixed" if self.gpu else "cpu",
                                        output_type=types.RGB, adjust_orientation=False)
             if spec.rotate:
-                angle = fn.external_source(name="angle", dtype=types.FLOAT, ndim=0)
-                images = fn.rotate(images, angle=angle, keep_size=True, fill_value=0,
-                                   interp_type=types.INTERP_LINEAR)
-            if geometric:
+                # the rotated window in the same two steps as the cpu backend (rotation_steps)
+                start = fn.external_source(name="start", dtype=types.FLOAT, ndim=1)
+                end = fn.external_source(name="end", dtype=types.FLOAT, ndim=1)
+                size = fn.external_source(name="size", dtype=types.FLOAT, ndim=1)
+                matrix = fn.external_source(name="matrix", dtype=types.FLOAT, ndim=2)
+                out_size = fn.external_source(name="out_size", dtype=types.FLOAT, ndim=1)
+                images = fn.resize(images, roi_start=start, roi_end=end, size=size,
+                                   interp_type=types.INTERP_LINEAR, antialias=True)
+                images = fn.warp_affine(images, matrix=matrix, size=out_size, fill_value=0,
+                                        interp_type=types.INTERP_LINEAR, inverse_map=True)
+            elif geometric:
                 start = fn.external_source(name="start", dtype=types.FLOAT, ndim=1)
                 end = fn.external_source(name="end", dtype=types.FLOAT, ndim=1)
                 size = fn.external_source(name="size", dtype=types.FLOAT, ndim=1)
@@ -121,13 +129,22 @@ class DaliDecoder:
         pipe = self._pipe
         pipe.feed_input("encoded", [np.frombuffer(d, np.uint8) for d in datas])
         pipe.feed_input("flip", [np.array(int(p.flip), np.int32) for p in plans])
-        if self.spec.geometric:
+        if self.spec.rotate:
+            steps = []
+            for data, plan in zip(datas, plans, strict=True):
+                h, w = image_size(data)
+                # a window wholly outside the rotated image: any region, sampled far outside it
+                steps.append(rotation_steps(plan, w, h) or ((0, 0, w, h), (1, 1), (0, 0, -1e6, 0, 0, -1e6)))
             # DALI takes coordinates in tensor shape order: (y, x) and (height, width)
+            pipe.feed_input("start", [np.array([b[1], b[0]], np.float32) for b, _, _ in steps])
+            pipe.feed_input("end", [np.array([b[3], b[2]], np.float32) for b, _, _ in steps])
+            pipe.feed_input("size", [np.array([sz[1], sz[0]], np.float32) for _, sz, _ in steps])
+            pipe.feed_input("matrix", [np.array(m, np.float32).reshape(2, 3) for _, _, m in steps])
+            pipe.feed_input("out_size", [np.array([p.out[1], p.out[0]], np.float32) for p in plans])
+        elif self.spec.geometric:
             pipe.feed_input("start", [np.array([p.window[1], p.window[0]], np.float32) for p in plans])
             pipe.feed_input("end", [np.array([p.window[3], p.window[2]], np.float32) for p in plans])
             pipe.feed_input("size", [np.array([p.out[1], p.out[0]], np.float32) for p in plans])
-        if self.spec.rotate:
-            pipe.feed_input("angle", [np.array(p.angle, np.float32) for p in plans])
         if self.spec.jitter:
             neutral = (1.0, 1.0, 1.0, 0.0)
             for i, name in enumerate(("brightness", "contrast", "saturation", "hue")):

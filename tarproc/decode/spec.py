@@ -17,10 +17,12 @@ same window and flip the same images for the same seed:
   log-uniform aspect ratio from ``ratio``, 10 attempts then a central fallback; integer window),
   resampled to ``size`` x ``size``;
 - ``flip``: the image is mirrored horizontally with probability ``flip``;
-- ``rotate``: before the window is taken, the whole image is rotated counter-clockwise about its
-  centre by an angle drawn uniformly from ``[-rotate, rotate]`` degrees, keeping its size, corners
-  filled with black (torchvision's ``RandomRotation(rotate)``, here with bilinear sampling); the
-  window is then taken in the rotated image;
+- ``rotate``: the window is taken in the image rotated counter-clockwise about its centre by an
+  angle drawn uniformly from ``[-rotate, rotate]`` degrees, keeping its size, corners filled with
+  black (torchvision's ``RandomRotation(rotate)`` followed by the crop). Rather than rotating every
+  pixel, both backends resample only the source region under the window, in two steps
+  (``rotation_steps``): that region scaled down, antialiased, by the smaller of the window's two
+  scale factors, then one bilinear affine warp that rotates it and scales it the rest of the way;
 - colour jitter (``brightness``, ``contrast``, ``saturation``, ``hue``, torchvision's
   ``ColorJitter`` ranges: factors drawn from ``[max(0, 1 - x), 1 + x]``, the hue shift from
   ``[-hue, hue]`` of a full turn) applied to the resampled window as **one affine colour map** per
@@ -79,6 +81,47 @@ class Plan(NamedTuple):
             and self.out == (round(x1 - x0), round(y1 - y0))
             and all(float(v).is_integer() for v in self.window)
         )
+
+
+def rotation_steps(
+    plan: Plan, width: int, height: int, factor: int = 1, center: tuple[float, float] | None = None
+) -> tuple[tuple[int, int, int, int], tuple[int, int], tuple[float, ...]] | None:
+    """The two steps of a rotated window: ``(box, size, matrix)``, or None when the window lies
+    wholly outside the rotated image.
+
+    Step 1 resamples ``box`` (x0, y0, x1, y1: the source pixels under the rotated window, plus a
+    pixel of margin, within the image) to ``size`` (w, h), scaled down by the smaller of the
+    window's scale factors (never up). Step 2 is an affine warp to ``plan.out`` whose ``matrix``
+    (a, b, c, d, e, f) maps output coordinates to step-1 coordinates, ``(a X + b Y + c, d X + e Y
+    + f)``, in continuous pixel coordinates. ``factor`` divides the window (a DCT-reduced decode);
+    ``center`` is the centre of rotation (default: the image's middle).
+
+    >>> box, size, m = rotation_steps(Plan((0, 0, 40, 40), (20, 20), False, 0.0), 40, 40)
+    >>> box, size, [round(v, 6) + 0.0 for v in m]
+    ((0, 0, 40, 40), (20, 20), [1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+    """
+    x0, y0, x1, y1 = (v / factor for v in plan.window)
+    ow, oh = plan.out
+    cx, cy = center if center is not None else (width / 2, height / 2)
+    sx, sy = (x1 - x0) / ow, (y1 - y0) / oh
+    a = -math.radians(plan.angle)  # output-to-input rotation (Pillow's rotate builds the same)
+    m00, m01, m10, m11 = math.cos(a), math.sin(a), -math.sin(a), math.cos(a)
+    corners = [(m00 * (x - cx) + m01 * (y - cy) + cx, m10 * (x - cx) + m11 * (y - cy) + cy) for x in (x0, x1) for y in (y0, y1)]
+    bx0 = max(0, math.floor(min(c[0] for c in corners)) - 1)
+    by0 = max(0, math.floor(min(c[1] for c in corners)) - 1)
+    bx1 = min(width, math.ceil(max(c[0] for c in corners)) + 1)
+    by1 = min(height, math.ceil(max(c[1] for c in corners)) + 1)
+    if bx1 <= bx0 or by1 <= by0:
+        return None
+    shrink = max(1.0, min(sx, sy))
+    tw, th = max(1, round((bx1 - bx0) / shrink)), max(1, round((by1 - by0) / shrink))
+    kx, ky = tw / (bx1 - bx0), th / (by1 - by0)
+    # output (X, Y) -> window (x0 + X sx, y0 + Y sy) -> source (rotation) -> step 1 (offset, scale)
+    matrix = (
+        kx * m00 * sx, kx * m01 * sy, kx * (m00 * (x0 - cx) + m01 * (y0 - cy) + cx - bx0),
+        ky * m10 * sx, ky * m11 * sy, ky * (m10 * (x0 - cx) + m11 * (y0 - cy) + cy - by0),
+    )
+    return (bx0, by0, bx1, by1), (tw, th), matrix
 
 
 def plan_key(key: str, epoch: int = 0) -> str:

@@ -185,11 +185,11 @@ def test_gpu_bad_image_skipped() -> None:
     assert [s["__key__"] for s in out] == ["k00", "k01", "k03"] and stats.skipped == 1
 
 
-# rotation and colour jitter: the same plan (angle, factors) on both backends. Rotation resamples
-# twice (rotate, then the window), and the two libraries sample the rotated grid with different
-# pixel-centre rounding, so the bound is looser than for crops: mean |diff| <= 1.5 levels and the
-# 99th percentile <= 8 levels (edges of the black corners move by up to a pixel); jitter alone is
-# one affine map on both, rounded once: the crop bounds above hold.
+# rotation and colour jitter: the same plan (angle, factors) and the same two rotation steps
+# (rotation_steps) on both backends. The warp's bilinear sampling rounds differently in the two
+# libraries and the black corners' edges can move by a pixel, so the bound is looser than for
+# crops: mean |diff| <= 1.5 levels, 99th percentile <= 8 (measured: mean <= 1.0, p99 <= 3); jitter
+# alone is one affine map on both, rounded once: the crop bounds above hold.
 JITTER = dict(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
 
 

@@ -1,0 +1,392 @@
+/*
+ * tarproc._jpeg: the cpu decode backend's hot path, for training crops (optional; built when
+ * libjpeg-turbo's headers are present, else tarproc uses simplejpeg + Pillow for everything).
+ *
+ * decode_region(data, x0, y0, x1, y1, denom) decodes only the part of a JPEG that a crop needs:
+ * the image is decoded at 1/denom size (libjpeg's DCT scaling), columns outside [x0, x1) are not
+ * inverse-transformed (jpeg_crop_scanline widens the range to whole iMCUs), rows above y0 and below
+ * y1 are entropy-decoded but not transformed (jpeg_skip_scanlines). The whole stream is still
+ * read to its end, and libjpeg's warnings (corrupt data, premature end) are errors, as with
+ * simplejpeg's strict mode: a damaged image fails whatever its crop. Returns
+ * (bytearray of RGBX rows, width, height, x_origin, y_origin), the origin being the decoded
+ * area's top-left corner in the scaled image (it covers the region asked for, and a little more); or None for CMYK/YCCK images (the caller uses Pillow).
+ *
+ * resample(src, width, height, box, out_w, out_h, flip, color, tables, mode, out) takes the
+ * window `box` (x0, y0, x1, y1, floats, in src coordinates) of an RGBX image and writes it to `out`
+ * resized to out_w x out_h with Pillow's antialiased bilinear filter -- the same coefficients,
+ * fixed-point arithmetic and rounding as Pillow's Image.resize(size, BILINEAR, box), so the result
+ * is identical -- then optionally the affine colour map `color` (12 floats, as Pillow's
+ * convert("RGB", matrix)), the horizontal flip, and the per-channel lookup `tables` (3 x 256
+ * float32: normalization) in one pass. mode: 0 uint8 HWC, 1 uint8 CHW, 2 float32 HWC, 3 float32 CHW.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jpeglib.h>
+
+struct error_manager {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    char message[JMSG_LENGTH_MAX];
+    int warned;
+};
+
+static void on_error(j_common_ptr cinfo)
+{
+    struct error_manager *err = (struct error_manager *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
+}
+
+static void on_message(j_common_ptr cinfo, int level)
+{
+    struct error_manager *err = (struct error_manager *)cinfo->err;
+    if (level < 0 && !err->warned) { /* a warning: corrupt data, premature end of data */
+        (*cinfo->err->format_message)(cinfo, err->message);
+        err->warned = 1;
+    }
+}
+
+static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer data;
+    int x0, y0, x1, y1, denom;
+    if (!PyArg_ParseTuple(args, "y*iiiii", &data, &x0, &y0, &x1, &y1, &denom))
+        return NULL;
+    struct jpeg_decompress_struct cinfo;
+    struct error_manager err;
+    PyObject *result = NULL;
+    PyObject *volatile out = NULL;
+    PyThreadState *volatile released = NULL; /* the GIL, while libjpeg works */
+    unsigned char *volatile saved = NULL;
+    memset(&cinfo, 0, sizeof(cinfo));
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    err.warned = 0;
+    err.message[0] = 0;
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(err.jump)) { /* libjpeg failed: take the GIL back before touching Python objects */
+        if (released != NULL)
+            PyEval_RestoreThread(released);
+        free(saved);
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        Py_XDECREF(out);
+        PyErr_SetString(PyExc_ValueError, err.message[0] ? err.message : "JPEG decoding failed");
+        return NULL;
+    }
+    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+    jpeg_read_header(&cinfo, TRUE);
+    if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        Py_RETURN_NONE;
+    }
+    cinfo.out_color_space = JCS_EXT_RGBX;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = (unsigned int)(denom > 0 ? denom : 1);
+    cinfo.dct_method = JDCT_ISLOW;
+    jpeg_start_decompress(&cinfo);
+    int width = (int)cinfo.output_width, height = (int)cinfo.output_height;
+    /* the outermost decoded columns of a cropped decode are upsampled as an image edge (their
+       chroma neighbours are missing): decode two more on each side, so the region asked for
+       gets exactly the pixels of a full decode */
+    x0 -= 2;
+    x1 += 2;
+    if (x0 < 0) x0 = 0;
+    if (y0 < 0) y0 = 0;
+    if (x1 > width) x1 = width;
+    if (y1 > height) y1 = height;
+    if (x1 <= x0 || y1 <= y0) { x0 = 0; y0 = 0; x1 = width < 1 ? 1 : width; y1 = height < 1 ? 1 : height; }
+    JDIMENSION xoffset = (JDIMENSION)x0, cropped = (JDIMENSION)(x1 - x0);
+    if (x0 > 0 || x1 < width)
+        jpeg_crop_scanline(&cinfo, &xoffset, &cropped);
+    int rows = y1 - y0, stride = (int)cinfo.output_width * 4;
+    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)stride * rows);
+    if (out == NULL) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    unsigned char *pixels = (unsigned char *)PyByteArray_AS_STRING(out);
+    released = PyEval_SaveThread();
+    if (y0 > 0)
+        jpeg_skip_scanlines(&cinfo, (JDIMENSION)y0);
+    while ((int)cinfo.output_scanline < y1) {
+        JSAMPROW row = pixels + (size_t)stride * ((int)cinfo.output_scanline - y0);
+        jpeg_read_scanlines(&cinfo, &row, 1);
+    }
+    if ((int)cinfo.output_scanline < height) {
+        /* read the rest of the stream, so that damage there is an error too: skipping to the very
+           end would not decode anything, so skip all but the last row (entropy decoding only),
+           then decode that row */
+        if (height - (int)cinfo.output_scanline > 1)
+            jpeg_skip_scanlines(&cinfo, cinfo.output_height - cinfo.output_scanline - 1);
+        saved = malloc((size_t)stride);
+        if (saved) {
+            JSAMPROW row = saved;
+            jpeg_read_scanlines(&cinfo, &row, 1);
+            free(saved);
+            saved = NULL;
+        } else {
+            jpeg_skip_scanlines(&cinfo, 1);
+        }
+    }
+    jpeg_finish_decompress(&cinfo);
+    PyEval_RestoreThread(released);
+    released = NULL;
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    if (err.warned) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_ValueError, err.message);
+        return NULL;
+    }
+    result = Py_BuildValue("(Niiii)", out, (int)cinfo.output_width, rows, (int)xoffset, y0);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pillow's antialiased bilinear resampling, exactly (libImaging/Resample.c)                  */
+
+#define PRECISION_BITS (32 - 8 - 2)
+
+static inline unsigned char clip8(int in)
+{
+    int v = in >> PRECISION_BITS; /* branchless, so loops over it vectorize */
+    v = v < 0 ? 0 : v;
+    return (unsigned char)(v > 255 ? 255 : v);
+}
+
+static double bilinear(double x)
+{
+    if (x < 0.0)
+        x = -x;
+    if (x < 1.0)
+        return 1.0 - x;
+    return 0.0;
+}
+
+/* coefficients of one axis: bounds[2*i] = first input pixel, bounds[2*i+1] = count; kk fixed point */
+static int coefficients(int in_size, double in0, double in1, int out_size, int **bounds_out, int **kk_out)
+{
+    double scale = (in1 - in0) / out_size, filterscale = scale < 1.0 ? 1.0 : scale;
+    double support = 1.0 * filterscale;
+    int ksize = (int)ceil(support) * 2 + 1;
+    double *pre = malloc(sizeof(double) * (size_t)out_size * ksize);
+    int *bounds = malloc(sizeof(int) * (size_t)out_size * 2);
+    int *kk = malloc(sizeof(int) * (size_t)out_size * ksize);
+    if (!pre || !bounds || !kk) {
+        free(pre); free(bounds); free(kk);
+        return -1;
+    }
+    for (int xx = 0; xx < out_size; xx++) {
+        double center = in0 + (xx + 0.5) * scale, ww = 0.0, ss = 1.0 / filterscale;
+        int xmin = (int)(center - support + 0.5), xmax = (int)(center + support + 0.5), x;
+        if (xmin < 0) xmin = 0;
+        if (xmax > in_size) xmax = in_size;
+        xmax -= xmin;
+        double *k = &pre[xx * ksize];
+        for (x = 0; x < xmax; x++) {
+            double w = bilinear((x + xmin - center + 0.5) * ss);
+            k[x] = w;
+            ww += w;
+        }
+        for (x = 0; x < xmax; x++)
+            if (ww != 0.0) k[x] /= ww;
+        for (; x < ksize; x++) k[x] = 0;
+        bounds[xx * 2] = xmin;
+        bounds[xx * 2 + 1] = xmax;
+    }
+    for (int i = 0; i < out_size * ksize; i++)
+        kk[i] = pre[i] < 0 ? (int)(-0.5 + pre[i] * (1 << PRECISION_BITS)) : (int)(0.5 + pre[i] * (1 << PRECISION_BITS));
+    free(pre);
+    *bounds_out = bounds;
+    *kk_out = kk;
+    return ksize;
+}
+
+static PyObject *resample(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer src, out, tables;
+    int width, height, out_w, out_h, flip, mode;
+    double box[4];
+    PyObject *color_obj;
+    if (!PyArg_ParseTuple(args, "y*ii(dddd)iipOy*iw*", &src, &width, &height, &box[0], &box[1], &box[2], &box[3],
+                          &out_w, &out_h, &flip, &color_obj, &tables, &mode, &out))
+        return NULL;
+    PyObject *error = NULL;
+    float color[12];
+    int have_color = color_obj != Py_None;
+    if (have_color) {
+        PyObject *seq = PySequence_Fast(color_obj, "color must be 12 numbers");
+        if (seq == NULL || PySequence_Fast_GET_SIZE(seq) != 12) {
+            Py_XDECREF(seq);
+            error = PyExc_ValueError;
+        } else {
+            for (int i = 0; i < 12; i++)
+                color[i] = (float)PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+            Py_DECREF(seq);
+        }
+    }
+    size_t out_bytes = (size_t)out_w * out_h * 3 * (mode >= 2 ? 4 : 1);
+    if (!error && (src.len < (Py_ssize_t)width * height * 4 || out.len < (Py_ssize_t)out_bytes ||
+                   (mode >= 2 && tables.len < 3 * 256 * 4) || out_w < 1 || out_h < 1 || mode < 0 || mode > 3))
+        error = PyExc_ValueError;
+    int *hb = NULL, *hk = NULL, *vb = NULL, *vk = NULL;
+    unsigned char *temp = NULL;
+    int hsize = 0, vsize = 0, failed = 0;
+    if (!error) {
+        hsize = coefficients(width, box[0], box[2], out_w, &hb, &hk);
+        vsize = coefficients(height, box[1], box[3], out_h, &vb, &vk);
+        if (hsize < 0 || vsize < 0)
+            error = PyExc_MemoryError;
+    }
+    if (!error) {
+        int first = vb[0], last = vb[out_h * 2 - 2] + vb[out_h * 2 - 1], rows = last - first;
+        int need_h = out_w != width || box[0] != 0 || box[2] != out_w;
+        int need_v = out_h != height || box[1] != 0 || box[3] != out_h;
+        const unsigned char *in = (const unsigned char *)src.buf;
+        const float *table = (const float *)tables.buf;
+        Py_BEGIN_ALLOW_THREADS
+        /* horizontal pass into rows [first, last) of a temporary RGB image (Pillow skips it when
+           the window spans the width unscaled; then the vertical pass reads the source itself) */
+        const unsigned char *vin = in;
+        int vstride = width * 4, vpixel = 4, voffset = 0;
+        if (need_h) {
+            temp = malloc((size_t)out_w * 3 * (rows > 0 ? rows : 1));
+            if (temp) {
+                for (int y = 0; y < rows; y++) {
+                    const unsigned char *line = in + (size_t)(y + first) * width * 4;
+                    unsigned char *to = temp + (size_t)y * out_w * 3;
+                    for (int xx = 0; xx < out_w; xx++) {
+                        int xmin = hb[xx * 2], xmax = hb[xx * 2 + 1];
+                        const int *k = &hk[xx * hsize];
+                        int s0 = 1 << (PRECISION_BITS - 1), s1 = s0, s2 = s0;
+                        for (int x = 0; x < xmax; x++) {
+                            const unsigned char *p = line + (x + xmin) * 4;
+                            s0 += p[0] * k[x];
+                            s1 += p[1] * k[x];
+                            s2 += p[2] * k[x];
+                        }
+                        to[xx * 3] = clip8(s0);
+                        to[xx * 3 + 1] = clip8(s1);
+                        to[xx * 3 + 2] = clip8(s2);
+                    }
+                }
+                vin = temp;
+                vstride = out_w * 3;
+                vpixel = 3;
+                voffset = first;
+            }
+        }
+        int *acc = malloc(sizeof(int) * (size_t)out_w * 3);
+        unsigned char *line = malloc((size_t)out_w * 3);
+        if ((!need_h || temp) && acc && line) {
+            size_t plane = (size_t)out_w * out_h;
+            int n = out_w * 3;
+            for (int yy = 0; yy < out_h; yy++) {
+                int ymin = vb[yy * 2] - voffset, ymax = vb[yy * 2 + 1];
+                const int *k = &vk[yy * vsize];
+                /* vertical pass, one output row at a time: rows of taps summed into accumulators
+                   (contiguous, so the compiler vectorizes it) */
+                if (need_v && vpixel == 3) {
+                    for (int i = 0; i < n; i++)
+                        acc[i] = 1 << (PRECISION_BITS - 1);
+                    for (int y = 0; y < ymax; y++) {
+                        const unsigned char *row = vin + (size_t)(y + ymin) * vstride;
+                        int kv = k[y];
+                        for (int i = 0; i < n; i++)
+                            acc[i] += row[i] * kv;
+                    }
+                    for (int i = 0; i < n; i++)
+                        line[i] = clip8(acc[i]);
+                } else if (need_v) {
+                    for (int xx = 0; xx < out_w; xx++) {
+                        int s0 = 1 << (PRECISION_BITS - 1), s1 = s0, s2 = s0;
+                        for (int y = 0; y < ymax; y++) {
+                            const unsigned char *p = vin + (size_t)(y + ymin) * vstride + xx * 4;
+                            s0 += p[0] * k[y];
+                            s1 += p[1] * k[y];
+                            s2 += p[2] * k[y];
+                        }
+                        line[xx * 3] = clip8(s0); line[xx * 3 + 1] = clip8(s1); line[xx * 3 + 2] = clip8(s2);
+                    }
+                } else {
+                    const unsigned char *row = vin + (size_t)ymin * vstride;
+                    for (int xx = 0; xx < out_w; xx++) {
+                        line[xx * 3] = row[xx * vpixel]; line[xx * 3 + 1] = row[xx * vpixel + 1];
+                        line[xx * 3 + 2] = row[xx * vpixel + 2];
+                    }
+                }
+                if (have_color) { /* Pillow's convert("RGB", matrix): float, +0.5, clipped */
+                    for (int xx = 0; xx < out_w; xx++) {
+                        unsigned char *q = line + xx * 3;
+                        float r = q[0], g = q[1], b = q[2];
+                        for (int i = 0; i < 3; i++) {
+                            float v = color[i * 4] * r + color[i * 4 + 1] * g + color[i * 4 + 2] * b + color[i * 4 + 3] + 0.5F;
+                            q[i] = v <= 0.0F ? 0 : v >= 255.0F ? 255 : (unsigned char)v;
+                        }
+                    }
+                }
+                size_t row0 = (size_t)yy * out_w;
+                for (int xx = 0; xx < out_w; xx++) {
+                    const unsigned char *q = line + (flip ? out_w - 1 - xx : xx) * 3;
+                    size_t at = row0 + xx;
+                    switch (mode) {
+                    case 0: {
+                        unsigned char *o = (unsigned char *)out.buf + at * 3;
+                        o[0] = q[0]; o[1] = q[1]; o[2] = q[2];
+                        break;
+                    }
+                    case 1: {
+                        unsigned char *o = (unsigned char *)out.buf;
+                        o[at] = q[0]; o[plane + at] = q[1]; o[2 * plane + at] = q[2];
+                        break;
+                    }
+                    case 2: {
+                        float *o = (float *)out.buf + at * 3;
+                        o[0] = table[q[0]]; o[1] = table[256 + q[1]]; o[2] = table[512 + q[2]];
+                        break;
+                    }
+                    default: {
+                        float *o = (float *)out.buf;
+                        o[at] = table[q[0]]; o[plane + at] = table[256 + q[1]]; o[2 * plane + at] = table[512 + q[2]];
+                    }
+                    }
+                }
+            }
+        }
+        failed = !acc || !line;
+        free(acc);
+        free(line);
+        Py_END_ALLOW_THREADS
+        if ((need_h && !temp) || failed)
+            error = PyExc_MemoryError;
+    }
+    free(temp); free(hb); free(hk); free(vb); free(vk);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&tables);
+    if (error) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(error, "bad arguments to resample");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_region", decode_region, METH_VARARGS, "Decode the rows and columns of a JPEG that a crop needs (RGBX)."},
+    {"resample", resample, METH_VARARGS, "Pillow's antialiased bilinear resize of a window, fused with colour, flip and lookup."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__jpeg(void) { return PyModule_Create(&module); }

@@ -1,0 +1,107 @@
+"""tarproc._jpeg, the cpu backend's libjpeg-turbo fast path: region decoding gives exactly the
+pixels of a full decode, the fused resample gives Pillow's resize (to a level: the same filter and
+coefficients, rounded in another order), and damage anywhere in the stream is an error."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import simplejpeg
+from PIL import Image
+from tarhelpers import encode_image
+
+from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, decode_image
+from tarproc.decode import cpu as cpu_backend
+
+HEADERS = os.path.exists("/usr/include/jpeglib.h")
+
+
+def test_the_extension_is_built_where_libjpeg_headers_are() -> None:
+    if not HEADERS:
+        pytest.skip("no /usr/include/jpeglib.h: tarproc uses simplejpeg and Pillow for every JPEG")
+    assert cpu_backend._jpeg is not None, "tarproc._jpeg failed to build: see the pip install output"
+
+
+needs_ext = pytest.mark.skipif(cpu_backend._jpeg is None, reason="tarproc._jpeg is not built")
+
+
+def photo(w: int, h: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 255 / w, y * 255 / h, 128 + 60 * np.sin(x / 9) * np.cos(y / 13)], axis=-1)
+    return np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+
+
+JPEGS = {
+    "444": encode_image(photo(203, 151, 1), quality=90, subsampling=0),
+    "420": encode_image(photo(250, 187, 2), quality=85),
+    "progressive": encode_image(photo(160, 120, 3), progressive=True),
+    "grey": encode_image(photo(140, 110, 4), "JPEG", "L"),
+}
+
+
+@needs_ext
+@pytest.mark.parametrize("name", JPEGS)
+@pytest.mark.parametrize("denom", [1, 2])
+def test_region_decode_equals_a_full_decode(name: str, denom: int) -> None:
+    data = JPEGS[name]
+    h, w = simplejpeg.decode_jpeg_header(data)[:2]
+    if denom == 1:
+        full = simplejpeg.decode_jpeg(data, colorspace="RGBX")
+    else:
+        full = simplejpeg.decode_jpeg(data, colorspace="RGBX", min_factor=2, min_height=-(-h // 2), min_width=-(-w // 2))
+    H, W = full.shape[:2]
+    rng = random.Random(name)
+    for _ in range(25):
+        x0, y0 = rng.randrange(W), rng.randrange(H)
+        x1, y1 = rng.randrange(x0 + 1, W + 1), rng.randrange(y0 + 1, H + 1)
+        buf, cw, ch, ox, oy = cpu_backend._jpeg.decode_region(data, x0, y0, x1, y1, denom)
+        region = np.frombuffer(buf, np.uint8).reshape(ch, cw, 4)
+        assert ox <= x0 and oy <= y0 and ox + cw >= x1 and oy + ch >= y1
+        assert np.array_equal(region[y0 - oy:y1 - oy, x0 - ox:x1 - ox, :3], full[y0:y1, x0:x1, :3]), (x0, y0, x1, y1)
+
+
+@needs_ext
+def test_fused_resample_is_pillows_resize() -> None:
+    array = np.ascontiguousarray(np.dstack([photo(230, 170, 5), np.zeros((170, 230), np.uint8)]))
+    im = Image.frombuffer("RGBX", (230, 170), array, "raw", "RGBX", 0, 1)
+    rng = random.Random(0)
+    for _ in range(30):
+        x0, y0 = rng.uniform(0, 150), rng.uniform(0, 100)
+        box = (x0, y0, rng.uniform(x0 + 5, 230), rng.uniform(y0 + 5, 170))
+        size = rng.choice([(64, 64), (31, 47), (120, 90), (300, 200)])
+        want = np.asarray(im.resize(size, Image.Resampling.BILINEAR, box=box))[..., :3].astype(int)
+        got = np.empty((size[1], size[0], 3), np.uint8)
+        cpu_backend._jpeg.resample(array, 230, 170, box, *size, False, None, b"", 0, got)
+        assert np.abs(got.astype(int) - want).max() <= 1, box
+
+
+@needs_ext
+@pytest.mark.parametrize("spec", [
+    AugmentSpec(size=48, random_crop=True, flip=0.5, seed=3, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout="CHW"),
+    AugmentSpec(size=40, resize=46, seed=3),
+    AugmentSpec(size=48, random_crop=True, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1, seed=3, layout="CHW", dtype="float32"),
+    AugmentSpec(size=48, random_crop=True, rotate=10, flip=0.5, seed=3, mean=IMAGENET_MEAN, std=IMAGENET_STD),
+], ids=["crop-normalize", "centre", "jitter", "rotate"])
+def test_fast_path_agrees_with_the_simplejpeg_pillow_path(spec: AugmentSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = [decode_image(d, spec, f"k{i}") for i, d in enumerate(JPEGS.values())]
+    monkeypatch.setattr(cpu_backend, "_jpeg", None)
+    slow = [decode_image(d, spec, f"k{i}") for i, d in enumerate(JPEGS.values())]
+    scale = 1 / (255 * min(IMAGENET_STD)) if spec.normalized else 1
+    for a, b in zip(fast, slow, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert np.abs(a.astype(np.float64) - b).max() <= 1 * scale + 1e-4
+
+
+@needs_ext
+@pytest.mark.parametrize("where", ["inside the crop", "below the crop"])
+def test_damage_anywhere_is_an_error(where: str) -> None:
+    data = bytearray(JPEGS["420"])
+    cut = len(data) * (3 if where == "below the crop" else 1) // 4
+    damaged = bytes(data[:cut])  # truncated: libjpeg's "premature end of data" is an error here
+    spec = AugmentSpec(size=32, seed=0)  # a centre crop: the top quarter is not in the window
+    with pytest.raises(cpu_backend.ImageError):
+        decode_image(damaged, spec, "k")
