@@ -71,10 +71,10 @@ def as_numpy(value: Any) -> Any:
 
 
 class Slot(NamedTuple):
-    """A decoded image that lives at ``index`` of ``buffer`` (collate takes the buffer whole)."""
+    """A decoded image that lives at ``row`` of ``buffer`` (collate takes the buffer whole)."""
 
     buffer: BatchBuffer
-    index: int
+    row: int
 
 
 class EncodedImages(NamedTuple):

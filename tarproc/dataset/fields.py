@@ -120,9 +120,9 @@ def collate_column(values: list[Any]) -> Any:
     ([1, 2], ['a', 'b'], (2, 2))
     """
     first = values[0]
-    if hasattr(first, "buffer") and hasattr(first, "index"):  # images decoded into one batch array (core.Slot)
+    if hasattr(first, "buffer") and hasattr(first, "row"):  # images decoded into one batch array (core.Slot)
         buffer = first.buffer
-        indices = [v.index for v in values]
+        indices = [v.row for v in values]
         rows = slice(0, len(values)) if indices == list(range(len(values))) else indices
         return type(buffer)(buffer.handle[rows], buffer.array[rows])
     if isinstance(first, np.ndarray) and first.dtype != object:

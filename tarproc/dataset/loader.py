@@ -62,7 +62,7 @@ class Dataset(_Core, IterableDataset):  # type: ignore[misc, valid-type]
         dt = getattr(torch, dtype)
         try:
             storage = torch.UntypedStorage._new_shared(numel * dt.itemsize)
-            tensor = torch.empty(0, dtype=dt).set_(storage, 0, shape)
+            tensor = torch.empty(0, dtype=dt).set_(storage).view(shape)
         except (AttributeError, RuntimeError, TypeError):  # torch without _new_shared: one copy
             tensor = torch.empty(shape, dtype=dt).share_memory_()
         return BatchBuffer(tensor, tensor.numpy())

@@ -31,8 +31,9 @@ from ..imaging import rgb_image
 from ..sniff import sniff_type
 from .spec import AugmentSpec, Plan, color_matrix, rotation_steps
 
+_jpeg: Any
 try:  # tarproc's own libjpeg-turbo fast path (optional: built when libjpeg's headers are there)
-    from .. import _jpeg  # type: ignore[attr-defined]
+    from .. import _jpeg  # type: ignore[attr-defined, no-redef]
 except ImportError:  # pragma: no cover - depends on the build
     _jpeg = None
 
@@ -123,8 +124,8 @@ def _region(plan: Plan, h: int, w: int, f: int) -> tuple[int, int, int, int]:
         steps = rotation_steps(plan, sw, sh, f, (w / 2 / f, h / 2 / f))
         if steps is None:
             return 0, 0, 1, 1
-        (x0, y0, x1, y1), _, _ = steps
-        return x0 - 2, y0 - 2, x1 + 2, y1 + 2
+        (bx0, by0, bx1, by1), _, _ = steps
+        return bx0 - 2, by0 - 2, bx1 + 2, by1 + 2
     x0, y0, x1, y1 = (v / f for v in plan.window)
     mx = math.ceil(max(1.0, (x1 - x0) / plan.out[0])) + 2  # the filter's reach, and a margin
     my = math.ceil(max(1.0, (y1 - y0) / plan.out[1])) + 2
