@@ -15,6 +15,7 @@ when torch can be imported.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import multiprocessing
 import os
@@ -34,6 +35,7 @@ from .fields import DEFAULT_HANDLERS, Handler, apply_handlers, collate, parse_se
 from .split import Assignment, Part, epoch_order, load_lengths, split_by_shard, split_even
 
 ON_ERROR = ("fail", "skip")
+_FROZEN: list[bool] = []  # gc.freeze() done in this (worker) process
 DEVICES = ("cpu", "dali-cpu", "gpu")
 STATE_VERSION = 1
 _PASS_STRIDE = 1_000_000  # repeat=True: pass p of nominal epoch e draws its randomness as epoch e * stride + p
@@ -328,6 +330,11 @@ class Dataset:
 
     def __iter__(self) -> Iterator[Any]:
         worker, _, in_worker = self.worker_info()
+        if in_worker and not _FROZEN:
+            # a forked worker inherits the parent's objects (torch, numpy, ...): keep the garbage
+            # collector from walking them again and again while batches are made
+            gc.freeze()
+            _FROZEN.append(True)
         try:
             yield from self._iterate()
         except TarprocError as e:

@@ -172,10 +172,10 @@ def _tables(spec: AugmentSpec) -> np.ndarray:
 
 
 def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool, out: np.ndarray | None) -> np.ndarray | None:
-    """A JPEG decoded, resampled, colour-mapped, flipped and normalized by ``tarproc._jpeg`` in one
-    pass, or None when this path doesn't apply (no extension, CMYK, rotation, float16)."""
+    """A JPEG decoded, resampled (rotated), colour-mapped, flipped and normalized by
+    ``tarproc._jpeg``, or None when this path doesn't apply (no extension, CMYK, float16)."""
     mode = _MODES.get((spec.output_dtype, spec.layout))
-    if _jpeg is None or mode is None or data[:3] != _JPEG_MAGIC or spec.rotate:
+    if _jpeg is None or mode is None or data[:3] != _JPEG_MAGIC:
         return None
     try:
         h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data, strict=False)
@@ -198,8 +198,18 @@ def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bo
     tables = _TABLES.get(table_key)
     if tables is None:
         tables = _TABLES.setdefault(table_key, _tables(spec))
-    _jpeg.resample(array, array.shape[1], array.shape[0], (x0 - ox, y0 - oy, x1 - ox, y1 - oy), ow, oh,
-                   plan.flip, color, tables, mode, out)
+    if not plan.angle:
+        _jpeg.resample(array, array.shape[1], array.shape[0], (x0 - ox, y0 - oy, x1 - ox, y1 - oy), ow, oh,
+                       plan.flip, color, tables, mode, out)
+        return out
+    # the rotated window's two steps (rotation_steps), in the region's coordinates
+    steps = rotation_steps(_shifted(plan, ox, oy, f), array.shape[1], array.shape[0], f, (w / 2 / f - ox, h / 2 / f - oy))
+    if steps is None:  # the window lies wholly outside the rotated image: black
+        steps = ((0, 0, 1, 1), (1, 1), (0.0, 0.0, -1e6, 0.0, 0.0, -1e6))
+    box, (tw, th), matrix = steps
+    step1 = np.empty((th, tw, 3), np.uint8)
+    _jpeg.resample(array, array.shape[1], array.shape[0], box, tw, th, False, None, b"", 0, step1)
+    _jpeg.warp(step1, tw, th, matrix, ow, oh, plan.flip, color, tables, mode, out)
     return out
 
 
