@@ -232,18 +232,16 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
 
     log(f"train: {n} JPEGs in {SHARDS} shards, crop + flip + normalize, {workers}")
     warm_up(url, n)
-    t_ours, t_base = alternate(reps, reps, epoch(ours_basic, url), epoch(torchvision_basic, url), n, "crop+flip")
-    rows.append(Row(f"RandomResizedCrop 224 + flip + normalize, img/s, {workers}", rate(n, t_ours), "img/s",
-                    "webdataset + torchvision", rate(n, t_base), "≥ 2×",
-                    yes_no(rate(n, t_ours) >= 2 * rate(n, t_base))))
-    notes.append(f"crop + flip: Dataset {spread(t_ours)}; webdataset + torchvision {spread(t_base)}")
 
+    def versus_webdataset(measure: str, label: str, ours: Callable[[str], Any], theirs: Callable[[str], Any]) -> None:
+        t_ours, t_base = alternate(reps, reps, epoch(ours, url), epoch(theirs, url), n, label)
+        rows.append(Row(f"{measure}, img/s, {workers}", rate(n, t_ours), "img/s", "webdataset + torchvision",
+                        rate(n, t_base), "≥ 2×", yes_no(rate(n, t_ours) >= 2 * rate(n, t_base))))
+        notes.append(f"{label}: Dataset {spread(t_ours)}; webdataset + torchvision {spread(t_base)}")
+
+    versus_webdataset("RandomResizedCrop 224 + flip + normalize", "crop + flip", ours_basic, torchvision_basic)
     log("train: + rotation 10° + colour jitter 0.4/0.4/0.4/0.1")
-    t_ours, t_base = alternate(reps, reps, epoch(ours_jitter, url), epoch(torchvision_jitter, url), n, "jitter")
-    rows.append(Row(f"same + rotate 10 + colour jitter, img/s, {workers}", rate(n, t_ours), "img/s",
-                    "webdataset + torchvision", rate(n, t_base), "≥ 2×",
-                    yes_no(rate(n, t_ours) >= 2 * rate(n, t_base))))
-    notes.append(f"rotate + jitter: Dataset {spread(t_ours)}; webdataset + torchvision {spread(t_base)}")
+    versus_webdataset("same + rotate 10 + colour jitter", "rotate + jitter", ours_jitter, torchvision_jitter)
 
     log("train: tarserve -p 2 -> Receiver.dataset() vs Dataset, 2 workers")
     firsts: list[float] = []

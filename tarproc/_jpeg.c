@@ -216,6 +216,19 @@ static int coefficients(int in_size, double in0, double in1, int out_size, int *
     return ksize;
 }
 
+/* the affine colour map on a row of RGB bytes, as Pillow's convert("RGB", matrix): float, +0.5, clipped */
+static void color_row(unsigned char *line, int out_w, const float *color)
+{
+    for (int x = 0; x < out_w; x++) {
+        unsigned char *q = line + x * 3;
+        float r = q[0], g = q[1], b = q[2];
+        for (int i = 0; i < 3; i++) {
+            float v = color[i * 4] * r + color[i * 4 + 1] * g + color[i * 4 + 2] * b + color[i * 4 + 3] + 0.5F;
+            q[i] = v <= 0.0F ? 0 : v >= 255.0F ? 255 : (unsigned char)v;
+        }
+    }
+}
+
 /* one finished output row (RGB bytes) into `out`: flipped or not, in the layout and dtype of mode */
 static void write_row(const unsigned char *line, int out_w, int yy, int flip, int mode, const float *table,
                       void *out, size_t plane)
@@ -361,16 +374,8 @@ static PyObject *resample(PyObject *Py_UNUSED(self), PyObject *args)
                         line[xx * 3 + 2] = row[xx * vpixel + 2];
                     }
                 }
-                if (have_color) { /* Pillow's convert("RGB", matrix): float, +0.5, clipped */
-                    for (int xx = 0; xx < out_w; xx++) {
-                        unsigned char *q = line + xx * 3;
-                        float r = q[0], g = q[1], b = q[2];
-                        for (int i = 0; i < 3; i++) {
-                            float v = color[i * 4] * r + color[i * 4 + 1] * g + color[i * 4 + 2] * b + color[i * 4 + 3] + 0.5F;
-                            q[i] = v <= 0.0F ? 0 : v >= 255.0F ? 255 : (unsigned char)v;
-                        }
-                    }
-                }
+                if (have_color)
+                    color_row(line, out_w, color);
                 write_row(line, out_w, yy, flip, mode, table, out.buf, plane);
             }
         }
@@ -465,16 +470,8 @@ static PyObject *warp(PyObject *Py_UNUSED(self), PyObject *args)
                 }
             }
         }
-        if (have_color) {
-            for (int x = 0; x < out_w; x++) {
-                unsigned char *q = line + x * 3;
-                float r = q[0], g = q[1], b = q[2];
-                for (int i = 0; i < 3; i++) {
-                    float v = color[i * 4] * r + color[i * 4 + 1] * g + color[i * 4 + 2] * b + color[i * 4 + 3] + 0.5F;
-                    q[i] = v <= 0.0F ? 0 : v >= 255.0F ? 255 : (unsigned char)v;
-                }
-            }
-        }
+        if (have_color)
+            color_row(line, out_w, color);
         write_row(line, out_w, y, flip, mode, table, out.buf, plane);
     }
     failed = line == NULL;

@@ -95,18 +95,20 @@ def decode_rgb(
         if colorspace not in ("CMYK", "YCCK"):  # Pillow converts those (Adobe inverted CMYK included)
             plan = _plan(spec, key, h, w)
             f = dct_factor(plan) if dct_scaling and not plan.identity else 1
-            if _jpeg is not None and fast:
+            copy = plan.identity and plan.color is None  # pixels as stored: no resampling at all
+            if _jpeg is not None and fast and not copy:
                 return _decode_region_rgb(data, plan, h, w, f), plan
             try:
                 # strict: libjpeg's "corrupt data" and "premature end" warnings are errors, which
                 # Pillow would let pass, returning grey or garbled pixels
                 # RGBX: four bytes a pixel is Pillow's own layout, so Pillow works on the decoded
                 # buffer in place instead of copying it into an image of its own
+                colorspace = "RGB" if copy else "RGBX"
                 if f > 1:
-                    array = simplejpeg.decode_jpeg(data, colorspace="RGBX", min_height=math.ceil(h / f),
+                    array = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=math.ceil(h / f),
                                                    min_width=math.ceil(w / f), min_factor=f)
                 else:
-                    array = simplejpeg.decode_jpeg(data, colorspace="RGBX")
+                    array = simplejpeg.decode_jpeg(data, colorspace=colorspace)
             except (ValueError, KeyError) as e:
                 raise ImageError(str(e) or type(e).__name__) from None
             if plan.identity and plan.color is None:  # crop in place, without a round trip through Pillow
@@ -184,6 +186,8 @@ def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bo
     if colorspace in ("CMYK", "YCCK"):
         return None
     plan = _plan(spec, key, h, w)
+    if plan.identity and plan.color is None and not spec.normalized and spec.layout == "HWC":
+        return None  # pixels as stored: a plain decode, no pass over them at all
     f = dct_factor(plan) if dct_scaling and not plan.identity else 1
     array, ox, oy = _decode_region(data, plan, h, w, f)
     x0, y0, x1, y1 = (v / f for v in plan.window)
