@@ -210,10 +210,10 @@ def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bo
     steps = rotation_steps(_shifted(plan, ox, oy, f), array.shape[1], array.shape[0], f, (w / 2 / f - ox, h / 2 / f - oy))
     if steps is None:  # the window lies wholly outside the rotated image: black
         steps = ((0, 0, 1, 1), (1, 1), (0.0, 0.0, -1e6, 0.0, 0.0, -1e6))
-    box, (tw, th), matrix = steps
+    box, (tw, th), to_step1 = steps
     step1 = np.empty((th, tw, 3), np.uint8)
     _jpeg.resample(array, array.shape[1], array.shape[0], box, tw, th, False, None, b"", 0, step1)
-    _jpeg.warp(step1, tw, th, matrix, ow, oh, plan.flip, color, tables, mode, out)
+    _jpeg.warp(step1, tw, th, to_step1, ow, oh, plan.flip, color, tables, mode, out)
     return out
 
 
