@@ -377,3 +377,37 @@ def test_spawned_workers_share_the_epoch_clock(tmp_path: Path, context: str) -> 
     assert ds.epoch == 2 and copy.deepcopy(ds).epoch == 2  # a copy has a clock of its own
     ds.set_epoch(0)
     assert keys_of(loader) == first
+
+
+def test_pipe_urls_and_brace_lists(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [3, 4])
+    ds = Dataset([f"pipe:cat {paths[0]}", f"{tmp_path}/shard-{{0001..0001}}.tar"], batch_size=10, to_tuple=("__key__",))
+    assert sorted(keys_of(DataLoader(ds, batch_size=None, num_workers=2))) == sorted(all_keys(paths))
+
+
+@pytest.mark.skipif(not dali_available(), reason="NVIDIA DALI is not installed")
+def test_dali_cpu_decodes_in_the_workers(image_shards: list[str]) -> None:
+    spec = AugmentSpec(size=24, random_crop=True, seed=2, layout="CHW")
+    ds = Dataset(image_shards, decode=spec, device="dali-cpu", batch_size=8, to_tuple=("__key__", "jpg"))
+    got = images_by_key(ds, 2)
+    want = images_by_key(Dataset(image_shards, decode=spec, batch_size=8, to_tuple=("__key__", "jpg")), 0)
+    assert set(got) == set(want)
+    assert all(np.abs(got[k].astype(int) - want[k]).mean() <= 1.0 for k in want)
+
+
+def test_without_torch_it_is_a_plain_iterable_of_numpy(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    paths = make_shards(tmp_path, [5])
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # import torch now fails, as where torch is not installed
+        "import tarproc, numpy\n"
+        f"ds = tarproc.Dataset({paths!r}, batch_size=2, to_tuple=('__key__', 'cls'))\n"
+        "batches = list(ds)\n"
+        "assert type(ds).__mro__[1:] == (tarproc.dataset.core.Dataset, object), type(ds).__mro__\n"
+        "assert isinstance(batches[0][1], numpy.ndarray) and sum(len(b[0]) for b in batches) == 5\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "ok", result.stderr
