@@ -320,6 +320,8 @@ class Dataset:
             raise OptionError("not a tarproc dataset state (expected the dict state_dict() returned)") from None
         if version != STATE_VERSION:
             raise OptionError(f"dataset state version {version} is not supported (this is version {STATE_VERSION})")
+        if self.repeat:
+            raise OptionError("resume needs epochs: a repeat=True stream has no position to return to (use set_epoch)")
         if seed != self.seed:
             raise OptionError(f"the state is for seed {seed}, this dataset has seed {self.seed}: resume with the same seed")
         self._clock.set(epoch)

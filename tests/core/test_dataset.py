@@ -240,6 +240,8 @@ def test_resume_refuses_another_layout(tmp_path: Path) -> None:
         list(other)
     with pytest.raises(OptionError, match="same seed"):
         Dataset(paths, seed=5).load_state_dict(state)
+    with pytest.raises(OptionError, match="repeat=True"):
+        Dataset(paths, repeat=True).load_state_dict(state)
 
 
 # ---------------------------------------------------------------------------------------------
