@@ -13,6 +13,8 @@ DataLoader workers each get whole shards; every side gets the same brace URL):
 3. ``tarserve -p 2`` (2 sender processes decoding the same augmentations) -> ``Receiver.dataset()``
    in a DataLoader in this process, over ``zpush+ipc``, against row 1's ``Dataset`` on the same 2
    cores. Reported, no target.
+4. Row 1 on large photos (2048x1536, ~1 MB JPEGs; 160 of them, 40 with --quick, in 4 shards of
+   their own). Reported, no target: here the crop usually allows a reduced-size (DCT-domain) decode.
 
 images/s = images received ÷ wall seconds from building the pipeline to the last batch: DataLoader
 workers start every epoch (and tarserve starts per run), which is what a user waits for. Every pass
@@ -43,6 +45,8 @@ from common import BIN, Context, Row, alternate, log, spread, yes_no
 SECTION = "train"
 SHARDS = 4
 REPEAT = 2  # the JPEGs twice: 2,000 images an epoch (400 with --quick)
+LARGE = (2048, 1536)  # the large photos of row 4
+LARGE_COUNT = {False: 160, True: 40}  # by ctx.quick
 WORKERS = 2
 
 # ------------------------------------------------------------------------------------------------
@@ -159,6 +163,43 @@ def make_shards(ctx: Context) -> str:
     return url
 
 
+def make_large_shards(ctx: Context) -> tuple[str, int]:
+    """Large photo-like JPEGs (LARGE, quality 90, ~1 MB) in SHARDS shards of their own (once)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    import tarproc
+
+    count = LARGE_COUNT[ctx.quick]
+    directory = ctx.directory / f"{SECTION}-large"
+    stamp = directory / "source.json"
+    source = {"size": LARGE, "count": count, "shards": SHARDS}
+    url = str(directory / f"large-{{000000..{SHARDS - 1:06d}}}.tar")
+    try:
+        if json.loads(stamp.read_text()) == source:
+            return url, count
+    except (OSError, ValueError):
+        pass
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    w, h = LARGE
+    with tarproc.ShardWriter(str(directory / "large-%06d.tar"), maxcount=-(-count // SHARDS)) as writer:
+        for i in range(count):
+            rng = np.random.default_rng([77, i])
+            coarse = Image.fromarray(rng.integers(0, 256, (9, 12, 3), dtype=np.uint8)).resize((w, h), Image.Resampling.BICUBIC)
+            mid = Image.fromarray(rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)).resize((w, h), Image.Resampling.BILINEAR)
+            pixels = 0.6 * np.asarray(coarse, np.float32) + 0.4 * np.asarray(mid, np.float32)
+            pixels += rng.normal(0.0, 6.0, (h, w, 3)).astype(np.float32)
+            buf = io.BytesIO()
+            Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+            writer.write({"__key__": f"large{i:05d}", "jpg": buf.getvalue(), "cls": i % 1000})
+    stamp.write_text(json.dumps(source) + "\n")
+    log(f"train: wrote {count} large photos ({w}x{h}) in {directory}")
+    return url, count
+
+
 # ------------------------------------------------------------------------------------------------
 # the measures: each runs one epoch and returns the number of images received (checked)
 
@@ -261,4 +302,10 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
         f"{code_lines(torchvision_basic)} ({code_lines(torchvision_jitter)}); tarserve 1 command line + "
         f"{code_lines(receiver_recipe, loop=2)} lines in the trainer"
     )
+    large, count = make_large_shards(ctx)
+    log(f"train: row 1 on {count} large photos {LARGE[0]}x{LARGE[1]}")
+    t_ours, t_base = alternate(reps, reps, epoch(ours_basic, large), epoch(torchvision_basic, large), count, "large")
+    rows.append(Row(f"row 1 on large photos ({LARGE[0]}x{LARGE[1]}, ~1 MB), img/s, {workers}", rate(count, t_ours),
+                    "img/s", "webdataset + torchvision", rate(count, t_base), "report", "—"))
+    notes.append(f"large photos: Dataset {spread(t_ours)}; webdataset + torchvision {spread(t_base)}")
     return rows, notes
