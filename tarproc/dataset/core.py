@@ -229,7 +229,6 @@ class Dataset:
         self.dup = dup
         self.max_member_size = max_member_size
         self.decode_stats = DecodeStats()
-        self.dropped = 0  # samples the even split left out of the last epoch begun
         self._clock = EpochClock()
         self._resume: dict[int, int] = {}  # consumer -> input samples to skip, for the epoch _resume_epoch
         self._resume_epoch: int | None = None
@@ -290,6 +289,13 @@ class Dataset:
     @property
     def epoch(self) -> int:
         return self._clock.epoch
+
+    @property
+    def dropped(self) -> int:
+        """Samples the even split leaves out of every epoch (``total % world_size``; 0 by shard)."""
+        if self.lengths is None:
+            return 0
+        return sum(self.lengths.values()) % self.rank_world()[1]
 
     def assignment(self, epoch: int, rank: int, world_size: int, worker: int, workers: int) -> Assignment:
         """What consumer ``(rank, worker)`` reads in ``epoch`` (see ``tarproc.dataset.split``)."""
@@ -395,7 +401,6 @@ class Dataset:
             assignment = self.assignment(run_epoch, rank, world, worker, workers)
             if self.repeat and not assignment.parts:
                 return  # nothing to read (more readers than samples): an empty stream, not a spin
-            self.dropped = assignment.dropped
             yield from self._epoch_batches(assignment, run_epoch, rank * workers + worker, skip if p == 0 else 0)
 
     def _epoch_batches(self, assignment: Assignment, epoch: int, consumer: int, skip: int) -> Iterator[tuple[int, Any]]:

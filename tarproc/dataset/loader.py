@@ -8,7 +8,6 @@ DataLoader worker. ``Loader`` is a DataLoader over it that records what the trai
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -170,7 +169,3 @@ def _reraise_clean(loader: Any, reading: Mapping[int, str | None]) -> Iterator[A
         where = f" while reading {', '.join(shards)}" if shards else " before its first batch"
         which = f"DataLoader worker {', '.join(map(str, workers))}" if workers else "a DataLoader worker"
         raise DatasetError(f"{which} died{where}: {text.splitlines()[0]}") from e
-
-
-def torch_available() -> bool:
-    return importlib.util.find_spec("torch") is not None

@@ -131,7 +131,7 @@ def test_even_split_equal_batches_per_rank_from_a_manifest(tmp_path: Path) -> No
         counts.append(len(batches))
         got += keys_of(batches)
     assert len(set(counts)) == 1  # DDP: every rank steps the same number of times
-    assert len(got) == len(set(got)) == 69 - 69 % 3
+    assert len(got) == len(set(got)) == 69 - 69 % 3 and ds.dropped == 69 % 3
 
 
 # ---------------------------------------------------------------------------------------------
