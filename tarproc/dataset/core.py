@@ -464,10 +464,7 @@ class Dataset:
                 sample = apply_handlers(sample, self.handlers, skip_fields)
                 rows.append(pick(sample, self.selection) if self.selection is not None else sample)
             except DecodeError as e:
-                if self.on_error == "fail":
-                    raise
-                self.decode_stats.skipped += 1
-                _warn(f"skipped: {e}")
+                reject(e, self.on_error, self.decode_stats)
         return rows
 
     def _decode_into_batch(self, chunk: list[Sample], epoch: int) -> list[Sample]:
@@ -487,11 +484,8 @@ class Dataset:
                     raise ImageError(f"no image field ({';'.join(self.image_fields)})")
                 decode_into(bytes(sample[name]), spec, plan_key(str(sample["__key__"]), epoch), buffer.array[len(out)])
             except ImageError as e:
-                error = DecodeError(str(e), sample.get("__url__"), sample.get("__key__"), name)
-                if self.on_error == "fail":
-                    raise error from None
-                self.decode_stats.skipped += 1
-                _warn(f"skipped: {error}")
+                reject(DecodeError(str(e), sample.get("__url__"), sample.get("__key__"), name), self.on_error,
+                       self.decode_stats)
                 continue
             sample[name] = Slot(buffer, len(out))
             out.append(sample)
@@ -512,10 +506,7 @@ class Dataset:
                 sample[name] = _Encoded(bytes(sample[name]), plan_key(str(sample["__key__"]), epoch), name)
                 return sample
         error = DecodeError(f"no image field ({';'.join(self.image_fields)})", sample.get("__url__"), sample.get("__key__"))
-        if self.on_error == "fail":
-            raise error
-        self.decode_stats.skipped += 1
-        _warn(f"skipped: {error}")
+        reject(error, self.on_error, self.decode_stats)
         return None
 
     # -- main-process decoding (device="gpu") ------------------------------------------------------
@@ -570,11 +561,7 @@ def finish_encoded(batch: Any, decoder: Any, on_error: str, stats: DecodeStats, 
         keep = []
         for i, result in enumerate(results):
             if isinstance(result, Exception):
-                error = DecodeError(str(result), images.urls[i], images.keys[i], images.fields[i])
-                if on_error == "fail":
-                    raise error
-                stats.skipped += 1
-                _warn(f"skipped: {error}")
+                reject(DecodeError(str(result), images.urls[i], images.keys[i], images.fields[i]), on_error, stats)
             else:
                 keep.append(i)
         arrays = [results[i] for i in keep]
@@ -599,6 +586,14 @@ def finish_encoded(batch: Any, decoder: Any, on_error: str, stats: DecodeStats, 
     if keep is not None and len(keep) != n:
         columns = {k: (v if k == image else select(v, keep, n)) for k, v in columns.items()}
     return to_tensors(tuple(columns.values()) if sequence else columns)
+
+
+def reject(error: DecodeError, on_error: str, stats: DecodeStats) -> None:
+    """A sample that can't be used: raise ``error`` (``on_error="fail"``), or count and report it."""
+    if on_error == "fail":
+        raise error
+    stats.skipped += 1
+    _warn(f"skipped: {error}")
 
 
 def _warn(message: str) -> None:
