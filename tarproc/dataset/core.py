@@ -31,7 +31,17 @@ from ..samples import Sample, read_samples
 from ..sources import expand_urls
 from ..stages import chunked, shuffle
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
-from .fields import DEFAULT_HANDLERS, Handler, apply_handlers, collate, parse_selection, pick
+from .fields import (
+    DEFAULT_HANDLERS,
+    BatchBuffer,
+    Handler,
+    Slot,
+    apply_handlers,
+    as_numpy,
+    collate,
+    parse_selection,
+    pick,
+)
 from .split import Assignment, Part, epoch_order, load_lengths, split_by_shard, split_even
 
 ON_ERROR = ("fail", "skip")
@@ -51,32 +61,6 @@ class Position(NamedTuple):
     consumers: int
     taken: int
     url: str | None = None  # the shard the consumer was reading when the batch was complete
-
-
-class BatchBuffer(NamedTuple):
-    """One batch's image array: ``handle`` is what the batch holds (a torch tensor in shared
-    memory, or the array itself), ``array`` a numpy view of it to decode into."""
-
-    handle: Any
-    array: Any
-
-
-def as_numpy(value: Any) -> Any:
-    """A collated batch with its batch buffers as numpy arrays."""
-    if isinstance(value, BatchBuffer):
-        return value.array
-    if isinstance(value, tuple):
-        return tuple(as_numpy(v) for v in value)
-    if isinstance(value, dict):
-        return {k: as_numpy(v) for k, v in value.items()}
-    return value
-
-
-class Slot(NamedTuple):
-    """A decoded image that lives at ``row`` of ``buffer`` (collate takes the buffer whole)."""
-
-    buffer: BatchBuffer
-    row: int
 
 
 class EncodedImages(NamedTuple):

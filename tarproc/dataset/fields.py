@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -20,6 +20,32 @@ from ..errors import DecodeError, OptionError
 from ..samples import Sample
 
 Handler = Callable[[bytes], Any]
+
+
+class BatchBuffer(NamedTuple):
+    """One batch's image array: ``handle`` is what the batch holds (a torch tensor in shared
+    memory, or the array itself), ``array`` a numpy view of it to decode into."""
+
+    handle: Any
+    array: Any
+
+
+def as_numpy(value: Any) -> Any:
+    """A collated batch with its batch buffers as numpy arrays."""
+    if isinstance(value, BatchBuffer):
+        return value.array
+    if isinstance(value, tuple):
+        return tuple(as_numpy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: as_numpy(v) for k, v in value.items()}
+    return value
+
+
+class Slot(NamedTuple):
+    """A decoded image that lives at ``row`` of ``buffer`` (collate takes the buffer whole)."""
+
+    buffer: BatchBuffer
+    row: int
 
 
 def _int(data: bytes) -> int:
@@ -120,11 +146,11 @@ def collate_column(values: list[Any]) -> Any:
     ([1, 2], ['a', 'b'], (2, 2))
     """
     first = values[0]
-    if hasattr(first, "buffer") and hasattr(first, "row"):  # images decoded into one batch array (core.Slot)
+    if isinstance(first, Slot):  # images decoded into one batch array: take it whole
         buffer = first.buffer
         indices = [v.row for v in values]
         rows = slice(0, len(values)) if indices == list(range(len(values))) else indices
-        return type(buffer)(buffer.handle[rows], buffer.array[rows])
+        return BatchBuffer(buffer.handle[rows], buffer.array[rows])
     if isinstance(first, np.ndarray) and first.dtype != object:
         if all(isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values):
             return np.stack(values)

@@ -12,8 +12,9 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .core import BatchBuffer, Position, as_numpy
 from .core import Dataset as _Core
+from .core import Position
+from .fields import BatchBuffer, as_numpy
 
 try:  # torch stays optional at runtime
     import torch

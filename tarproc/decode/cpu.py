@@ -21,7 +21,7 @@ import sys
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import simplejpeg
@@ -82,41 +82,64 @@ def dct_factor(plan: Plan) -> int:
     return 1
 
 
+class JpegPlan(NamedTuple):
+    """A JPEG's stored size, its plan, and the DCT reduction it is decoded with."""
+
+    height: int
+    width: int
+    plan: Plan
+    factor: int
+
+
+_UNSET: Any = object()
+
+
+def jpeg_plan(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = True) -> JpegPlan | None:
+    """The plan of a JPEG that libjpeg decodes here, from its header; None when the data is not a
+    JPEG, or is a CMYK/YCCK one (Pillow converts those: Adobe's inverted CMYK included)."""
+    if data[:3] != _JPEG_MAGIC:
+        return None
+    try:
+        h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data, strict=False)
+    except (ValueError, KeyError) as e:  # simplejpeg raises KeyError for some damaged headers
+        raise ImageError(f"damaged JPEG header: {e}") from None
+    if colorspace in ("CMYK", "YCCK"):
+        return None
+    plan = _plan(spec, key, h, w)
+    return JpegPlan(h, w, plan, dct_factor(plan) if dct_scaling and not plan.identity else 1)
+
+
 def decode_rgb(
-    data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = True, fast: bool = True
+    data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = True, jpeg: JpegPlan | None = _UNSET
 ) -> tuple[np.ndarray, Plan]:
     """Decode, crop and resize one image into an ``(h, w, 3)`` uint8 RGB array (or an ``(h, w, 4)``
-    RGBX one: ``finish`` reads the first three channels), and its plan."""
-    if data[:3] == _JPEG_MAGIC:
-        try:
-            h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data, strict=False)
-        except (ValueError, KeyError) as e:  # simplejpeg raises KeyError for some damaged headers
-            raise ImageError(f"damaged JPEG header: {e}") from None
-        if colorspace not in ("CMYK", "YCCK"):  # Pillow converts those (Adobe inverted CMYK included)
-            plan = _plan(spec, key, h, w)
-            f = dct_factor(plan) if dct_scaling and not plan.identity else 1
-            copy = plan.identity and plan.color is None  # pixels as stored: no resampling at all
-            if _jpeg is not None and fast and not copy:
-                return _decode_region_rgb(data, plan, h, w, f), plan
-            try:
-                # strict: libjpeg's "corrupt data" and "premature end" warnings are errors, which
-                # Pillow would let pass, returning grey or garbled pixels
-                # RGBX: four bytes a pixel is Pillow's own layout, so Pillow works on the decoded
-                # buffer in place instead of copying it into an image of its own
-                colorspace = "RGB" if copy else "RGBX"
-                if f > 1:
-                    array = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=math.ceil(h / f),
-                                                   min_width=math.ceil(w / f), min_factor=f)
-                else:
-                    array = simplejpeg.decode_jpeg(data, colorspace=colorspace)
-            except (ValueError, KeyError) as e:
-                raise ImageError(str(e) or type(e).__name__) from None
-            if plan.identity and plan.color is None:  # crop in place, without a round trip through Pillow
-                x0, y0, x1, y1 = (int(v) for v in plan.window)
-                return array[y0:y1, x0:x1, :3], plan
-            im = Image.frombuffer("RGBX", (array.shape[1], array.shape[0]), array, "raw", "RGBX", 0, 1)
-            return _resample(im, plan, f, (w / 2 / f, h / 2 / f)), plan
-    return _decode_pillow(data, spec, key)
+    RGBX one: ``finish`` reads the first three channels), and its plan. ``jpeg`` is ``jpeg_plan``'s
+    answer when the caller has it already."""
+    if jpeg is _UNSET:
+        jpeg = jpeg_plan(data, spec, key, dct_scaling)
+    if jpeg is None:
+        return _decode_pillow(data, spec, key)
+    h, w, plan, f = jpeg
+    copy = plan.identity and plan.color is None  # pixels as stored: no resampling at all
+    if _jpeg is not None and not copy:
+        return _decode_region_rgb(data, plan, h, w, f), plan
+    try:
+        # strict: libjpeg's "corrupt data" and "premature end" warnings are errors, which Pillow
+        # would let pass, returning grey or garbled pixels. RGBX: four bytes a pixel is Pillow's own
+        # layout, so Pillow works on the decoded buffer in place instead of copying it
+        colorspace = "RGB" if copy else "RGBX"
+        if f > 1:
+            array = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=math.ceil(h / f),
+                                           min_width=math.ceil(w / f), min_factor=f)
+        else:
+            array = simplejpeg.decode_jpeg(data, colorspace=colorspace)
+    except (ValueError, KeyError) as e:
+        raise ImageError(str(e) or type(e).__name__) from None
+    if copy:  # crop in place, without a round trip through Pillow
+        x0, y0, x1, y1 = (int(v) for v in plan.window)
+        return array[y0:y1, x0:x1, :3], plan
+    im = Image.frombuffer("RGBX", (array.shape[1], array.shape[0]), array, "raw", "RGBX", 0, 1)
+    return _resample(im, plan, f, (w / 2 / f, h / 2 / f)), plan
 
 
 def _region(plan: Plan, h: int, w: int, f: int) -> tuple[int, int, int, int]:
@@ -164,31 +187,36 @@ def _decode_region_rgb(data: bytes, plan: Plan, h: int, w: int, f: int) -> np.nd
 _MODES = {("uint8", "HWC"): 0, ("uint8", "CHW"): 1, ("float32", "HWC"): 2, ("float32", "CHW"): 3}
 
 
-def _tables(spec: AugmentSpec) -> np.ndarray:
-    """Per-channel lookup from a level to the output value: normalization, or the level itself."""
-    levels = np.arange(256, dtype=np.float32)
-    if not spec.normalized:
-        return np.stack([levels] * 3)
-    mean, std = spec.mean_std_255
-    return np.stack([(levels - np.float32(m)) * np.float32(1 / s) for m, s in zip(mean, std, strict=True)]).astype(np.float32)
+def normalization_tables(spec: AugmentSpec) -> np.ndarray:
+    """``(3, 256)`` float32: each channel's output value for each level (normalized, or the level
+    itself), computed once per (mean, std)."""
+    tables = _TABLES.get((spec.mean, spec.std))
+    if tables is None:
+        levels = np.arange(256, dtype=np.float32)
+        if spec.normalized:
+            mean, std = spec.mean_std_255
+            tables = np.stack([(levels - np.float32(m)) * np.float32(1 / s) for m, s in zip(mean, std, strict=True)])
+        else:
+            tables = np.stack([levels] * 3)
+        tables = _TABLES.setdefault((spec.mean, spec.std), tables.astype(np.float32))
+    return tables
 
 
-def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool, out: np.ndarray | None) -> np.ndarray | None:
-    """A JPEG decoded, resampled (rotated), colour-mapped, flipped and normalized by
-    ``tarproc._jpeg``, or None when this path doesn't apply (no extension, CMYK, float16)."""
-    mode = _MODES.get((spec.output_dtype, spec.layout))
-    if _jpeg is None or mode is None or data[:3] != _JPEG_MAGIC:
-        return None
-    try:
-        h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data, strict=False)
-    except (ValueError, KeyError) as e:  # simplejpeg raises KeyError for some damaged headers
-        raise ImageError(f"damaged JPEG header: {e}") from None
-    if colorspace in ("CMYK", "YCCK"):
-        return None
-    plan = _plan(spec, key, h, w)
-    if plan.identity and plan.color is None and not spec.normalized and spec.layout == "HWC":
-        return None  # pixels as stored: a plain decode, no pass over them at all
-    f = dct_factor(plan) if dct_scaling and not plan.identity else 1
+_TABLES: dict[Any, np.ndarray] = {}
+
+
+def _fused_applies(spec: AugmentSpec, plan: Plan) -> bool:
+    """Whether ``tarproc._jpeg`` does the whole job: a layout and dtype it writes, and some pass over
+    the pixels to do (plain stored pixels are quicker to decode whole)."""
+    if _jpeg is None or (spec.output_dtype, spec.layout) not in _MODES:
+        return False
+    return not (plan.identity and plan.color is None and not spec.normalized and spec.layout == "HWC")
+
+
+def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, jpeg: JpegPlan, out: np.ndarray | None) -> np.ndarray:
+    """A JPEG decoded, resampled (rotated), colour-mapped, flipped and normalized by ``tarproc._jpeg``."""
+    h, w, plan, f = jpeg
+    mode = _MODES[(spec.output_dtype, spec.layout)]
     array, ox, oy = _decode_region(data, plan, h, w, f)
     x0, y0, x1, y1 = (v / f for v in plan.window)
     ow, oh = plan.out
@@ -198,10 +226,7 @@ def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bo
     if plan.color is not None:
         matrix, offset = color_matrix(plan.color)
         color = [v for row in matrix for v in (*row, offset)]
-    table_key = (spec.mean, spec.std)
-    tables = _TABLES.get(table_key)
-    if tables is None:
-        tables = _TABLES.setdefault(table_key, _tables(spec))
+    tables = normalization_tables(spec)
     if not plan.angle:
         _jpeg.resample(array, array.shape[1], array.shape[0], (x0 - ox, y0 - oy, x1 - ox, y1 - oy), ow, oh,
                        plan.flip, color, tables, mode, out)
@@ -215,9 +240,6 @@ def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bo
     _jpeg.resample(array, array.shape[1], array.shape[0], box, tw, th, False, None, b"", 0, step1)
     _jpeg.warp(step1, tw, th, to_step1, ow, oh, plan.flip, color, tables, mode, out)
     return out
-
-
-_TABLES: dict[Any, np.ndarray] = {}
 
 
 def _plan(spec: AugmentSpec, key: str, h: int, w: int) -> Plan:
@@ -287,13 +309,11 @@ def finish(array: np.ndarray, plan: Plan, spec: AugmentSpec, out: np.ndarray | N
     chw = spec.layout == "CHW"
     if spec.normalized:
         # a 256-entry table per channel, written straight into the output layout: one pass
-        mean, std = spec.mean_std_255
-        levels = np.arange(256, dtype=np.float32)
+        tables = normalization_tables(spec).astype(dtype, copy=False)
         if out is None:
             out = np.empty((3, *array.shape[:2]) if chw else (*array.shape[:2], 3), dtype)
         for c in range(3):
-            table = ((levels - np.float32(mean[c])) * np.float32(1 / std[c])).astype(dtype)
-            np.take(table, array[:, :, c], out=out[c] if chw else out[:, :, c])
+            np.take(tables[c], array[:, :, c], out=out[c] if chw else out[:, :, c])
         return out
     rgb = array[:, :, :3]
     if chw:
@@ -312,18 +332,20 @@ def decode_image(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = T
     >>> decode_image(buf.getvalue(), AugmentSpec(size=20, resize=24, layout="CHW"), "k").shape
     (3, 20, 20)
     """
-    fused = _decode_jpeg_fused(data, spec, key, dct_scaling, None)
-    if fused is not None:
-        return fused
-    array, plan = decode_rgb(data, spec, key, dct_scaling)
-    return finish(array, plan, spec)
+    return _decode(data, spec, key, dct_scaling, None)
 
 
 def decode_into(data: bytes, spec: AugmentSpec, key: str, out: np.ndarray, dct_scaling: bool = True) -> None:
     """``decode_image`` into ``out`` (a slot of a batch array of the output's shape and dtype)."""
-    if _decode_jpeg_fused(data, spec, key, dct_scaling, out) is None:
-        array, plan = decode_rgb(data, spec, key, dct_scaling)
-        finish(array, plan, spec, out=out)
+    _decode(data, spec, key, dct_scaling, out)
+
+
+def _decode(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool, out: np.ndarray | None) -> np.ndarray:
+    jpeg = jpeg_plan(data, spec, key, dct_scaling)  # the header is read, and the plan drawn, once
+    if jpeg is not None and _fused_applies(spec, jpeg.plan):
+        return _decode_jpeg_fused(data, spec, jpeg, out)
+    array, plan = decode_rgb(data, spec, key, dct_scaling, jpeg)
+    return finish(array, plan, spec, out=out)
 
 
 def _decode_or_error(job: Job, spec: AugmentSpec, dct_scaling: bool) -> Result:

@@ -125,14 +125,14 @@ class DaliDecoder:
         self._pipe = graph()
         self._pipe.build()
 
-    def _feed(self, datas: list[bytes], plans: list[Plan]) -> Any:
+    def _feed(self, datas: list[bytes], plans: list[Plan], sizes: list[tuple[int, int]]) -> Any:
+        """Run one batch; ``sizes`` are the images' stored (height, width), which rotation needs."""
         pipe = self._pipe
         pipe.feed_input("encoded", [np.frombuffer(d, np.uint8) for d in datas])
         pipe.feed_input("flip", [np.array(int(p.flip), np.int32) for p in plans])
         if self.spec.rotate:
             steps = []
-            for data, plan in zip(datas, plans, strict=True):
-                h, w = image_size(data)
+            for plan, (h, w) in zip(plans, sizes, strict=True):
                 # a window wholly outside the rotated image: any region, sampled far outside it
                 steps.append(rotation_steps(plan, w, h) or ((0, 0, w, h), (1, 1), (0, 0, -1e6, 0, 0, -1e6)))
             # DALI takes coordinates in tensor shape order: (y, x) and (height, width)
@@ -157,10 +157,10 @@ class DaliDecoder:
 
         The buffers are reused by the next call: consume or copy them first.
         """
-        return self._feed(datas, plans)
+        return self._feed(datas, plans, [image_size(d) for d in datas])
 
-    def _run_dali(self, datas: list[bytes], plans: list[Plan]) -> list[np.ndarray]:
-        out = self._feed(datas, plans)
+    def _run_dali(self, datas: list[bytes], plans: list[Plan], sizes: list[tuple[int, int]]) -> list[np.ndarray]:
+        out = self._feed(datas, plans, sizes)
         if self.gpu:
             out = out.as_cpu()
         return [np.array(t) for t in out]
@@ -173,6 +173,7 @@ class DaliDecoder:
         results: list[Result] = [None] * len(batch)
         good: list[int] = []
         plans: list[Plan] = []
+        sizes: list[tuple[int, int]] = []
         for i, (data, key) in enumerate(batch):
             try:
                 h, w = image_size(data)
@@ -185,29 +186,33 @@ class DaliDecoder:
                 continue
             good.append(i)
             plans.append(plan)
+            sizes.append((h, w))
         if not good:
             return results
         try:
-            arrays = self._run_dali([batch[i][0] for i in good], plans)
+            arrays = self._run_dali([batch[i][0] for i in good], plans, sizes)
         except RuntimeError:
-            return self._sort_out(batch, results, good, plans)
+            return self._sort_out(batch, results, good, plans, sizes)
         for i, array in zip(good, arrays, strict=True):
             results[i] = array
         return results
 
-    def _sort_out(self, batch: list[Job], results: list[Result], good: list[int], plans: list[Plan]) -> list[Result]:
+    def _sort_out(
+        self, batch: list[Job], results: list[Result], good: list[int], plans: list[Plan], sizes: list[tuple[int, int]]
+    ) -> list[Result]:
         """After a failed batch: find the bad images on the cpu path, run the rest through DALI again."""
         self.retries += 1
         self._build()
-        survivors, survivor_plans = [], []
-        for i, plan in zip(good, plans, strict=True):
+        survivors, survivor_plans, survivor_sizes = [], [], []
+        for i, plan, size in zip(good, plans, sizes, strict=True):
             results[i] = self._cpu.decode_one(batch[i])
             if not isinstance(results[i], ImageError):
                 survivors.append(i)
                 survivor_plans.append(plan)
+                survivor_sizes.append(size)
         if survivors:
             try:
-                arrays = self._run_dali([batch[i][0] for i in survivors], survivor_plans)
+                arrays = self._run_dali([batch[i][0] for i in survivors], survivor_plans, survivor_sizes)
             except RuntimeError:
                 self._build()  # DALI can't read an image Pillow can: keep the cpu results
             else:
