@@ -417,7 +417,7 @@ DEVICES = ("auto", "cpu", "dali-cpu", "gpu")  # tarproc.decode.DEVICES, without 
 def _decode_params(processes: tuple[str, ...], seed_help: str = "Seed of random crops and flips (per sample key).") -> list[Callable[[Any], Any]]:
     return [
         click.option("--device", "--decode", "device", type=click.Choice(DEVICES), default="auto", show_default=True,
-                     help="Backend: cpu (simplejpeg/Pillow), dali-cpu or gpu (NVIDIA DALI); auto = gpu if present."),
+                     help="Backend: cpu (libjpeg-turbo/Pillow), dali-cpu or gpu (NVIDIA DALI); auto = gpu if present."),
         click.option("-b", "--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
                      help="Images per batch."),
         click.option(*processes, "processes", type=click.IntRange(min=1), default=1, show_default=True,

@@ -34,6 +34,7 @@ Examples:
   tardecode train-0000.tar --size 224 --random-crop --flip 0.5 --mean imagenet --std imagenet \\
       --layout CHW --seed 1 -p 2 | tarsplit -n 1000 -o decoded
   tardecode --device dali-cpu --resize 256 -b 128 shard.tar -o small.tar
+  tardecode shard.tar --size 224 --random-crop --rotate 10 --jitter 0.4,0.4,0.4,0.1 | tarshow -c 2
   tardecode --on-error skip --stats -o /dev/null shards/*.tar     # find undecodable images
 
 \b

@@ -391,7 +391,8 @@ class CpuDecoder:
             )
 
     def describe(self) -> str:
-        return f"cpu (simplejpeg/Pillow, {self.processes} process{'es' if self.processes > 1 else ''})"
+        jpeg = "libjpeg-turbo region decode" if _jpeg is not None else "simplejpeg"
+        return f"cpu ({jpeg}/Pillow, {self.processes} process{'es' if self.processes > 1 else ''})"
 
     def decode_one(self, job: Job) -> Result:
         return _decode_or_error(job, self.spec, self.dct_scaling)
