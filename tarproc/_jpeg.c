@@ -32,6 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <jpeglib.h>
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define TARPROC_X86 1
+#endif
 
 struct error_manager {
     struct jpeg_error_mgr pub;
@@ -258,6 +262,141 @@ static void write_row(const unsigned char *line, int out_w, int yy, int flip, in
     }
 }
 
+/* The two passes of resample, one row at a time. Each has a portable version and, on x86 with
+   AVX2 (checked at run time), one with intrinsics doing the same integer arithmetic lane by lane:
+   the outputs are identical (tests/core/test_jpeg_fastpath.py compares them). */
+
+/* horizontal: `rows` rows of out_w RGB pixels (3 bytes each; 4 are written, so `to` needs a spare
+   byte after its last row) from as many RGBX source lines, each pixel the weighted sum of its taps */
+static void hrows_portable(const unsigned char *in, size_t in_stride, int rows, unsigned char *to, int out_w,
+                           const int *bounds, const int *kk, int ksize)
+{
+    for (int y = 0; y < rows; y++, in += in_stride, to += (size_t)out_w * 3)
+        for (int xx = 0; xx < out_w; xx++) {
+            int xmax = bounds[xx * 2 + 1];
+            const int *k = &kk[xx * ksize];
+            int s[4] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1),
+                        1 << (PRECISION_BITS - 1)};
+            const unsigned char *p = in + (size_t)bounds[xx * 2] * 4;
+            for (int x = 0; x < xmax; x++, p += 4)
+                for (int c = 0; c < 4; c++)
+                    s[c] += p[c] * k[x];
+            to[xx * 3] = clip8(s[0]);
+            to[xx * 3 + 1] = clip8(s[1]);
+            to[xx * 3 + 2] = clip8(s[2]);
+            to[xx * 3 + 3] = 0;
+        }
+}
+
+/* vertical: n bytes of one output row, each the weighted sum of the same byte in `taps` rows */
+static void vrow_portable(const unsigned char *first, size_t stride, int taps, const int *k, int n,
+                          unsigned char *line, int *acc)
+{
+    for (int i = 0; i < n; i++)
+        acc[i] = 1 << (PRECISION_BITS - 1);
+    for (int y = 0; y < taps; y++) {
+        const unsigned char *row = first + (size_t)y * stride;
+        int kv = k[y];
+        for (int i = 0; i < n; i++) /* contiguous: the compiler vectorizes it */
+            acc[i] += row[i] * kv;
+    }
+    for (int i = 0; i < n; i++)
+        line[i] = clip8(acc[i]);
+}
+
+#ifdef TARPROC_X86
+/* two source lines at once (they share the taps): eight lanes, the R, G, B, X of one output pixel
+   in each line, per 256-bit register; the shift, then saturating packs (to int16, then to 0..255),
+   are clip8 */
+__attribute__((target("avx2"))) static void hrows_avx2(const unsigned char *in, size_t in_stride, int rows,
+                                                       unsigned char *to, int out_w, const int *bounds,
+                                                       const int *kk, int ksize)
+{
+    const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+    size_t to_stride = (size_t)out_w * 3;
+    int y = 0;
+    for (; y + 2 <= rows; y += 2, in += 2 * in_stride, to += 2 * to_stride)
+        for (int xx = 0; xx < out_w; xx++) {
+            int xmax = bounds[xx * 2 + 1];
+            const int *k = &kk[xx * ksize];
+            const unsigned char *p0 = in + (size_t)bounds[xx * 2] * 4, *p1 = p0 + in_stride;
+            __m256i s = half;
+            for (int x = 0; x < xmax; x++) {
+                int v0, v1;
+                memcpy(&v0, p0 + x * 4, 4);
+                memcpy(&v1, p1 + x * 4, 4);
+                __m256i pixels = _mm256_cvtepu8_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(v0), v1, 1));
+                s = _mm256_add_epi32(s, _mm256_mullo_epi32(pixels, _mm256_set1_epi32(k[x])));
+            }
+            s = _mm256_srai_epi32(s, PRECISION_BITS);
+            __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            __m128i bytes = _mm_packus_epi16(words, words);
+            int rgbx0 = _mm_cvtsi128_si32(bytes), rgbx1 = _mm_extract_epi32(bytes, 1);
+            /* four bytes (the next pixel's R is written after); the last pixel of the first line
+               would overwrite the second line's first byte: three there */
+            size_t width = xx + 1 < out_w ? 4 : 3;
+            memcpy(to + xx * 3, &rgbx0, width);
+            memcpy(to + to_stride + xx * 3, &rgbx1, width);
+        }
+    if (y < rows)
+        hrows_portable(in, in_stride, rows - y, to, out_w, bounds, kk, ksize);
+}
+
+/* sixteen bytes of the row at a time, in two registers of eight 32-bit sums */
+__attribute__((target("avx2"))) static void vrow_avx2(const unsigned char *first, size_t stride, int taps,
+                                                      const int *k, int n, unsigned char *line, int *acc)
+{
+    const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i s0 = half, s1 = half;
+        for (int y = 0; y < taps; y++) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(first + (size_t)y * stride + i));
+            __m256i kv = _mm256_set1_epi32(k[y]);
+            s0 = _mm256_add_epi32(s0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(b), kv));
+            s1 = _mm256_add_epi32(s1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), kv));
+        }
+        s0 = _mm256_srai_epi32(s0, PRECISION_BITS);
+        s1 = _mm256_srai_epi32(s1, PRECISION_BITS);
+        /* packs work within 128-bit halves: (s0 lo, s1 lo | s0 hi, s1 hi), then put them in order */
+        __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(s0, s1), 0xD8);
+        __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storeu_si128((__m128i *)(line + i), bytes);
+    }
+    if (i < n)
+        vrow_portable(first + i, stride, taps, k, n - i, line + i, acc);
+}
+#endif
+
+typedef void (*hrows_fn)(const unsigned char *, size_t, int, unsigned char *, int, const int *, const int *, int);
+typedef void (*vrow_fn)(const unsigned char *, size_t, int, const int *, int, unsigned char *, int *);
+static hrows_fn hrows = hrows_portable;
+static vrow_fn vrow = vrow_portable;
+static int simd_available = 0;
+
+static void choose_passes(int simd)
+{
+    hrows = hrows_portable;
+    vrow = vrow_portable;
+#ifdef TARPROC_X86
+    if (simd && simd_available) {
+        hrows = hrows_avx2;
+        vrow = vrow_avx2;
+    }
+#else
+    (void)simd;
+#endif
+}
+
+static PyObject *use_simd(PyObject *Py_UNUSED(self), PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    choose_passes(on);
+    return PyBool_FromLong(hrows != hrows_portable);
+}
+
 static PyObject *resample(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer src, out, tables;
@@ -306,29 +445,9 @@ static PyObject *resample(PyObject *Py_UNUSED(self), PyObject *args)
         const unsigned char *vin = in;
         int vstride = width * 4, vpixel = 4, voffset = 0;
         if (need_h) {
-            temp = malloc((size_t)out_w * 3 * (rows > 0 ? rows : 1));
+            temp = malloc((size_t)out_w * 3 * (rows > 0 ? rows : 1) + 1); /* + the spare byte */
             if (temp) {
-                for (int y = 0; y < rows; y++) {
-                    const unsigned char *line = in + (size_t)(y + first) * width * 4;
-                    unsigned char *to = temp + (size_t)y * out_w * 3;
-                    for (int xx = 0; xx < out_w; xx++) {
-                        int xmin = hb[xx * 2], xmax = hb[xx * 2 + 1];
-                        const int *k = &hk[xx * hsize];
-                        /* four lanes (R, G, B and the unused X byte) side by side: one vector
-                           multiply-add per tap where the compiler has 32-bit vector multiplies */
-                        int s[4] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1),
-                                    1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1)};
-                        const unsigned char *p = line + xmin * 4;
-                        for (int x = 0; x < xmax; x++, p += 4) {
-                            int kx = k[x];
-                            for (int c = 0; c < 4; c++)
-                                s[c] += p[c] * kx;
-                        }
-                        to[xx * 3] = clip8(s[0]);
-                        to[xx * 3 + 1] = clip8(s[1]);
-                        to[xx * 3 + 2] = clip8(s[2]);
-                    }
-                }
+                hrows(in + (size_t)first * width * 4, (size_t)width * 4, rows, temp, out_w, hb, hk, hsize);
                 vin = temp;
                 vstride = out_w * 3;
                 vpixel = 3;
@@ -343,19 +462,9 @@ static PyObject *resample(PyObject *Py_UNUSED(self), PyObject *args)
             for (int yy = 0; yy < out_h; yy++) {
                 int ymin = vb[yy * 2] - voffset, ymax = vb[yy * 2 + 1];
                 const int *k = &vk[yy * vsize];
-                /* vertical pass, one output row at a time: rows of taps summed into accumulators
-                   (contiguous, so the compiler vectorizes it) */
+                /* vertical pass, one output row at a time */
                 if (need_v && vpixel == 3) {
-                    for (int i = 0; i < n; i++)
-                        acc[i] = 1 << (PRECISION_BITS - 1);
-                    for (int y = 0; y < ymax; y++) {
-                        const unsigned char *row = vin + (size_t)(y + ymin) * vstride;
-                        int kv = k[y];
-                        for (int i = 0; i < n; i++)
-                            acc[i] += row[i] * kv;
-                    }
-                    for (int i = 0; i < n; i++)
-                        line[i] = clip8(acc[i]);
+                    vrow(vin + (size_t)ymin * vstride, vstride, ymax, k, n, line, acc);
                 } else if (need_v) {
                     for (int xx = 0; xx < out_w; xx++) {
                         int s0 = 1 << (PRECISION_BITS - 1), s1 = s0, s2 = s0;
@@ -488,10 +597,19 @@ static PyObject *warp(PyObject *Py_UNUSED(self), PyObject *args)
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS, "Decode the rows and columns of a JPEG that a crop needs (RGBX)."},
     {"resample", resample, METH_VARARGS, "Pillow's antialiased bilinear resize of a window, fused with colour, flip and lookup."},
+    {"use_simd", use_simd, METH_O, "use_simd(flag) -> whether resample now runs its AVX2 passes (for tests)."},
     {"warp", warp, METH_VARARGS, "An affine warp with bilinear sampling (black outside), fused with colour, flip and lookup."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__jpeg(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__jpeg(void)
+{
+#ifdef TARPROC_X86
+    __builtin_cpu_init();
+    simd_available = __builtin_cpu_supports("avx2");
+#endif
+    choose_passes(1);
+    return PyModule_Create(&module);
+}

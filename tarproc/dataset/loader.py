@@ -8,7 +8,6 @@ DataLoader worker. ``Loader`` is a DataLoader over it that records what the trai
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -19,6 +18,8 @@ from .fields import BatchBuffer, as_numpy
 try:  # torch stays optional at runtime
     import torch
     from torch.utils.data import IterableDataset
+
+    from .pool import BufferPool
 
     HAVE_TORCH = True
 except ImportError:  # pragma: no cover - the test suite runs with torch
@@ -53,18 +54,18 @@ class Dataset(_Core, IterableDataset):  # type: ignore[misc, valid-type]
                 return info.id, info.num_workers, True
         return 0, 1, False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # before any DataLoader forks its workers: they share its cells
+        self._pool = BufferPool() if HAVE_TORCH else None
+
     def batch_buffer(self, shape: tuple[int, ...], dtype: str) -> BatchBuffer:
-        if not HAVE_TORCH or self.tensors == "numpy" or not self.worker_info()[2]:
+        worker, _, in_worker = self.worker_info()
+        if self._pool is None or self.tensors == "numpy" or not in_worker:
             return super().batch_buffer(shape, dtype)
-        # in a DataLoader worker: allocate the batch in shared memory, where torch would otherwise
-        # copy it to send it to the main process
-        numel = math.prod(shape)
-        dt = getattr(torch, dtype)
-        try:
-            storage = torch.UntypedStorage._new_shared(numel * dt.itemsize)
-            tensor = torch.empty(0, dtype=dt).set_(storage).view(shape)
-        except (AttributeError, RuntimeError, TypeError):  # torch without _new_shared: one copy
-            tensor = torch.empty(shape, dtype=dt).share_memory_()
+        # in a DataLoader worker: the batch in shared memory, where torch would otherwise copy it
+        # to send it to the main process; a buffer the main process has let go of, when there is one
+        tensor = self._pool.take(worker, shape, getattr(torch, dtype))
         return BatchBuffer(tensor, tensor.numpy())
 
     def to_tensors(self, batch: Any) -> Any:
@@ -74,7 +75,10 @@ class Dataset(_Core, IterableDataset):  # type: ignore[misc, valid-type]
             from ..errors import OptionError
 
             raise OptionError("tensors='torch' needs PyTorch: pip install torch")
-        return _as_torch(batch)
+        batch = _as_torch(batch)
+        if self._pool is not None and isinstance(batch, (tuple, dict)) and self.worker_info()[2]:
+            batch = self._pool.settle(batch)
+        return batch
 
     def loader(self, num_workers: int = 0, **kwargs: Any) -> Loader:
         """A ``Loader`` (a DataLoader that tracks the position for ``state_dict``) over this dataset."""

@@ -168,6 +168,31 @@ def test_epochs_give_new_augmentations_reproducible_whatever_the_workers(image_s
     assert sum(not np.allclose(e0[k], other_seed[k]) for k in e0) >= len(e0) - 1
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_batch_buffers_are_reused_only_once_the_loop_lets_go(image_shards: list[str], context: str) -> None:
+    ds = Dataset(image_shards, decode=SPEC, batch_size=2, to_tuple=("__key__", "jpg"))
+
+    def batches():  # type: ignore[no-untyped-def]
+        ds.set_epoch(0)
+        return DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+
+    kept, copies = [], []
+    for keys, images in batches():  # every batch kept, and a view of each
+        assert isinstance(images, torch.Tensor) and images.is_shared()
+        kept.append((keys, images, images[1:]))
+        copies.append(images.clone())
+    assert ds._pool.reused == 0
+    for (_, images, tail), copy in zip(kept, copies, strict=True):
+        assert torch.equal(images, copy) and torch.equal(tail, copy[1:])  # never written to while held
+    reference = {k: image for (keys, _, _), copy in zip(kept, copies, strict=True) for k, image in zip(keys, copy, strict=True)}
+    del kept, copies, images, tail
+    again = {}
+    for keys, images in batches():  # each batch let go at the next step: its buffer is written again
+        again.update(zip(keys, images.clone(), strict=True))
+    assert ds._pool.reused > 0
+    assert set(again) == set(reference) and all(torch.equal(again[k], reference[k]) for k in reference)
+
+
 def test_each_pass_is_the_next_epoch_without_set_epoch(tmp_path: Path) -> None:
     paths = make_shards(tmp_path, [9, 9, 9])
     ds = Dataset(paths, shuffle=100, seed=0, batch_size=3, to_tuple=("__key__",))

@@ -80,6 +80,35 @@ def test_fused_resample_is_pillows_resize() -> None:
 
 
 @needs_ext
+def test_simd_passes_give_the_portable_passes_bytes() -> None:
+    """resample's AVX2 passes (chosen at run time) against its portable C, byte for byte, over
+    random windows, sizes (odd row counts and widths included), layouts and flips."""
+    ext = cpu_backend._jpeg
+    if not ext.use_simd(True):
+        pytest.skip("this CPU has no AVX2: resample runs its portable passes only")
+    rng = np.random.default_rng(0)
+    tables = np.stack([np.arange(256, dtype=np.float32) / 7] * 3)
+    try:
+        for _ in range(400):
+            w, h = (int(v) for v in rng.integers(1, 200, 2))
+            src = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
+            x0, y0 = rng.uniform(0, w - 0.5), rng.uniform(0, h - 0.5)
+            box = (x0, y0, rng.uniform(x0 + 0.1, w), rng.uniform(y0 + 0.1, h))
+            ow, oh = (int(v) for v in rng.integers(1, 120, 2))
+            mode, flip = int(rng.integers(0, 4)), bool(rng.integers(0, 2))
+            shape = (oh, ow, 3) if mode in (0, 2) else (3, oh, ow)
+            outs = []
+            for simd in (True, False):
+                ext.use_simd(simd)
+                out = np.empty(shape, np.uint8 if mode < 2 else np.float32)
+                ext.resample(src, w, h, box, ow, oh, flip, None, tables, mode, out)
+                outs.append(out)
+            assert np.array_equal(*outs), (w, h, box, ow, oh, mode)
+    finally:
+        ext.use_simd(True)
+
+
+@needs_ext
 @pytest.mark.parametrize("spec", [
     AugmentSpec(size=48, random_crop=True, flip=0.5, seed=3, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout="CHW"),
     AugmentSpec(size=40, resize=46, seed=3),
