@@ -18,6 +18,9 @@
  * is identical -- then optionally the affine colour map `color` (12 floats, as Pillow's
  * convert("RGB", matrix)), the horizontal flip, and the per-channel lookup `tables` (3 x 256
  * float32: normalization) in one pass. mode: 0 uint8 HWC, 1 uint8 CHW, 2 float32 HWC, 3 float32 CHW.
+ * Its two passes use AVX2 where the CPU has it (checked when the module loads), with the same
+ * integer arithmetic as the portable C, so the bytes are the same; use_simd(False) selects the
+ * portable passes (the tests compare the two).
  *
  * warp(src, width, height, matrix, out_w, out_h, flip, color, tables, mode, out) samples an RGB
  * image (3 bytes a pixel) at matrix (a, b, c, d, e, f) applied to each output pixel's centre,
