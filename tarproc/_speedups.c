@@ -4,7 +4,8 @@
  * scan(buf, pos, base, max_member_size, keyed) walks complete ustar/GNU/v7 headers of regular files in
  * `buf` starting at `pos` and returns (items, new_pos, nbytes). It stops -- returning what it has
  * -- at the first header it does not handle itself: any non-regular type, a checksum that does not
- * match the unsigned sum, a size that is not plain octal or is over the limit, an empty name, or a
+ * match the unsigned sum, a size that is not plain octal or is over the limit, an empty name, a name
+ * ending in '/' (an old-style directory entry), or a
  * member whose data and padding are not entirely in `buf`. The Python parser (tarproc.tario) then
  * handles that header: it is the reference implementation and produces every error message.
  *
@@ -118,6 +119,9 @@ static PyObject *scan(PyObject *self, PyObject *args)
             nlen += plen + 1;
             np = name;
         }
+
+        if (np[nlen - 1] == '/')
+            break; /* an old-style directory entry: the Python parser reads it */
 
         PyObject *data = PyBytes_FromStringAndSize((const char *)h + 512, (Py_ssize_t)size);
         PyObject *off = PyLong_FromLongLong(base + (long long)pos);

@@ -48,6 +48,11 @@ class TarFormatError(TarprocError):
         super().__init__(text, url)
 
 
+class LinkError(TarFormatError):
+    """A hard or symbolic link whose target member can't be had: not an earlier member of the
+    shard, gone from the recent members on a stream that can't be read again, or outside the archive."""
+
+
 class CompressionError(TarprocError):
     """A compressed stream is damaged: bad CRC, bad data, or missing its end (trailer)."""
 

@@ -409,11 +409,13 @@ def parallel_samples(
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
     stats: ReadStats | None = None,
     warn: Callable[[str], None] | None = None,
+    links: str = "follow",
+    ignore_zeros: bool = False,
 ) -> Iterator[Sample]:
     """Read up to ``readers`` shards concurrently and yield their samples interleaved.
 
     See the module docstring for the exact order, memory bound, errors and stopping. ``urls`` are
-    expanded like ``read_samples``'s; ``stats`` and ``warn`` work as there. Close the generator
+    expanded like ``read_samples``'s; ``stats``, ``warn``, ``links`` and ``ignore_zeros`` work as there. Close the generator
     (or exhaust it) to stop the reader threads.
 
     >>> import os, tempfile
@@ -438,7 +440,8 @@ def parallel_samples(
     if url_list.count("-") > 1:
         raise OptionError("stdin ('-') can be read only once")
     return _interleave(
-        url_list, readers, prefetch, prefetch_bytes, order, seed, on_error, dup, max_member_size,
+        url_list, readers, prefetch, prefetch_bytes, order, seed, on_error, dup,
+        {"max_member_size": max_member_size, "links": links, "ignore_zeros": ignore_zeros},
         stats if stats is not None else ReadStats(), warn if warn is not None else _warn_stderr,
     )
 
@@ -458,7 +461,7 @@ def _interleave(
     seed: int | None,
     on_error: str,
     dup: str,
-    max_member_size: int,
+    tar: dict[str, Any],
     stats: ReadStats,
     warn: Callable[[str], None],
 ) -> Iterator[Sample]:
@@ -469,7 +472,7 @@ def _interleave(
         url = urls[index]
         local.shards += 1
         with _open(url, index, pool) as stream:
-            members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=local)
+            members = iter_keyed_members(stream, url, stats=local, **tar)
             yield from group_keyed(members, url, dup=dup, stats=local, warn=shard_warn)
 
     pool: _Pool | _InlinePool

@@ -187,6 +187,8 @@ def read_samples(
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
     stats: ReadStats | None = None,
     warn: Callable[[str], None] | None = None,
+    links: str = "follow",
+    ignore_zeros: bool = False,
 ) -> Iterator[Sample]:
     """Read samples from one or more tar shards, in order.
 
@@ -194,6 +196,8 @@ def read_samples(
     lists, ``::`` joins; ``-`` is stdin; ``pipe:CMD``; paths; any fsspec URL). Compression is
     detected from the data. ``on_error="skip-shard"`` reports a failing shard through ``warn``
     and goes on with the next; the default ``"fail"`` raises. Grouping restarts at every shard.
+    ``links`` and ``ignore_zeros`` are ``iter_members``'s: hard and symbolic links to earlier
+    members are read as their targets' bytes (or skipped), and concatenated archives read whole.
 
     >>> import io, tempfile, os
     >>> from tarproc import TarWriter
@@ -215,7 +219,8 @@ def read_samples(
         stats.shards += 1
         try:
             with open_source(url) as stream:
-                members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats)
+                members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats, links=links,
+                                             ignore_zeros=ignore_zeros)
                 yield from _group(members, url, dup, stats, warn)
         except TarprocError as e:
             if on_error == "fail":

@@ -12,6 +12,7 @@ its whole output is an error.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -127,6 +128,15 @@ class Source:
             self._eof = True
         self.offset += len(data)
         return bytes(data) if not isinstance(data, bytes) else data
+
+    def member_rereader(self) -> Callable[[str, int], bytes | None] | None:
+        """For a plain (uncompressed) local file: a function that reads a member back by name from
+        the start, up to a stream offset (a link's target; ``tario.MemberFinder``); else None."""
+        if self._reader is not None or not isinstance(self.raw, io.FileIO):
+            return None
+        from .tario import MemberFinder
+
+        return MemberFinder(self.raw.fileno()).find
 
     def read(self, n: int = -1) -> bytes:
         if self._reader is not None:

@@ -18,14 +18,16 @@ where names fit and GNU long-name records where they don't, end blocks and recor
 from __future__ import annotations
 
 import os
+import posixpath
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from operator import length_hint
 from typing import Any, Protocol
 from zlib import adler32
 
 from .compression import Readable
-from .errors import SampleError, TarFormatError
+from .errors import LinkError, OptionError, SampleError, TarFormatError, TarprocError
 
 _scan: Any = None
 if not os.environ.get("TARPROC_PURE_PYTHON"):
@@ -38,6 +40,8 @@ BLOCK = 512
 RECORD = 10240  # 20 blocks: the record size GNU tar and Python's tarfile pad archives to
 ZERO_BLOCK = bytes(BLOCK)
 DEFAULT_MAX_MEMBER_SIZE = 2 << 30  # 2 GiB
+LINK_POLICIES = ("follow", "skip")
+DEFAULT_LINK_CACHE = 4 << 20  # bytes of recent members kept for links (more slows reading: fresh memory)
 _CHUNK = 1 << 20  # bytes read from the stream at a time
 _PIECE = 16 << 20  # large member data is read in pieces of at most this many bytes
 _GATHER = 1 << 20  # the writer joins small pieces into writes of about this size
@@ -155,6 +159,9 @@ def _decode_name(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
+_REPEATED_PAX = ("GNU.sparse.offset", "GNU.sparse.numbytes")
+
+
 def _parse_pax(data: bytes, url: str | None, offset: int) -> dict[str, str]:
     """Records of the form ``"%d %s=%s\\n"`` (length includes itself)."""
     out: dict[str, str] = {}
@@ -176,7 +183,10 @@ def _parse_pax(data: bytes, url: str | None, offset: int) -> dict[str, str]:
         if eq <= 0:
             raise TarFormatError(url, offset, "malformed pax extended header")
         key = keyvalue[:eq].decode("utf-8", "surrogateescape")
-        out[key] = keyvalue[eq + 1 :].decode("utf-8", "surrogateescape")
+        value = keyvalue[eq + 1 :].decode("utf-8", "surrogateescape")
+        if key in _REPEATED_PAX and key in out:  # GNU sparse 0.0: a list, in order
+            value = out[key] + "," + value
+        out[key] = value
         pos = end
     return out
 
@@ -191,11 +201,23 @@ def iter_members(
     *,
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
     stats: ReadStats | None = None,
+    links: str = "follow",
+    link_cache: int = DEFAULT_LINK_CACHE,
+    ignore_zeros: bool = False,
 ) -> Iterator[tuple[str, bytes, int]]:
     """Yield ``(name, data, header_offset)`` for each regular file in a tar stream.
 
     Raises ``TarFormatError`` on any damage (see the module docstring). Reads the stream to its
     end, so the end-of-archive padding is checked too.
+
+    Links and sparse files read as GNU tar extracts them: a hard or symbolic link to an earlier
+    member of the archive yields that member's bytes under the link's name (``links="follow"``;
+    ``"skip"`` skips and counts links). The target comes from the last ``link_cache`` bytes of
+    members read, else is read again from the start of the stream where it can be (a plain local
+    file); a link whose target can't be had is a ``LinkError`` naming both. Sparse files (old GNU
+    and pax formats 0.0, 0.1, 1.0) are expanded, up to ``max_member_size``. ``ignore_zeros`` reads
+    on past end-of-archive blocks (GNU tar's ``-i``: concatenated archives), where the default is
+    to require that only zeros follow them.
 
     >>> import io
     >>> from tarproc.tario import TarWriter
@@ -205,7 +227,8 @@ def iter_members(
     >>> [(name, data) for name, data, _ in iter_members(io.BytesIO(buf.getvalue()))]
     [('a/001.txt', b'hello')]
     """
-    return _read_members(stream, url, max_member_size=max_member_size, stats=stats, keyed=False)
+    return _read_members(stream, url, max_member_size=max_member_size, stats=stats, keyed=False, links=links,
+                         link_cache=link_cache, ignore_zeros=ignore_zeros)
 
 
 def iter_keyed_members(
@@ -214,12 +237,16 @@ def iter_keyed_members(
     *,
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
     stats: ReadStats | None = None,
+    links: str = "follow",
+    link_cache: int = DEFAULT_LINK_CACHE,
+    ignore_zeros: bool = False,
 ) -> Iterator[tuple[str | None, str, bytes, int]]:
     """Like ``iter_members`` but yield ``(key, field, data, offset)`` by the WebDataset key rule.
 
     ``key`` is None (and ``field`` the whole name) for names without a key.
     """
-    return _read_members(stream, url, max_member_size=max_member_size, stats=stats, keyed=True)
+    return _read_members(stream, url, max_member_size=max_member_size, stats=stats, keyed=True, links=links,
+                         link_cache=link_cache, ignore_zeros=ignore_zeros)
 
 
 def split_key(name: str) -> tuple[str | None, str]:
@@ -231,6 +258,210 @@ def split_key(name: str) -> tuple[str | None, str]:
     return name[:dot], name[dot + 1 :].lower()
 
 
+_LINK_TYPES = (ord("1"), ord("2"))
+_NO_DATA_TYPES = (ord("1"), ord("2"), ord("3"), ord("4"), ord("5"), ord("6"))
+_DIRECTORY = ord("5")
+_MAX_DIGITS = 20  # no size or offset in a tar needs more decimal digits (2**64 has 20)
+
+
+def _decimal(text: str, url: str | None, offset: int, what: str, member: str | None) -> int:
+    """A decimal number from a pax record or sparse map; bounded, so a 5,000-digit 'size' is a
+    format error, not Python's int-digit limit."""
+    if not (0 < len(text) <= _MAX_DIGITS and text.isascii() and text.isdigit()):
+        raise TarFormatError(url, offset, f"bad {what}", member)
+    return int(text)
+
+
+def _valid_header(block: bytes) -> bool:
+    """Whether a 512-byte block has a tar header's checksum (unsigned or signed sum)."""
+    stored = _parse_number(block[148:156])
+    if stored is None:
+        return False
+    sums = _block_sum(block) - _short_sum(block[148:156]) + 256
+    return stored == sums or stored == _signed_sum(block) - _signed_sum(block[148:156]) + 256
+
+
+def _sparse_regions(entries: bytes, count: int, url: str | None, offset: int, name: str | None) -> Iterator[tuple[int, int]]:
+    """The (offset, numbytes) pairs of an old GNU sparse map: ``count`` 24-byte octal entries, the
+    first one whose offset is empty ending the list."""
+    for i in range(count):
+        entry = entries[i * 24 : i * 24 + 24]
+        if not entry[0]:
+            return
+        at, n = _parse_number(entry[:12]), _parse_number(entry[12:])
+        if at is None or n is None or at < 0 or n < 0:
+            raise TarFormatError(url, offset, "bad GNU sparse map entry", name)
+        yield at, n
+
+
+def _pax_sparse_map(pax: dict[str, str], data: bytes, url: str | None, offset: int, name: str) -> tuple[list[tuple[int, int]], int, int]:
+    """``(regions, real size, bytes of the map at the start of data)`` of a pax-format sparse file
+    (GNU formats 0.0, 0.1 and 1.0)."""
+    numbers: list[int]
+    if pax.get("GNU.sparse.major") == "1":
+        if pax.get("GNU.sparse.minor", "0") != "0":
+            raise TarFormatError(url, offset, f"unsupported GNU sparse format 1.{pax.get('GNU.sparse.minor')}", name)
+        real = _decimal(pax.get("GNU.sparse.realsize", ""), url, offset, "GNU.sparse.realsize", name)
+        # the map is in the data: decimal numbers, one a line (count, then offset and size pairs),
+        # padded to a whole block
+        lines: list[str] = []
+        pos = 0
+        while True:
+            nl = data.find(b"\n", pos, pos + _MAX_DIGITS + 1)
+            if nl < 0:
+                raise TarFormatError(url, offset, "bad GNU sparse 1.0 map", name)
+            lines.append(data[pos:nl].decode("ascii", "replace"))
+            pos = nl + 1
+            count = _decimal(lines[0], url, offset, "GNU sparse 1.0 map", name)
+            if count > len(data) // 4:
+                raise TarFormatError(url, offset, "bad GNU sparse 1.0 map", name)
+            if len(lines) == 1 + 2 * count:
+                break
+        numbers = [_decimal(v, url, offset, "GNU sparse 1.0 map", name) for v in lines[1:]]
+        skip = (pos + 511) & ~511
+    else:
+        real = _decimal(pax.get("GNU.sparse.size", pax.get("GNU.sparse.realsize", "")), url, offset, "GNU.sparse.size", name)
+        if "GNU.sparse.map" in pax:  # format 0.1: "offset,size,offset,size,..."
+            text = pax["GNU.sparse.map"]
+            numbers = [_decimal(v, url, offset, "GNU.sparse.map", name) for v in text.split(",")] if text else []
+        else:  # format 0.0: repeated offset and numbytes records (kept in order by _parse_pax)
+            offsets = pax.get("GNU.sparse.offset", "")
+            sizes = pax.get("GNU.sparse.numbytes", "")
+            offs = [_decimal(v, url, offset, "GNU.sparse.offset", name) for v in offsets.split(",")] if offsets else []
+            lens = [_decimal(v, url, offset, "GNU.sparse.numbytes", name) for v in sizes.split(",")] if sizes else []
+            if len(offs) != len(lens):
+                raise TarFormatError(url, offset, "bad GNU sparse 0.0 map (offsets and sizes differ in number)", name)
+            numbers = [v for pair in zip(offs, lens, strict=True) for v in pair]
+        if len(numbers) % 2:
+            raise TarFormatError(url, offset, "bad GNU sparse map (an odd count of numbers)", name)
+        skip = 0
+    return list(zip(numbers[::2], numbers[1::2], strict=True)), real, skip
+
+
+def _expand_sparse(regions: Iterable[tuple[int, int]], real: int, data: bytes, max_member_size: int,
+                   url: str | None, offset: int, name: str) -> bytes:
+    """A sparse file's bytes as GNU tar extracts them: each region's data at its offset, zeros between."""
+    if real > max_member_size:
+        raise TarFormatError(url, offset, f"member size {real} exceeds the limit of {max_member_size} bytes", name)
+    out = bytearray(real)
+    taken = 0
+    end = 0
+    for at, n in regions:
+        if at < end or at + n > real:
+            raise TarFormatError(url, offset, "bad GNU sparse map (regions overlap or pass the file's size)", name)
+        if taken + n > len(data):
+            raise TarFormatError(url, offset, f"GNU sparse map needs more data than the member's {len(data)} bytes", name)
+        out[at : at + n] = data[taken : taken + n]
+        taken += n
+        end = at + n
+    if taken != len(data):
+        raise TarFormatError(url, offset, f"GNU sparse map covers {taken} of the member's {len(data)} bytes", name)
+    return bytes(out)
+
+
+class _RecentMembers:
+    """The regular members read lately (their names and data), about ``limit`` bytes of them: a
+    hard or symbolic link names an earlier member, and a stream can't go back to read it again.
+    The fast path's item lists are kept as they are, so remembering costs nothing per member."""
+
+    def __init__(self, limit: int, keyed: bool) -> None:
+        self.limit = limit
+        self.keyed = keyed
+        self.lists: deque[tuple[list[Any], int]] = deque()
+        self.bytes = 0
+
+    def add(self, items: list[Any], nbytes: int) -> None:
+        if self.limit <= 0:
+            return
+        self.lists.append((items, nbytes))
+        self.bytes += nbytes
+        while self.bytes > self.limit and self.lists:
+            self.bytes -= self.lists.popleft()[1]
+
+    def find(self, name: str) -> bytes | None:
+        want: tuple[Any, ...] = split_key(name) if self.keyed else (name,)
+        width = len(want)
+        for items, _ in reversed(self.lists):
+            for item in reversed(items):
+                if item[:width] == want:
+                    return item[-2]  # type: ignore[no-any-return]
+        return None
+
+
+def _rereader(stream: Any, consumed: int) -> Callable[[str, int], bytes | None] | None:
+    """A function that finds a member by name in a plain local file, before a stream offset
+    (``MemberFinder``); None when the stream can't be read again. ``consumed``: the bytes read
+    from the stream so far."""
+    make = getattr(stream, "member_rereader", None)
+    if make is not None:  # a Source: it knows whether it can
+        return make()  # type: ignore[no-any-return]
+    try:
+        if not stream.seekable():
+            return None
+        fd, origin = stream.fileno(), stream.tell() - consumed
+    except (AttributeError, OSError, ValueError):
+        return None
+    return MemberFinder(fd, origin).find
+
+
+class _PreadStream:
+    """A file descriptor read from ``origin`` on, with pread: the file's own position stays where it is."""
+
+    def __init__(self, fd: int, origin: int) -> None:
+        self.fd, self.pos = fd, origin
+
+    def read(self, n: int = -1) -> bytes:
+        data = os.pread(self.fd, n if n >= 0 else 1 << 20, self.pos)
+        self.pos += len(data)
+        return data
+
+
+class MemberFinder:
+    """Members of a plain tar file found by name, for links whose targets the reader no longer
+    holds: a second reader goes through the file (with pread) only as far as needed, once,
+    remembering where each member's data lies, so that many links cost one extra pass at most."""
+
+    def __init__(self, fd: int, origin: int = 0) -> None:
+        self.fd, self.origin = fd, origin
+        self.where: dict[str, tuple[int, int] | bytes] = {}  # name -> (data offset, size), or the bytes
+        self.members = _read_members(_PreadStream(fd, origin), None, max_member_size=DEFAULT_MAX_MEMBER_SIZE,
+                                     stats=None, keyed=False, links="skip", link_cache=0, ignore_zeros=True,
+                                     record=self._record)
+        self.scanned = -1  # header offset of the last member read
+
+    def _record(self, name: str, data_offset: int | None, data: bytes) -> None:
+        # plain data is read again when asked for; expanded (sparse) data is kept
+        self.where[name] = (data_offset, len(data)) if data_offset is not None else bytes(data)
+
+    def find(self, name: str, before: int) -> bytes | None:
+        """The data of the last regular member called ``name`` whose header starts before ``before``."""
+        while self.scanned < before:
+            try:
+                self.scanned = next(self.members)[-1]
+            except (StopIteration, TarprocError):
+                break
+        where = self.where.get(name)
+        if where is None or isinstance(where, bytes):
+            return where
+        at, size = where
+        return os.pread(self.fd, size, self.origin + at) if size else b""
+
+
+def _link_target(typeflag: int, name: str, target: str) -> str | None:
+    """The member a link refers to: a hard link names it; a symbolic link's target is relative to
+    the link's directory. None when a symbolic link leaves the archive (absolute, or ``..`` past
+    its root)."""
+    if typeflag == ord("1"):
+        return target
+    if target.startswith("/"):
+        return None
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+    if joined == ".." or joined.startswith("../"):
+        return None
+    # keep the './' that members of 'tar -C dir .' have
+    return "./" + joined if name.startswith("./") and not joined.startswith("./") else joined
+
+
 def _read_members(
     stream: Readable,
     url: str | None,
@@ -238,30 +469,43 @@ def _read_members(
     max_member_size: int,
     stats: ReadStats | None,
     keyed: bool,
+    links: str = "follow",
+    link_cache: int = DEFAULT_LINK_CACHE,
+    ignore_zeros: bool = False,
+    record: Callable[[str, int | None, bytes], None] | None = None,
 ) -> Iterator[Any]:
+    # record (for MemberFinder): called with (name, stream offset of the data or None, data) for
+    # every regular member before it is yielded
     if stats is None:
         stats = ReadStats()
+    if links not in LINK_POLICIES:
+        raise OptionError(f"bad links policy {links!r}; use one of {', '.join(LINK_POLICIES)}")
     read = stream.read
     buf = b""  # bytes read but not yet parsed
     pos = 0  # parse position in buf
     base = 0  # stream offset of buf[0]
     last: str | None = None  # the last member read, named in header errors
     long_name: str | None = None
-    long_link = False
+    long_link: str | None = None
     pax: dict[str, str] = {}
     pax_global: dict[str, str] = {}
     # the C fast path accepts no size above this (and needs it to fit a C long long)
     scan_limit = min(max_member_size, 1 << 62)
+    recent = _RecentMembers(link_cache if links == "follow" else 0, keyed)
+    rereader: Any = False  # made on the first link that the recent members don't have
+    zeros_seen = False  # with ignore_zeros: end-of-archive blocks were skipped
 
     while True:
         if len(buf) - pos < BLOCK:
             more = read(_CHUNK)
             if not more:
                 if len(buf) == pos:
-                    if long_name is not None or pax or long_link:
+                    if long_name is not None or pax or long_link is not None:
                         raise TarFormatError(url, base + pos, "stream ends after an extension header", long_name)
                     if base + pos == 0:
                         raise TarFormatError(url, 0, "empty stream, not a tar archive")
+                    if zeros_seen:
+                        return
                     raise TarFormatError(url, base + pos, "stream ends before the end-of-archive blocks", last)
                 if base + pos == 0:
                     raise TarFormatError(url, 0, f"not a tar archive (a stream of {len(buf)} bytes, shorter than one header)")
@@ -271,9 +515,13 @@ def _read_members(
             pos = 0
             continue
 
-        if _scan is not None and long_name is None and not pax and not long_link and "path" not in pax_global:
+        if _scan is not None and long_name is None and not pax and long_link is None and "path" not in pax_global:
             items, new_pos, nb = _scan(buf, pos, base, scan_limit, keyed)
             if items:
+                recent.add(items, nb)
+                if record is not None:
+                    for name, data, at in items:
+                        record(name, at + BLOCK, data)
                 it = iter(items)
                 try:
                     yield from it
@@ -296,6 +544,10 @@ def _read_members(
         block = buf[pos : pos + BLOCK]
         if stored != _block_sum(block) - sum(chk_field) + 256:
             if block == ZERO_BLOCK:
+                if ignore_zeros:  # GNU tar's -i: read on past end-of-archive blocks
+                    zeros_seen = True
+                    pos += BLOCK
+                    continue
                 # end of archive: the rest of the stream must be zero padding
                 _check_end(read, buf, pos + BLOCK, base, url, last)
                 return
@@ -311,10 +563,7 @@ def _read_members(
         size = size_field
         typeflag = buf[pos + 156]
         if pax and "size" in pax:
-            text = pax["size"]
-            if not (text.isascii() and text.isdigit()):
-                raise TarFormatError(url, offset, "bad size in pax header", last)
-            size = int(text)
+            size = _decimal(pax["size"], url, offset, "size in pax header", last)
 
         # -- name (only computed for members that need it) --
         is_reg = typeflag in _REG
@@ -329,6 +578,9 @@ def _read_members(
                 name = _header_name(buf, pos)
         else:
             name = ""
+        if is_reg and name.endswith("/"):  # an old-style directory entry (a regular type, a name ending in '/')
+            is_reg = False
+            typeflag = _DIRECTORY
 
         if size > max_member_size:
             if typeflag in (_PAX, _PAX_GLOBAL, _LONGNAME, _LONGLINK):
@@ -339,17 +591,42 @@ def _read_members(
 
         # -- data --
         start = pos + BLOCK
-        if typeflag == _GNU_SPARSE and buf[pos + 482]:
-            # an old GNU sparse header continues in extension blocks (flag at byte 504 of each)
-            while True:
+        sparse: list[tuple[int, int]] | None = None
+        if typeflag == _GNU_SPARSE:
+            # an old GNU sparse header: 4 map entries here, more in extension blocks (21 each,
+            # while the 'extended' flag is set); the ones already parsed are dropped as it goes
+            sparse = list(_sparse_regions(buf[pos + 386 : pos + 482], 4, url, offset, name))
+            extended = buf[pos + 482]
+            while extended:
                 while len(buf) - start < BLOCK:
                     more = read(_CHUNK)
                     if not more:
                         raise TarFormatError(url, base + len(buf), "truncated GNU sparse header", name or last)
-                    buf += more
+                    buf = buf[start:] + more  # only the unparsed rest is copied
+                    base += start
+                    pos -= start
+                    start = 0
+                sparse += _sparse_regions(buf[start : start + 504], 21, url, base + start, name)
+                extended = buf[start + 504]
                 start += BLOCK
-                if not buf[start - BLOCK + 504]:
+                if len(sparse) > size + 1:  # every region but a last empty one holds data
+                    raise TarFormatError(url, base + start, "GNU sparse map has more regions than data", name)
+        elif size and typeflag in _NO_DATA_TYPES:
+            # links, devices, fifos and directories have no data, whatever their size field says
+            # (old tars stored the file's size in hard links and directories), unless what follows
+            # is not a header: then it is data (a pax hard link may carry it)
+            while len(buf) - start < BLOCK:
+                more = read(_CHUNK)
+                if not more:
                     break
+                buf = buf[pos:] + more
+                base += pos
+                start -= pos
+                pos = 0
+            following = buf[start : start + BLOCK]
+            if len(following) < BLOCK or following == ZERO_BLOCK or _valid_header(following):
+                size = 0
+        data_offset: int | None = base + start
         end = start + size
         padded_end = start + ((size + 511) & ~511)
         if padded_end <= len(buf):
@@ -386,16 +663,24 @@ def _read_members(
             base = stream_pos
 
         # -- dispatch on type --
-        if is_reg and pax and any(k.startswith("GNU.sparse.") for k in pax):
-            # a pax-format sparse file: its data is a sparse map plus regions, not the file
-            is_reg = False
-            typeflag = _GNU_SPARSE
+        if sparse is not None:  # old GNU sparse: the file is its regions, zeros between
+            real = _parse_number(block[483:495])
+            if real is None or real < 0:
+                raise TarFormatError(url, offset, "bad real size in GNU sparse header", name)
+            data = _expand_sparse(sparse, real, data, max_member_size, url, offset, name)
+            is_reg = True
+            data_offset = None
+        elif is_reg and pax and any(k.startswith("GNU.sparse.") for k in pax):
+            # a pax-format sparse file: its data is (a map and) the regions, not the file
             name = pax.get("GNU.sparse.name", name)
+            regions, real, skip = _pax_sparse_map(pax, data, url, offset, name)
+            data = _expand_sparse(regions, real, data[skip:], max_member_size, url, offset, name)
+            data_offset = None
         if typeflag == _LONGNAME:
             long_name = _decode_name(_cstr(data))
             continue
         if typeflag == _LONGLINK:
-            long_link = True
+            long_link = _decode_name(_cstr(data))
             continue
         if typeflag == _PAX:
             pax = _parse_pax(data, url, offset)
@@ -404,20 +689,51 @@ def _read_members(
             pax_global.update(_parse_pax(data, url, offset))
             pax_global.pop("size", None)
             continue
+        if typeflag in _LINK_TYPES and links == "follow":
+            if long_link is not None:
+                target = long_link
+            elif pax and "linkpath" in pax:
+                target = pax["linkpath"]
+            else:
+                target = _decode_name(_cstr(block[157:257]))
+            if size:  # a hard link that carries its own data (pax): that is the file
+                is_reg = True
+            else:
+                resolved = _link_target(typeflag, name, target)
+                found = recent.find(resolved) if resolved is not None else None
+                if found is None and resolved is not None:
+                    if rereader is False:
+                        rereader = _rereader(stream, base + len(buf))
+                    if rereader is not None:
+                        found = rereader(resolved, offset)
+                if found is None:
+                    kind = "hard link" if typeflag == ord("1") else "symbolic link"
+                    why = ("it leaves the archive" if resolved is None else
+                           "no earlier member of this shard has that name" +
+                           ("" if rereader else f" within the last {recent.limit >> 20} MiB read"))
+                    raise LinkError(url, offset, f"{kind} {name!r} -> {target!r}: {why} (--links skip skips links)", name)
+                data = found
+                is_reg = True
+                data_offset = None
         if is_reg:
             stats.members += 1
-            stats.bytes += size
+            stats.bytes += len(data)
+            item: tuple[Any, ...]
             if keyed:
                 key, field = split_key(name)
-                yield key, field, data, offset
+                item = (key, field, data, offset)
             else:
-                yield name, data, offset
+                item = (name, data, offset)
+            recent.add([item], len(data))
+            if record is not None:
+                record(name, data_offset, data)
+            yield item
         else:
             stats.skip_entry(_TYPE_NAMES.get(typeflag, f"type {chr(typeflag)!r}"))
         # an entry uses up the extension headers before it
         last = name or last
         long_name = None
-        long_link = False
+        long_link = None
         pax = {}
 
 

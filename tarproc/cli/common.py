@@ -27,7 +27,7 @@ from ..shards import parse_size
 from ..sinks import open_sink, remove_live_temporaries
 from ..sniff import escape_text
 from ..sources import expand_urls
-from ..tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, TarWriter
+from ..tario import DEFAULT_MAX_MEMBER_SIZE, LINK_POLICIES, ReadStats, TarWriter
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -185,13 +185,17 @@ class ReadOptions:
     on_error: str
     dup: str
     max_member_size: int
+    links: str = "follow"
+    ignore_zeros: bool = False
+
+    @property
+    def tar(self) -> dict[str, Any]:
+        """How to read each tar stream: the keyword arguments of ``iter_members`` and ``read_samples``."""
+        return {"max_member_size": self.max_member_size, "links": self.links, "ignore_zeros": self.ignore_zeros}
 
     def samples(self, stats: ReadStats) -> Iterator[Sample]:
         """The samples of all inputs, reading as the options say (warnings to stderr)."""
-        return read_samples(
-            self.urls, on_error=self.on_error, dup=self.dup, max_member_size=self.max_member_size,
-            stats=stats, warn=warn,
-        )
+        return read_samples(self.urls, on_error=self.on_error, dup=self.dup, stats=stats, warn=warn, **self.tar)
 
 
 @dataclass
@@ -251,11 +255,17 @@ def _input_params(
                      help="A duplicate field or a key that reappears later in a shard: error, warn and drop, or drop."),
         click.option("--max-member-size", type=SIZE, default=DEFAULT_MAX_MEMBER_SIZE, show_default="2GiB",
                      help="Largest member accepted; a bigger one is an error naming it."),
+        click.option("--links", type=click.Choice(LINK_POLICIES), default="follow", show_default=True,
+                     help="Hard and symbolic links to an earlier member: read as that member's bytes (as tar -x "
+                          "extracts them; one that can't be had is an error), or skip them (counted in --stats)."),
+        click.option("-i", "--ignore-zeros", is_flag=True,
+                     help="Read on past end-of-archive blocks (as GNU tar -i): concatenated archives are read whole."),
     ]
 
 
 def _read_options(v: dict[str, Any], on_error: str) -> ReadOptions:
-    return ReadOptions(inputs_or_stdin(v["inputs"], v["list_files"]), on_error, v["dup"], v["max_member_size"])
+    return ReadOptions(inputs_or_stdin(v["inputs"], v["list_files"]), on_error, v["dup"], v["max_member_size"],
+                       v["links"], v["ignore_zeros"])
 
 
 input_options = _bundle(

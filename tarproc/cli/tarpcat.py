@@ -91,7 +91,7 @@ def main(
     stats = ReadStats()
     source = parallel_samples(
         reading.urls, readers=readers, prefetch=prefetch, prefetch_bytes=prefetch_bytes, order=order, seed=seed,
-        on_error=reading.on_error, dup=reading.dup, max_member_size=reading.max_member_size, stats=stats, warn=warn,
+        on_error=reading.on_error, dup=reading.dup, stats=stats, warn=warn, **reading.tar,
     )
     with contextlib.closing(source):
         samples = iter(source)

@@ -89,7 +89,10 @@ def _varied_archives(kit) -> dict[str, bytes]:
         kit.member("name.txt", b"prefixed", prefix=b"some/prefix"),
         kit.member("gnu.txt", b"gnu", prefix=b"ignored", magic=b"ustar  \x00"),
         kit.header("dir/", typeflag=b"5"),
-        kit.header("sym", typeflag=b"2", linkname=b"target"),
+        kit.header("sym", typeflag=b"2", linkname=b"v7.txt"),
+        kit.header("hard.txt", 5, typeflag=b"1", linkname=b"gnu.txt"),  # an old tar's size, no data
+        kit.header("olddir/", 100, typeflag=b"\x00", magic=b""),  # an old-style directory: no data
+        kit.header("dir5/", 3, typeflag=b"5"),
         kit.member("././@LongLink", b"L" * 150 + b".txt\x00", typeflag=b"L", magic=b"ustar  \x00"),
         kit.member("short-in-header", b"long named", magic=b"ustar  \x00"),
         kit.member("KEY.lower.ext", b"case"),

@@ -12,6 +12,7 @@ import tarfile
 
 import pytest
 
+from tarproc.errors import LinkError
 from tarproc.sources import open_source
 from tarproc.tario import ReadStats, iter_keyed_members, iter_members
 
@@ -97,7 +98,7 @@ def test_gnu_tar_directory_walk_skips_and_counts_directories(tmp_path, kit, read
 
 
 @pytest.mark.parametrize("fmt", ["gnu", "pax"])
-def test_long_symlink_target_is_skipped_and_next_member_read(tmp_path, kit, reader, fmt):
+def test_long_symlink_target_is_read_whole(tmp_path, kit, reader, fmt):
     src = tmp_path / "src"
     src.mkdir()
     target = "t" * 150 + "/" + "u" * 150
@@ -112,9 +113,12 @@ def test_long_symlink_target_is_skipped_and_next_member_read(tmp_path, kit, read
     if fmt == "gnu":
         assert raw[156:157] == b"K"  # the first record is the GNU long link name
     stats = ReadStats()
-    got = kit.read_all(raw, stats=stats)
+    got = kit.read_all(raw, stats=stats, links="skip")
     assert [(n, d) for n, d, _ in got] == [("b.txt", b"after the link"), ("c.txt", b"hard")]
     assert stats.skipped_entries == {"symlink": 1, "hard link": 1}
+    # followed (the default): the symbolic link's target is not in the archive
+    with pytest.raises(LinkError, match="symbolic link 'a-link' -> 'tttt.*no earlier member.*--links skip"):
+        kit.read_all(raw)
 
 
 def test_long_link_record_followed_by_regular_member_hand_made(kit, reader):
@@ -126,8 +130,10 @@ def test_long_link_record_followed_by_regular_member_hand_made(kit, reader):
         kit.member("next.txt", b"payload"),
     )
     stats = ReadStats()
-    assert kit.read_all(raw, stats=stats) == [("next.txt", b"payload", 1536)]
+    assert kit.read_all(raw, stats=stats, links="skip") == [("next.txt", b"payload", 1536)]
     assert stats.skipped_entries == {"symlink": 1}
+    with pytest.raises(LinkError, match="symbolic link 'link' -> '/qqqq.*it leaves the archive"):
+        kit.read_all(raw)
 
 
 # -- Python's tarfile ----------------------------------------------------------------------------
@@ -193,7 +199,7 @@ def test_tarfile_non_regular_entries_are_skipped_and_counted(kit, reader):
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     stats = ReadStats()
-    got = kit.read_all(buf.getvalue(), stats=stats)
+    got = kit.read_all(buf.getvalue(), stats=stats, links="skip")
     assert [d for _, d, _ in got] == [f"after {name}".encode() for name, _ in entries]
     assert stats.skipped_entries == {
         "directory": 1,
@@ -423,20 +429,20 @@ def _sparse_tar(tmp_path, kit, fmt: str, regions: int) -> tuple[bytes, bytes]:
     return raw, path.read_bytes()
 
 
-def test_gnu_sparse_member_with_few_regions_is_skipped_and_counted(tmp_path, kit, reader):
-    raw, _ = _sparse_tar(tmp_path, kit, "gnu", regions=3)
+def test_gnu_sparse_member_with_few_regions_is_expanded(tmp_path, kit, reader):
+    raw, content = _sparse_tar(tmp_path, kit, "gnu", regions=3)
     assert raw[482] == 0  # the sparse map fits the header: no extension blocks
     stats = ReadStats()
-    assert [(n, d) for n, d, _ in kit.read_all(raw, stats=stats)] == [("z.txt", b"after the sparse file")]
-    assert stats.skipped_entries == {"GNU sparse file": 1}
+    got = [(n, d) for n, d, _ in kit.read_all(raw, stats=stats)]
+    assert got == [("sparse.bin", content), ("z.txt", b"after the sparse file")]
+    assert stats.skipped_entries == {}
 
 
-def test_gnu_sparse_member_with_extension_blocks_is_skipped(tmp_path, kit, reader):
-    raw, _ = _sparse_tar(tmp_path, kit, "gnu", regions=10)
+def test_gnu_sparse_member_with_extension_blocks_is_expanded(tmp_path, kit, reader):
+    raw, content = _sparse_tar(tmp_path, kit, "gnu", regions=10)
     assert raw[482] == 1  # the sparse map continues in extension blocks
-    stats = ReadStats()
-    assert [(n, d) for n, d, _ in kit.read_all(raw, stats=stats)] == [("z.txt", b"after the sparse file")]
-    assert stats.skipped_entries == {"GNU sparse file": 1}
+    got = [(n, d) for n, d, _ in kit.read_all(raw, chunked=3)]  # short reads: the map crosses them
+    assert got == [("sparse.bin", content), ("z.txt", b"after the sparse file")]
 
 
 def test_pax_sparse_member_is_not_yielded_with_wrong_name_and_bytes(tmp_path, kit, reader):

@@ -86,19 +86,52 @@ def test_tarcat_reads_gnu_tar_from_a_pipe_compressed(ix, tmp_path, fmt):
     assert ix.samples_of_bytes(r.stdout_bytes, tmp_path) == ix.group((n, files[n[2:]]) for n in listing)
 
 
-def test_gnu_tar_links_and_dirs_are_skipped(ix, tmp_path):
+def test_gnu_tar_links_are_read_as_their_targets_and_dirs_skipped(ix, tmp_path):
     src = tmp_path / "src"
     files = make_tree(src, ["a/x.jpg", "a/x.txt", "b/y.txt"])
     os.symlink("x.jpg", src / "a" / "x.png")
-    os.link(src / "b" / "y.txt", src / "b" / "y.cls")  # stored as a hard link entry
+    os.link(src / "b" / "y.txt", src / "b" / "y.cls")  # one of the two is stored as a hard link entry
     archive = tmp_path / "links.tar"
     ix.gnu_tar("--sort=name", "-cf", archive, "-C", src, ".")
     r = ix.run(ix.tarcat, ["--stats", archive])
     assert r.exit_code == 0, r.stderr
     got = ix.samples_of_bytes(r.stdout_bytes, tmp_path)
-    assert got == [("./a/x", {"jpg": files["a/x.jpg"], "txt": files["a/x.txt"]}),
-                   ("./b/y", {"cls": files["b/y.txt"]})]
+    assert got == [("./a/x", {"jpg": files["a/x.jpg"], "png": files["a/x.jpg"], "txt": files["a/x.txt"]}),
+                   ("./b/y", {"cls": files["b/y.txt"], "txt": files["b/y.txt"]})]
+    assert "directory 3" in r.stderr and "hard link" not in r.stderr and "symlink" not in r.stderr
+    # --links skip: links skipped and counted
+    r = ix.run(ix.tarcat, ["--stats", "--links", "skip", archive])
+    assert r.exit_code == 0, r.stderr
+    got = ix.samples_of_bytes(r.stdout_bytes, tmp_path)
+    assert got == [("./a/x", {"jpg": files["a/x.jpg"], "txt": files["a/x.txt"]}), ("./b/y", {"cls": files["b/y.txt"]})]
     assert "hard link 1" in r.stderr and "symlink 1" in r.stderr and "directory 3" in r.stderr
+
+
+def test_a_dangling_link_is_one_line_naming_it_and_the_option(ix, tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, ["a/x.txt"])
+    os.symlink("/etc/hostname", src / "a" / "x.cfg")
+    archive = tmp_path / "dangling.tar"
+    ix.gnu_tar("--sort=name", "-cf", archive, "-C", src, ".")
+    r = ix.run(ix.tarcat, [archive])
+    assert r.exit_code == 1
+    assert r.stderr.count("\n") == 1 and "symbolic link './a/x.cfg' -> '/etc/hostname': it leaves the archive" in r.stderr
+    assert "--links skip" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_concatenated_archives_need_ignore_zeros(ix, tmp_path):
+    first, second = tmp_path / "one", tmp_path / "two"
+    files = make_tree(first, ["a/1.txt"]) | make_tree(second, ["b/2.txt"])
+    ix.gnu_tar("-cf", tmp_path / "1.tar", "-C", first, "a/1.txt")
+    ix.gnu_tar("-cf", tmp_path / "2.tar", "-C", second, "b/2.txt")
+    both = tmp_path / "both.tar"
+    both.write_bytes((tmp_path / "1.tar").read_bytes() + (tmp_path / "2.tar").read_bytes())
+    r = ix.run(ix.tarcat, [both])
+    assert r.exit_code == 1 and "garbage after the end-of-archive blocks" in r.stderr
+    r = ix.run(ix.tarcat, ["-i", both])
+    assert r.exit_code == 0, r.stderr
+    assert ix.samples_of_bytes(r.stdout_bytes, tmp_path) == [("a/1", {"txt": files["a/1.txt"]}),
+                                                              ("b/2", {"txt": files["b/2.txt"]})]
 
 
 # ----------------------------------------------------------------------------------------------

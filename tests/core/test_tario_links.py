@@ -1,0 +1,223 @@
+"""Links, sparse files, old-style entries and concatenated archives, read as GNU tar extracts them.
+
+Each archive is written by GNU tar (or by hand where only old tars write it), read with both reader
+paths (the ``reader`` fixture), and compared byte for byte with what ``tar -x`` puts on disk.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from tarproc import read_samples
+from tarproc.errors import LinkError, OptionError, TarFormatError
+from tarproc.sources import open_source
+from tarproc.tario import ReadStats, iter_keyed_members, iter_members
+
+
+def extracted(kit, archive: Path, tmp_path: Path, *flags: str) -> dict[str, bytes]:
+    """What GNU tar extracts: {name as in the archive: bytes} for every regular file."""
+    out = tmp_path / f"x-{archive.stem}"
+    out.mkdir()
+    kit.gnu_tar(*flags, "-xf", str(archive), "-C", str(out))
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+class Unseekable(io.RawIOBase):
+    """A stream that can only be read forward (a pipe, a decompressor)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.inner = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        return self.inner.read(n)
+
+
+@pytest.fixture
+def linked_tree(tmp_path: Path) -> Path:
+    """d/000.jpg, its hard link d/001.jpg, a symbolic link d/002.jpg -> 000.jpg and a text file."""
+    src = tmp_path / "src" / "d"
+    src.mkdir(parents=True)
+    (src / "000.jpg").write_bytes(b"\xff\xd8 first image" * 50)
+    os.link(src / "000.jpg", src / "001.jpg")
+    os.symlink("000.jpg", src / "002.jpg")
+    (src / "000.txt").write_bytes(b"caption")
+    return tmp_path / "src"
+
+
+def test_hard_and_symbolic_links_read_as_gnu_tar_extracts_them(tmp_path, kit, reader, linked_tree):
+    archive = tmp_path / "links.tar"
+    kit.gnu_tar("--sort=name", "-cf", str(archive), "-C", str(linked_tree), ".")
+    stats = ReadStats()
+    got = {name: data for name, data, _ in kit.read_all(archive.read_bytes(), stats=stats)}
+    want = extracted(kit, archive, tmp_path)
+    want["d/002.jpg"] = want["d/000.jpg"]  # tar -x makes a symbolic link; we give its target's bytes
+    assert {n.removeprefix("./"): d for n, d in got.items()} == want
+    assert stats.members == 4 and stats.skipped_entries == {"directory": 2}
+    # the samples have every field
+    samples = list(read_samples(str(archive)))
+    assert [(s["__key__"], sorted(k for k in s if not k.startswith("__"))) for s in samples] == [
+        ("./d/000", ["jpg", "txt"]), ("./d/001", ["jpg"]), ("./d/002", ["jpg"])]
+    # --links skip: today's behaviour, counted
+    stats = ReadStats()
+    names = [n for n, _, _ in kit.read_all(archive.read_bytes(), stats=stats, links="skip")]
+    assert names == ["./d/000.jpg", "./d/000.txt"]
+    assert stats.skipped_entries == {"directory": 2, "hard link": 1, "symlink": 1}
+
+
+def test_a_link_whose_target_fell_out_of_the_cache_is_read_again_where_the_file_can_be(tmp_path, kit, reader, linked_tree):
+    archive = tmp_path / "links.tar"
+    kit.gnu_tar("--sort=name", "-cf", str(archive), "-C", str(linked_tree), ".")
+    first = (linked_tree / "d" / "000.jpg").read_bytes()
+    # a plain local file: read again from the start (pread), whatever the cache holds
+    with open(archive, "rb") as f:
+        got = dict((n, d) for n, d, _ in iter_members(f, str(archive), link_cache=0))
+    assert got["./d/001.jpg"] == got["./d/002.jpg"] == first
+    with open_source(str(archive)) as source:
+        got = dict((n, d) for n, d, _ in iter_members(source, str(archive), link_cache=0))
+    assert got["./d/001.jpg"] == first
+    # a stream that can't go back, with nothing cached: one line naming the link, its target, the option
+    with pytest.raises(LinkError, match=r"links.tar: hard link './d/001.jpg' -> './d/000.jpg': no earlier member .*"
+                                        r"within the last 0 MiB read \(--links skip skips links\) at byte \d+"):
+        list(iter_members(Unseekable(archive.read_bytes()), str(archive), link_cache=0))
+
+
+def test_links_that_cannot_be_had_are_errors(kit, reader):
+    forward = kit.archive(kit.header("a.jpg", typeflag=b"2", linkname=b"b.jpg"), kit.member("b.jpg", b"B"))
+    with pytest.raises(LinkError, match="symbolic link 'a.jpg' -> 'b.jpg': no earlier member"):
+        kit.read_all(forward)
+    outside = kit.archive(kit.member("x/a.txt", b"a"), kit.header("x/b.txt", typeflag=b"2", linkname=b"../../etc/passwd"))
+    with pytest.raises(LinkError, match="it leaves the archive"):
+        kit.read_all(outside)
+    inside = kit.archive(kit.member("x/a.txt", b"a"), kit.header("y/b.txt", typeflag=b"2", linkname=b"../x/a.txt"))
+    assert [(n, d) for n, d, _ in kit.read_all(inside)] == [("x/a.txt", b"a"), ("y/b.txt", b"a")]
+    with pytest.raises(OptionError, match="bad links policy"):
+        kit.read_all(inside, links="copy")
+
+
+@pytest.mark.parametrize("magic", [b"ustar\x0000", b"ustar  \x00"], ids=["ustar", "gnu"])
+def test_an_old_hard_link_with_a_size_and_no_data(tmp_path, kit, reader, magic):
+    """Old tars stored the file's size in a hard link's header, with no data after it."""
+    raw = kit.archive(
+        kit.member("a.txt", b"hello", magic=magic),
+        kit.header("b.txt", 5, typeflag=b"1", linkname=b"a.txt", magic=magic),
+        kit.member("c.txt", b"abc", magic=magic),
+    )
+    archive = tmp_path / "old.tar"
+    archive.write_bytes(raw)
+    want = extracted(kit, archive, tmp_path)
+    assert want == {"a.txt": b"hello", "b.txt": b"hello", "c.txt": b"abc"}
+    assert {n: d for n, d, _ in kit.read_all(raw)} == want
+    assert [n for n, _, _ in kit.read_all(raw, links="skip")] == ["a.txt", "c.txt"]
+
+
+def test_a_pax_hard_link_that_carries_data_is_that_file(kit, reader):
+    raw = kit.archive(kit.member("a.txt", b"hello"),
+                      kit.header("b.txt", 4, typeflag=b"1", linkname=b"a.txt") + kit.pad(b"own!"),
+                      kit.member("c.txt", b"abc"))
+    assert [(n, d) for n, d, _ in kit.read_all(raw)] == [("a.txt", b"hello"), ("b.txt", b"own!"), ("c.txt", b"abc")]
+
+
+@pytest.mark.parametrize("typeflag", [b"\x00", b"0", b"5"], ids=["aregtype", "regtype", "dirtype"])
+def test_old_style_directory_entries_have_no_data(tmp_path, kit, reader, typeflag):
+    """A directory (or a regular type with a name ending in '/', as old tars wrote them) whose size
+    field is not 0 and no data follows: GNU tar, tarfile and libarchive read a directory."""
+    raw = kit.archive(kit.header("d/", 100, typeflag=typeflag, magic=b"" if typeflag == b"\x00" else b"ustar\x0000"),
+                      kit.member("d/a.txt", b"hello"))
+    stats = ReadStats()
+    assert [(n, d) for n, d, _ in kit.read_all(raw, stats=stats)] == [("d/a.txt", b"hello")]
+    assert [(k, f) for k, f, _, _ in kit.read_all(raw, keyed=True)] == [("d/a", "txt")]
+    assert stats.skipped_entries == {"directory": 1}
+    if typeflag != b"0":  # tarfile reads a '0' with a slash as a file named 'd/'
+        assert [m.name for m in tarfile.open(fileobj=io.BytesIO(raw)) if m.isfile()] == ["d/a.txt"]
+
+
+@pytest.mark.parametrize("version", ["0.0", "0.1", "1.0"])
+def test_pax_sparse_files_are_expanded(tmp_path, kit, reader, version):
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "sparse.bin", "wb") as f:
+        for i in range(10):
+            f.seek(i * 200_000)
+            f.write(b"DATA%d" % i)
+        f.truncate(10 * 200_000 + 100)
+    (src / "z.txt").write_bytes(b"after")
+    archive = tmp_path / f"pax{version}.tar"
+    kit.gnu_tar("-cf", str(archive), "--format=pax", "--sparse", f"--sparse-version={version}", "-C", str(src),
+                "sparse.bin", "z.txt")
+    raw = archive.read_bytes()
+    if b"GNU.sparse" not in raw[:8192]:
+        pytest.skip("this file system does not keep holes: GNU tar stored the file as a plain one")
+    assert {n: d for n, d, _ in kit.read_all(raw, chunked=5)} == extracted(kit, archive, tmp_path)
+    with pytest.raises(TarFormatError, match="member size 2000100 exceeds the limit of 1000000 bytes"):
+        kit.read_all(raw, max_member_size=1_000_000)
+
+
+def test_sparse_maps_that_do_not_fit_are_errors(kit, reader):
+    def sparse(entries: list[tuple[int, int]], real: int, data: bytes) -> bytes:
+        head = bytearray(kit.header("s.bin", len(data), typeflag=b"S", magic=b"ustar  \x00"))
+        for i, (at, n) in enumerate(entries):
+            head[386 + 24 * i: 386 + 24 * i + 24] = b"%011o\x00%011o\x00" % (at, n)
+        head[483:495] = b"%011o\x00" % real
+        head[148:156] = b" " * 8
+        head[148:156] = b"%06o\x00 " % sum(head)
+        return kit.archive(bytes(head) + kit.pad(data))
+
+    assert kit.read_all(sparse([(0, 2), (10, 3)], 16, b"abxyz")) == [("s.bin", b"ab" + bytes(8) + b"xyz" + bytes(3), 0)]
+    with pytest.raises(TarFormatError, match="regions overlap or pass the file's size"):
+        kit.read_all(sparse([(0, 2), (15, 3)], 16, b"abxyz"))
+    with pytest.raises(TarFormatError, match="covers 4 of the member's 5 bytes"):
+        kit.read_all(sparse([(0, 2), (10, 2)], 16, b"abxyz"))
+
+
+def test_a_long_old_gnu_sparse_map_is_read_in_linear_time_and_memory(kit):
+    """Extension blocks that claim to go on for 32 MiB: read block by block (the map is checked as
+    it goes), not by growing one buffer (quadratic time, twice the memory)."""
+    head = bytearray(kit.header("s.bin", 0, typeflag=b"S", magic=b"ustar  \x00"))
+    head[482] = 1
+    head[148:156] = b" " * 8
+    head[148:156] = b"%06o\x00 " % sum(head)
+    ext = bytearray(512)
+    ext[504] = 1
+    raw = bytes(head) + bytes(ext) * (32 << 11)  # 32 MiB of extension blocks, then the stream ends
+    tracemalloc.start()
+    try:
+        with pytest.raises(TarFormatError, match="truncated GNU sparse header"):
+            list(iter_members(Unseekable(raw), "s.tar"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+
+
+def test_a_huge_pax_size_is_a_format_error(kit, reader):
+    raw = kit.archive(kit.pax({"size": "9" * 5000}), kit.member("a.txt", b"x"))
+    with pytest.raises(TarFormatError, match="bad size in pax header"):
+        kit.read_all(raw)
+
+
+def test_concatenated_archives_with_ignore_zeros(tmp_path, kit, reader):
+    first = kit.writer_tar([("a/1.txt", b"one"), ("a/1.cls", b"1")])
+    second = kit.writer_tar([("b/2.txt", b"two")])
+    raw = first + second
+    with pytest.raises(TarFormatError, match="garbage after the end-of-archive blocks"):
+        kit.read_all(raw)
+    got = [(n, d) for n, d, _ in kit.read_all(raw, ignore_zeros=True, chunked=7)]
+    assert got == [("a/1.txt", b"one"), ("a/1.cls", b"1"), ("b/2.txt", b"two")]
+    archive = tmp_path / "cat.tar"
+    archive.write_bytes(raw)
+    listed = subprocess.run(["tar", "-i", "-tf", str(archive)], capture_output=True, text=True, check=True).stdout.split()
+    assert listed == [n for n, _ in got]
+    assert [k for k, _, _, _ in iter_keyed_members(io.BytesIO(raw), ignore_zeros=True)] == ["a/1", "a/1", "b/2"]
+    # still an error: garbage after the zeros, or a stream that ends inside a header
+    with pytest.raises(TarFormatError, match="bad tar header checksum"):
+        kit.read_all(first + b"x" * 512, ignore_zeros=True)
