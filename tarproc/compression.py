@@ -31,16 +31,39 @@ class Readable(Protocol):
     def read(self, n: int = -1, /) -> bytes: ...
 
 
+# compressed formats recognised but not read here: (magic, name, a command that decompresses it)
+_UNSUPPORTED = (
+    (b"\x1f\x9d", "compress(1) .Z", "gzip -dc"),
+    (b"\x04\x22\x4d\x18", "lz4", "lz4 -dc"),
+    (b"LZIP", "lzip", "lzip -dc"),
+)
+
+
 def detect(head: bytes) -> str | None:
-    """Return 'gzip', 'zstd', 'bz2', 'xz' or None (plain) for the first bytes of a stream."""
+    """Return 'gzip', 'zstd', 'bz2', 'xz' or None (plain) for the first bytes of a stream.
+
+    A zstd stream may begin with a skippable frame (magic 0x184D2A50 to 0x184D2A5F).
+
+    >>> detect(b"\x5a\x2a\x4d\x18" + bytes(4)), detect(b"ustar")
+    ('zstd', None)
+    """
     if head.startswith(GZIP_MAGIC):
         return "gzip"
-    if head.startswith(ZSTD_MAGIC):
+    if head.startswith(ZSTD_MAGIC) or (len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18"):
         return "zstd"
     if head.startswith(BZ2_MAGIC) and len(head) >= 4 and head[3:4] in b"123456789":
         return "bz2"
     if head.startswith(XZ_MAGIC):
         return "xz"
+    return None
+
+
+def unsupported(head: bytes) -> tuple[str, str] | None:
+    """``(format, command)`` when the first bytes are a compressed format read only by other
+    tools (compress's .Z, lz4, lzip), with a command that decompresses it; else None."""
+    for magic, name, command in _UNSUPPORTED:
+        if head.startswith(magic):
+            return name, command
     return None
 
 

@@ -22,8 +22,8 @@ from typing import IO, Any
 
 from braceexpand import braceexpand
 
-from .compression import DecompressingReader, detect
-from .errors import SourceError, TarprocError
+from .compression import DecompressingReader, detect, unsupported
+from .errors import CompressionError, SourceError, TarprocError
 
 
 def expand_urls(args: Iterable[str], list_files: Iterable[str] = ()) -> list[str]:
@@ -106,6 +106,15 @@ class Source:
             self.close()
             raise
         kind = detect(head)
+        other = unsupported(head) if kind is None else None
+        if other is not None:
+            try:
+                self.close()
+            except TarprocError:
+                pass
+            name, command = other
+            raise CompressionError(f"{name} compressed data, not read here: decompress it first, e.g. "
+                                   f"'pipe:{command} FILE'", url)
         self.compression = kind
         self._reader: Any
         if kind is None:

@@ -78,6 +78,7 @@ class TarprocCommand(click.Command):
         argv = list(sys.argv[1:] if args is None else args)
         prog = prog_name or self.name or "tarproc"
         show_traceback = "--traceback" in argv
+        _PROG[:] = [prog]  # for warn()
         status = 0
         previous: dict[int, Any] = {}
         try:
@@ -124,6 +125,7 @@ class TarprocCommand(click.Command):
             say(f"{prog}: error: internal error: {type(e).__name__}: {detail} (run with --traceback for details)")
             status = 1
         finally:
+            _PROG.clear()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         sys.exit(status)
@@ -153,9 +155,12 @@ def _silence_stdout() -> None:
         pass
 
 
+_PROG: list[str] = []  # the running command's name
+
+
 def warn(message: str) -> None:
-    """A warning on stderr (see ``say``)."""
-    say(f"warning: {message}")
+    """A warning on stderr (see ``say``), named like errors: ``tarcat: warning: ...``."""
+    say(f"{_PROG[0]}: warning: {message}" if _PROG else f"warning: {message}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,7 +526,16 @@ def inputs_or_stdin(inputs: tuple[str, ...], list_files: tuple[str, ...]) -> lis
         raise OptionError("no inputs (the lists given are empty)")
     if urls.count("-") > 1:
         raise OptionError("stdin ('-') can be read only once")
+    if "-" in urls and _stdin_is_terminal():
+        raise OptionError("refusing to read a tar archive from a terminal: give an input, or pipe one in")
     return urls
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 # ---------------------------------------------------------------------------------------------

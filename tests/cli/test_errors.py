@@ -188,7 +188,7 @@ def test_dup_warn(cli, unsorted, dupfield):
     r = cli.run(cli.tarcat, ["--dup", "warn", unsorted, dupfield])
     assert r.exit_code == 0, r.stderr
     warnings = r.stderr.strip().splitlines()
-    assert len(warnings) == 2 and all(w.startswith("warning: ") for w in warnings)
+    assert len(warnings) == 2 and all(w.startswith("tarcat: warning: ") for w in warnings)
     assert "reappears" in warnings[0] and "duplicate field" in warnings[1]
     assert cli.members(r.stdout_bytes) == [("a.txt", b"first"), ("b.txt", b"bee"), ("a.txt", b"one"), ("c.txt", b"c")]
 
@@ -409,3 +409,24 @@ def test_diagnostics_escape_terminal_control_characters(capsys):
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\x07" not in err and "\x9b" not in err
     assert err == "warning: shard.tar: k\\x1b]0;PWNED\\x07\\x1b[31m.jpg: cannot decode\ntwo\nlines\\x9b\n"
+
+
+def test_no_tar_is_read_from_a_terminal(tmp_path):
+    """With no input and a terminal on stdin, the commands that read a tar refuse at once (exit 2)
+    instead of waiting silently, as GNU tar does."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    try:
+        for command in (["tarcat", "-o", str(tmp_path / "x.tar")], ["tarshow"], ["tarsplit", "-o", str(tmp_path / "s-%d.tar")]):
+            r = subprocess.run([sys.executable, "-m", "tarproc.cli.run", *command], stdin=follower, capture_output=True,
+                               text=True, timeout=60)
+            assert r.returncode == 2, (command, r.stderr)
+            assert f"{command[0]}: error: refusing to read a tar archive from a terminal" in r.stderr
+        assert not (tmp_path / "x.tar").exists()
+    finally:
+        os.close(leader)
+        os.close(follower)

@@ -215,3 +215,26 @@ def test_xz_stream_padding_is_allowed(tmp_path, plain_tar):
     path.write_bytes(_compress("xz", raw) + bytes(8))
     subprocess.run(["xz", "-t", str(path)], check=True)
     assert _read(str(path)) == ("xz", members)
+
+
+def test_zstd_stream_that_starts_with_a_skippable_frame(tmp_path, plain_tar):
+    import struct
+
+    import pyzstd
+
+    raw, members = plain_tar
+    skippable = struct.pack("<II", 0x184D2A5E, 6) + b"meta!!"
+    path = tmp_path / "skip.tar.zst"
+    path.write_bytes(skippable + pyzstd.compress(raw[: len(raw) // 2]) + skippable + pyzstd.compress(raw[len(raw) // 2:]))
+    assert detect(path.read_bytes()[:8]) == "zstd"
+    assert _read(str(path)) == ("zstd", members)
+
+
+@pytest.mark.parametrize("magic,name,command", [(b"\x1f\x9d\x90", "compress(1) .Z", "gzip -dc"),
+                                                (b"\x04\x22\x4d\x18", "lz4", "lz4 -dc"), (b"LZIP\x01", "lzip", "lzip -dc")])
+def test_other_compressed_formats_are_named(tmp_path, magic, name, command):
+    path = tmp_path / "x.tar.z"
+    path.write_bytes(magic + bytes(600))
+    with pytest.raises(CompressionError) as e:
+        open_source(str(path))
+    assert str(e.value) == f"{path}: {name} compressed data, not read here: decompress it first, e.g. 'pipe:{command} FILE'"
