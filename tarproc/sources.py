@@ -13,17 +13,19 @@ its whole output is an error.
 from __future__ import annotations
 
 import io
+import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
-from braceexpand import braceexpand
+from braceexpand import UnbalancedBracesError, braceexpand
 
 from .compression import DecompressingReader, detect, unsupported
-from .errors import CompressionError, SourceError, TarprocError
+from .errors import CompressionError, OptionError, SourceError, TarprocError
 
 
 def expand_urls(args: Iterable[str], list_files: Iterable[str] = ()) -> list[str]:
@@ -39,10 +41,31 @@ def expand_urls(args: Iterable[str], list_files: Iterable[str] = ()) -> list[str
     for arg in args:
         for part in arg.split("::"):
             if part:
-                urls.extend(braceexpand(part))
+                urls.extend(_braces(part))
     for list_file in list_files:
         for line in read_list_file(list_file):
             urls.extend(expand_urls([line]))
+    return urls
+
+
+MAX_BRACE_URLS = 1_000_000  # URLs one argument may expand to
+_RANGE = re.compile(r"\{(-?\d{1,30})\.\.(-?\d{1,30})(?:\.\.(-?\d{1,30}))?\}")
+
+
+def _braces(text: str) -> list[str]:
+    """``text``'s brace expansion: at most MAX_BRACE_URLS URLs, and balanced braces (OptionError)."""
+    # braceexpand builds a range whole: count the ranges' sizes first
+    count = 1
+    for lo, hi, step in _RANGE.findall(text):
+        count *= abs(int(hi) - int(lo)) // max(1, abs(int(step or 1))) + 1
+    if count > MAX_BRACE_URLS:
+        raise OptionError(f"{text!r} expands to more than {MAX_BRACE_URLS:,} URLs; list them in a file (-T FILE)")
+    try:
+        urls = list(itertools.islice(braceexpand(text), MAX_BRACE_URLS + 1))
+    except UnbalancedBracesError:
+        raise OptionError(f"unbalanced braces in {text!r}") from None
+    if len(urls) > MAX_BRACE_URLS:
+        raise OptionError(f"{text!r} expands to more than {MAX_BRACE_URLS:,} URLs; list them in a file (-T FILE)")
     return urls
 
 

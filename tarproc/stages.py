@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
+import sys
 from collections.abc import Callable, Iterable, Iterator
 
 from .errors import OptionError, SampleError
@@ -44,6 +46,8 @@ def parse_slice(text: str) -> tuple[int, int | None, int]:
         raise OptionError(f"bad slice {text!r}; expected integers like 100:200:2") from None
     if lo < 0 or (hi is not None and hi < 0) or step < 1:
         raise OptionError(f"bad slice {text!r}; bounds must be >= 0 and the step >= 1")
+    if max(lo, hi or 0, step) > sys.maxsize:
+        raise OptionError(f"bad slice {text!r}; numbers must be at most {sys.maxsize}")
     if hi is not None and hi <= lo:
         raise OptionError(f"slice {text!r} selects nothing (HI must be greater than LO)")
     return lo, hi, step
@@ -152,12 +156,19 @@ def shuffle(samples: Iterable[Sample], bufsize: int, seed: int | None = None) ->
     yield from buf
 
 
+_MAX_KEY_WIDTH = 255  # widths and precisions in --key formats (a key is a file name)
+
+
 def check_key_format(fmt: str) -> None:
     """Raise OptionError unless ``fmt % i`` gives distinct, writable keys."""
+    # the numbers inside conversion specifications ("%-08.3d"), not digits of the literal text
+    widths = [int(n) for spec in re.findall(r"%[^a-zA-Z%]*", fmt.replace("%%", "")) for n in re.findall(r"\d+", spec)]
+    if any(n > _MAX_KEY_WIDTH for n in widths):
+        raise OptionError(f"bad key format {fmt!r}: a width or precision over {_MAX_KEY_WIDTH}")
     try:
         first, second = fmt % 0, fmt % 1
         check_key(first)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise OptionError(f"bad key format {fmt!r}; expected a printf pattern like %09d") from None
     except SampleError as e:
         raise OptionError(f"bad key format {fmt!r}: {e.message}") from None

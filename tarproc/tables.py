@@ -644,7 +644,14 @@ def plan_samples(
             value = cells[column]
             if value is None or value == "":
                 continue
-            sample[field] = _read_file(value, base_dir, absolute_names, url, number, field) if is_file else value.encode()
+            if is_file:
+                sample[field] = _read_file(value, base_dir, absolute_names, url, number, field)
+            else:
+                try:
+                    sample[field] = value.encode()
+                except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" in JSON)
+                    raise PlanError(f"text that is not valid Unicode ({value[e.start]!r} at character {e.start})",
+                                    url, number, field) from None
         if len(sample) == 1:
             raise PlanError(f"sample {key!r} has no fields (every cell is empty)", url, number)
         index += 1
@@ -670,6 +677,8 @@ def _layout(names: tuple[str, ...], url: str | None, row: int, key_column: str) 
 
 
 def _read_file(path: str, base_dir: str, absolute_names: bool, url: str | None, row: int, field: str) -> bytes:
+    if "\x00" in path:
+        raise PlanError(f"path {path!r} contains a NUL byte", url, row, field)
     if not absolute_names and not safe_relative(path):
         raise PlanError(f"path {path!r} is absolute or leaves -C DIR; use --absolute-names to allow it", url, row, field)
     try:

@@ -888,6 +888,8 @@ class TarWriter:
         raw = name.encode("utf-8", "surrogateescape")
         if not raw:
             raise ValueError("empty member name")
+        if 0 in raw:
+            raise SampleError(f"member name {name!r} cannot be written: tar names end at a NUL byte")
         if type(data) is not bytes:
             data = _as_bytes_like(data)
         size = len(data)
@@ -974,6 +976,8 @@ def check_key(key: Any) -> None:
     """
     if not isinstance(key, str) or not key:
         raise SampleError(f"sample key {key!r} is not a non-empty string", key=str(key))
+    if "\x00" in key:
+        raise SampleError(f"sample key {key!r} cannot be written: tar names end at a NUL byte", key=key)
     base = key[key.rfind("/") + 1 :]
     first = key.split("/", 1)[0]
     if not base or "." in base:
@@ -999,11 +1003,15 @@ def sample_members(sample: dict[str, Any]) -> tuple[str, list[tuple[str, bytes |
     key = sample["__key__"]
     check_key(key)
     members = []
+    seen: dict[str, str] = {}  # lower-case field -> field: readers compare fields without case
     for field in sorted(sample):
         if field.startswith("__"):
             continue
-        if "/" in field:
-            raise SampleError(f"sample {key!r}: field {field!r} cannot contain '/'", key=key)
+        if "/" in field or "\x00" in field:
+            raise SampleError(f"sample {key!r}: field {field!r} cannot contain '/' or a NUL byte", key=key)
+        if (other := seen.setdefault(field.lower(), field)) != field:
+            raise SampleError(f"sample {key!r}: fields {other!r} and {field!r} differ only in case, and readers "
+                              "take them as one (a duplicate field)", key=key)
         value = sample[field]
         members.append((f"{key}.{field}", value if type(value) is bytes else encode_value(value, key, field)))
     if not members:

@@ -430,3 +430,36 @@ def test_no_tar_is_read_from_a_terminal(tmp_path):
     finally:
         os.close(leader)
         os.close(follower)
+
+
+@pytest.mark.parametrize("command,args,status,message", [
+    ("tarcat", ["--slice", "0:99999999999999999999", "IN"], 2, "bad slice '0:99999999999999999999'; numbers must be at most"),
+    ("tarcat", ["x{a,b.tar"], 2, "unbalanced braces in 'x{a,b.tar'"),
+    ("tarcat", ["x{1..99999999}.tar"], 2, "'x{1..99999999}.tar' expands to more than 1,000,000 URLs"),
+    ("tarcat", ["x{1..2000}{1..2000}.tar"], 2, "expands to more than 1,000,000 URLs"),
+    ("tarcreate", ["--key", "%.2147483647d", "PLAN"], 2, "bad key format '%.2147483647d': a width or precision over 255"),
+    ("tarcreate", ["--key", "%.300d", "PLAN"], 2, "bad key format '%.300d'"),
+    ("tarcreate", ["PLAN-NUL"], 1, "row 1, column txt: path 'x\\x00y' contains a NUL byte"),
+    ("tarcreate", ["PLAN-SURROGATE"], 1, "row 1, column txt: text that is not valid Unicode ('\\ud800' at character 0)"),
+], ids=["slice", "braces", "brace-range", "brace-product", "key-precision", "key-width", "nul-path", "surrogate"])
+def test_bad_arguments_and_plans_are_one_line_errors(cli, tmp_path, command, args, status, message):
+    from tarproc.cli.tarcreate import main as tarcreate
+
+    (tmp_path / "in.tar").write_bytes(cli.tar_bytes([{"__key__": "a", "txt": b"x"}]))
+    (tmp_path / "plan.jsonl").write_text('{"__key__": "a", "txt": "ok"}\n')
+    (tmp_path / "nul.jsonl").write_text('{"__key__": "a", "@txt": "x\\u0000y"}\n')
+    (tmp_path / "surrogate.jsonl").write_text('{"__key__": "a", "txt": "\\ud800"}\n')
+    names = {"IN": "in.tar", "PLAN": "plan.jsonl", "PLAN-NUL": "nul.jsonl", "PLAN-SURROGATE": "surrogate.jsonl"}
+    args = [str(tmp_path / names[a]) if a in names else a for a in args]
+    r = cli.run(tarcreate if command == "tarcreate" else cli.tarcat, [*args, "-o", str(tmp_path / "out.tar")])
+    assert r.exit_code == status, r.stderr
+    assert message in r.stderr.splitlines()[0] and "internal error" not in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out.tar").exists()
+
+
+def test_bad_braces_are_a_named_error_from_the_python_api():
+    import tarproc
+    from tarproc.errors import OptionError
+
+    with pytest.raises(OptionError, match="unbalanced braces in 'x{a,b.tar'"):
+        list(tarproc.read_samples("x{a,b.tar"))

@@ -8,6 +8,7 @@ import tarfile
 
 import pytest
 
+from tarproc.errors import SampleError
 from tarproc.tario import TarWriter, encode_value, iter_members, tar_end_size
 
 NAME_100 = "n" * 96 + ".txt"
@@ -212,3 +213,20 @@ def test_multibyte_memoryview_values_are_written_by_bytes(reader):
     raw = buf.getvalue()
     assert len(raw) % 10240 == 0
     assert [(n, d) for n, d, _ in iter_members(io.BytesIO(raw))] == [("k.npy", values.tobytes()), ("k.txt", b"after")]
+
+
+def test_names_that_would_not_read_back_are_refused_at_write_time(reader):
+    """A NUL ends a tar name (readers would cut the name there: samples vanish or merge), and
+    fields that differ only in case are one field to readers (a duplicate): refused, named."""
+    buf = io.BytesIO()
+    with TarWriter(buf) as w:
+        with pytest.raises(SampleError, match="tar names end at a NUL byte"):
+            w.write_sample({"__key__": "a\x00b", "txt": b"x"})
+        with pytest.raises(SampleError, match=r"field 'j\\x00pg' cannot contain '/' or a NUL byte"):
+            w.write_sample({"__key__": "a", "j\x00pg": b"x"})
+        with pytest.raises(SampleError, match="fields 'TXT' and 'txt' differ only in case"):
+            w.write_sample({"__key__": "a", "txt": b"x", "TXT": b"y"})
+        with pytest.raises(SampleError, match="member name 'x\\\\x00.txt' cannot be written"):
+            w.add("x\x00.txt", b"x")
+        w.write_sample({"__key__": "ok", "txt": b"fine"})
+    assert [(n, d) for n, d, _ in iter_members(io.BytesIO(buf.getvalue()))] == [("ok.txt", b"fine")]
