@@ -21,6 +21,7 @@ temporary directory is removed.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import importlib
 import importlib.util
@@ -342,7 +343,10 @@ class _ShellPool(_Pool):
                     return _Outcome(index, error=f"has a field name that can't be a file name: {name!r}")
                 try:
                     _write_file(os.path.join(d, FILE_PREFIX + name), value)
-                except OSError as e:  # this sample's problem (a name too long, say), not the run's
+                except OSError as e:
+                    if e.errno in _FULL_ERRNOS:  # the run's problem: every sample would fail the same way
+                        raise TarprocError(f"cannot run jobs in {os.path.dirname(d)}: {e.strerror}") from None
+                    # this sample's problem (a name too long, say)
                     return _Outcome(index, error=f"cannot write field {name!r} as a file: {e.strerror}")
             log.seek(0)
             log.truncate()
@@ -352,6 +356,18 @@ class _ShellPool(_Pool):
             env["INDEX"] = str(index)
             status, timed_out = self._spawn_and_wait(d, env, log)
             output = _read_output(log, job.max_file_size if job.log_field is not None else None)
+            if status and not timed_out:
+                # on a full file system the command's own 'No space left on device' went into the
+                # log, in that same directory, and was lost: say it, and stop, as every job would fail
+                free = _space_left(os.path.dirname(d))
+                if free is not None and free < _NEARLY_FULL:
+                    failed = f"exited with status {status}" if status > 0 else f"was killed by signal {-status}"
+                    tail = _tail(output or b"")
+                    return _Outcome(index, fatal=TarprocError(
+                        f"cannot run jobs in {os.path.dirname(d)}: {os.strerror(errno.ENOSPC)} ({free} bytes "
+                        f"free): the command of sample {key!r} (input #{index}) {failed}, and its output, "
+                        f"logged there, may be cut short" + (f"; it ends: {tail}" if tail else "")
+                    ))
             if output is None:
                 return _Outcome(index, error=f"wrote more than {job.max_file_size} bytes of output for --log")
             try:
@@ -436,6 +452,19 @@ class _ShellPool(_Pool):
         if len(out) == 2:  # no fields left
             return _Outcome(index, None, log=output, warnings=warnings)
         return _Outcome(index, out, log=output, warnings=warnings)
+
+
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NEARLY_FULL = 64 << 10  # bytes free under which a file system counts as full (a log write would fail)
+
+
+def _space_left(directory: str) -> int | None:
+    """Bytes an unprivileged process may still write on the file system of ``directory`` (None: unknown)."""
+    try:
+        st = os.statvfs(directory)
+    except (OSError, AttributeError):  # no statvfs here
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 _SHOWN_OUTPUT = 256 << 10  # of a longer output, this much of its start and of its end reach stderr
@@ -554,7 +583,10 @@ def shell_samples(
     into field ``log_field``). A non-zero exit or ``timeout`` (seconds; the whole process group is
     killed) follows ``on_error``: ``fail`` raises ``JobError``, ``skip`` drops the sample, ``keep``
     passes it through unchanged. Order is kept unless ``ordered=False``; at most ``window``
-    (default 4 x workers) samples are in flight or waiting.
+    (default 4 x workers) samples are in flight or waiting. A full file system under ``tmpdir``
+    (no space to write a sample's fields, or a command failing with under 64 KiB left there, where
+    its own output is logged too) stops the run with a ``TarprocError`` naming the directory and
+    the cause, whatever ``on_error``.
     """
     if (command is None) == (script is None):
         raise OptionError("give either a command or a script")

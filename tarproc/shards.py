@@ -9,6 +9,7 @@ is never split across shards and no shard is ever empty. Every shard is written 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -19,6 +20,7 @@ from typing import Any
 from .errors import OptionError, SinkError, TarprocError
 from .samples import Sample
 from .sinks import Sink, open_sink
+from .sources import local_path
 from .tario import TarWriter, sample_members, tar_end_size
 
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
@@ -43,18 +45,67 @@ def parse_size(text: str | int | float) -> int:
     return int(number)
 
 
+DIRECTORY_SHARD_NAME = "shard-%06d.tar"  # the shards' names inside a directory given as the output
+# the suffixes of a tar name, longest first (the sink compresses by the same suffix)
+_TAR_SUFFIXES = (".tar.zstd", ".tar.bz2", ".tar.zst", ".tar.gz", ".tar.xz", ".tbz2", ".tzst", ".tar", ".tgz",
+                 ".txz", ".tbz")
+_COMPRESSION_SUFFIXES = (".zstd", ".bz2", ".zst", ".gz", ".xz")
+
+
 def shard_pattern(output: str) -> str:
-    """A printf pattern for shard names: ``output`` itself if it has a ``%``, else ``OUTPUT-%06d.tar``."""
+    """A printf pattern for shard names, from an output name (tarsplit's ``-o``):
+
+    - a name with a ``%`` field is a pattern, used as is: ``train-%06d.tar.gz``;
+    - an existing local directory, or any name ending in ``/``, gets ``DIRECTORY_SHARD_NAME`` inside it;
+    - a name ending in a tar suffix (``.tar``, ``.tar.gz``, ``.tgz``, ``.tar.zst``, ``.tar.xz``,
+      ``.tar.bz2``...) gets the shard number before that suffix, which also chooses the compression;
+    - any other name is a prefix: ``-%06d.tar`` is added.
+
+    A name that would give shard files starting with ``-`` (``-o .tar``, ``-o out/-%d.tar``) is an
+    ``OptionError``, and so is a compression suffix without ``.tar`` (``val.gz``).
+
+    >>> shard_pattern("out/train"), shard_pattern("val.tar.gz"), shard_pattern("y.tgz")
+    ('out/train-%06d.tar', 'val-%06d.tar.gz', 'y-%06d.tgz')
+    >>> shard_pattern("s3://bucket/val/"), shard_pattern("x-%03d.tar.zst")
+    ('s3://bucket/val/shard-%06d.tar', 'x-%03d.tar.zst')
+    """
     if output == "-":
         raise OptionError("shards are files: -o needs a name pattern or prefix, not '-'")
-    pattern = output if "%" in output else output + "-%06d.tar"
+    lower = output.lower()
+    suffix = next((s for s in _TAR_SUFFIXES if lower.endswith(s)), None)
+    if "%" in output:
+        pattern = output
+    elif output.endswith("/") or _is_local_directory(output):
+        pattern = output.rstrip("/") + "/" + DIRECTORY_SHARD_NAME
+    elif suffix is not None:
+        stem, tail = output[: -len(suffix)], output[-len(suffix):]
+        pattern = stem + "-%06d" + tail
+    elif lower.endswith(_COMPRESSION_SUFFIXES):
+        kind = output.rsplit(".", 1)[1]
+        raise OptionError(
+            f"bad shard name {output!r}: shards are tar files; write {output[: -len(kind) - 1]}.tar.{kind} "
+            f"for compressed shards, or give a pattern such as train-%06d.tar.{kind}"
+        )
+    else:
+        pattern = output + "-%06d.tar"
     try:
         first, second = pattern % 0, pattern % 1
     except (TypeError, ValueError):
         raise OptionError(f"bad shard name pattern {output!r}; expected one %d-style field, e.g. train-%06d.tar") from None
     if first == second or "\x00" in first:
         raise OptionError(f"bad shard name pattern {output!r}: it must give each shard its own name, e.g. train-%06d.tar")
+    name = first.rsplit("/", 1)[-1]
+    if not output.startswith("pipe:") and (not name or name.startswith("-")):
+        raise OptionError(
+            f"bad shard name {output!r}: the shards would be named like {name!r}; give a name before the "
+            f"number (train-%06d.tar, train.tar.gz) or a directory (out/)"
+        )
     return pattern
+
+
+def _is_local_directory(output: str) -> bool:
+    path = local_path(output)
+    return path is not None and path != "" and os.path.isdir(path)
 
 
 @dataclass
@@ -76,6 +127,9 @@ class ShardInfo:
 
 class ShardWriter:
     """Write samples into numbered shards, closing each at ``maxsize`` bytes or ``maxcount`` samples.
+
+    ``pattern`` names the shards as ``shard_pattern`` reads it (a ``%d`` pattern, a tar name, a
+    directory or a prefix).
 
     ``on_shard`` is called with each finished shard's ``ShardInfo``; ``post`` is a shell command run
     on each finished shard (``{}`` is replaced by its quoted URL, else the URL is appended), and a

@@ -46,6 +46,32 @@ _JSON_PARSE_LIMIT = 1 << 16  # bigger JSON is previewed as text rather than pars
 TEXT_TYPES = ("text", "json", "empty")
 IMAGE_TYPES = ("jpeg", "png", "gif", "bmp", "tiff", "webp", "jpeg2000", "avif", "heic", "heif")
 ELLIPSIS = "…"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class LintError(TarprocError):
+    """The summary found problems (``tarshow --summary --strict``); ``problems`` names each kind."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(f"the summary found problems: {'; '.join(problems)}")
+
+
+def json_text(doc: Any) -> str:
+    """``doc`` as JSON text that is always valid UTF-8, whatever the names in it.
+
+    Names are read as UTF-8 with Python's ``surrogateescape``: a byte that is not UTF-8 (a koi8-r
+    or cp866 name) becomes the lone surrogate U+DC80..U+DCFF, which no UTF-8 encoder may write.
+    Those (and any other lone surrogate) are written as JSON escapes, ``\\udcNN`` for byte 0xNN;
+    everything else is written as itself. It is reversible: in Python,
+    ``json.loads(line)[...].encode("utf-8", "surrogateescape")`` gives back the original bytes.
+
+    >>> json_text({"name": "caf\\xe9 \\udce9"})
+    '{"name": "café \\\\udce9"}'
+    """
+    # surrogates can only be inside JSON strings, where \uXXXX means the same code point
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(doc, ensure_ascii=False))
+
 
 # ---------------------------------------------------------------------------------------------
 # previews
@@ -492,7 +518,7 @@ class Summary:
     def as_dict(self) -> dict[str, Any]:
         """The summary as one JSON-ready document."""
         st = self.stats
-        return {
+        doc: dict[str, Any] = {
             "shards": st.shards,
             "shards_failed": st.shards_failed,
             "samples": self.samples,
@@ -529,6 +555,12 @@ class Summary:
             "errors": list(self.errors),
             "stopped_early": self.stopped_early,
         }
+        doc["problems"] = _problems(doc)
+        return doc
+
+    def problems(self) -> list[str]:
+        """One line per kind of problem the report lists (empty when it says "no problems found")."""
+        return self.as_dict()["problems"]
 
     def format_text(self) -> str:
         """A readable report."""
@@ -610,6 +642,33 @@ class Summary:
         if not problems:
             lines.append("no problems found")
         return "\n".join(lines)
+
+
+def _problems(d: dict[str, Any]) -> list[str]:
+    """The kinds of problem a summary document lists, one line each with its count (``--strict``)."""
+
+    def some(items: dict[str, int]) -> str:
+        shown = [f"{name}: {n}" for name, n in list(items.items())[:EXAMPLES]]
+        more = len(items) - len(shown)
+        return ", ".join(shown) + (f" and {more} more" if more else "")
+
+    out = []
+    if d["missing"]:
+        out.append(f"samples missing a field most samples have ({some({k: m['count'] for k, m in d['missing'].items()})})")
+    if d["rare_fields"]:
+        out.append(f"fields in under 10% of samples ({some(d['rare_fields'])})")
+    if d["non_adjacent_keys"]["count"]:
+        out.append(f"keys that reappear after other keys: {d['non_adjacent_keys']['count']}")
+    if d["duplicate_fields"]["count"]:
+        out.append(f"fields twice in one sample: {d['duplicate_fields']['count']}")
+    if d["names_without_key"]["count"]:
+        out.append(f"names without a key: {d['names_without_key']['count']}")
+    surprising = sum(s["count"] for s in d["surprising_names"])
+    if surprising:
+        out.append(f"dotted names that split surprisingly: {surprising}")
+    if d["errors"]:
+        out.append(f"damaged or unreadable shards: {len(d['errors'])}")
+    return out
 
 
 def summarize(

@@ -75,7 +75,8 @@ def _names(values: tuple[str, ...]) -> list[str]:
 @click.option("--log", "log_field", metavar="FIELD",
               help="Put the command's stdout and stderr into FIELD of the output sample, not on stderr.")
 @click.option("--tmpdir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
-              help="Where the sample directories are made  [default: $TMPDIR or /tmp].")
+              help="Where the sample directories (and the commands' output) go; a full one stops the run, "
+                   "naming it  [default: $TMPDIR or /tmp].")
 @writer_options
 @common_options
 def main(

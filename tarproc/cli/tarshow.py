@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -28,14 +27,17 @@ from ..imaging import (
 from ..samples import Sample
 from ..show import (
     DEFAULT_WIDTH,
+    LintError,
     Summary,
     format_record,
     image_fields,
+    json_text,
     label_of,
     sample_record,
     summarize,
 )
 from ..sinks import open_sink
+from ..sniff import escape_text
 from ..stages import parse_fields, slice_samples
 from ..tario import ReadStats
 from .common import ReadOptions, TarprocCommand, common_options, input_options, progress, say, warn
@@ -46,6 +48,7 @@ Examples:
   tarcat 'train-{0000..0147}.tar' --shuffle 1000 | tarshow -c 5 -f 'jpg cls' -w 100
   tarshow train-0000.tar --json | jq -r 'select(.fields.cls.preview == "3") | .__key__'
   tarshow 'train-{0000..0147}.tar' --summary          # counts, sizes, and what looks wrong
+  tarshow 'train-{0000..0147}.tar' --summary --strict -q > lint.txt   # CI: exit 1 on problems
   tarshow train-0000.tar --grid sheet.png -c 36       # contact sheet: 36 captioned thumbnails
   tarshow train-0000.tar --view -c 10 -d 1            # images in the terminal, one a second
 
@@ -53,6 +56,11 @@ Examples:
 Binary fields show as [TYPE], the type sniffed from their first bytes (jpeg, png, npy, ...).
 --json writes one object per sample: {"__key__", "__url__", "fields": {NAME: {"size", "type",
 "preview", "truncated"}}}; "preview" (escaped, cut to --width) only for text and JSON fields.
+JSON output is UTF-8 even for names that are not (koi8-r, cp866...): a byte 0xNN that is not
+UTF-8 is written as the escape \\udcNN (Python's surrogateescape, so reversible: in Python,
+json.loads(line)[...].encode("utf-8", "surrogateescape") gives the original bytes back).
+--summary --strict exits with status 1 when the report lists problems (--json: its "problems"),
+naming them on stderr.
 --view picks kitty, iTerm2 or sixel graphics from $TERM, $TERM_PROGRAM and $KITTY_WINDOW_ID, and
 colour half blocks elsewhere; --view-protocol overrides it.
 """
@@ -68,9 +76,10 @@ colour half blocks elsewhere; --view-protocol overrides it.
                    "--view the image fields.")
 @click.option("-w", "--width", type=click.IntRange(min=0), default=DEFAULT_WIDTH, show_default=True,
               help="Cut previews to this many characters (0: no limit).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per sample (with --summary: one document).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per sample (with --summary: one document); UTF-8, see below.")
 @click.option("--summary", is_flag=True,
               help="Report on the whole stream instead: fields, sizes, and problems (a lint).")
+@click.option("--strict", is_flag=True, help="--summary: exit with status 1 if it finds problems, naming them.")
 @click.option("--grid", metavar="PATH",
               help="Write a contact sheet of images (format by suffix: .png, .jpg, .webp...; '-' = PNG to stdout).")
 @click.option("--columns", type=click.IntRange(min=1), default=None, help="--grid: columns [default: a square].")
@@ -92,6 +101,7 @@ def main(
     width: int,
     as_json: bool,
     summary: bool,
+    strict: bool,
     grid: str | None,
     columns: int | None,
     thumb: int,
@@ -114,12 +124,14 @@ def main(
         raise OptionError("--view-protocol has no effect without --view")
     if (columns is not None or thumb != 160) and grid is None:
         raise OptionError("--columns and --thumb have no effect without --grid")
+    if strict and not summary:
+        raise OptionError("--strict works with --summary only")
     spec = parse_fields(fields) if fields is not None else None
 
     if summary:
         if spec is not None or skip:
             raise OptionError("--summary reads every field of every sample: -f and --skip have no effect")
-        _summary(reading, quiet, count, as_json)
+        _summary(reading, quiet, count, as_json, strict)
         return
 
     stats = ReadStats()
@@ -148,7 +160,7 @@ def _previews(samples: Iterator[Sample], spec: Any, width: int, as_json: bool, d
             time.sleep(delay)
         record = sample_record(sample, spec, width)
         if as_json:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            _write_json(out, record)
         else:
             out.write(("\n" if i else "") + format_record(record) + "\n")
     out.flush()
@@ -205,7 +217,8 @@ def _grid(
             warn(f"{_where(sample, names[0])}: {e}; skipped")
             continue
         label = label_of(sample)
-        items.append((img, [str(sample["__key__"])] + ([label] if label else [])))
+        # the key comes from the data: no control character reaches the picture as is
+        items.append((img, [escape_text(str(sample["__key__"]))] + ([label] if label else [])))
         if len(items) >= count:
             break
     if not items:
@@ -220,13 +233,24 @@ def _grid(
         say(f"tarshow: wrote {path}: {len(items)} images from {seen} samples{extra}")
 
 
-def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool) -> None:
+def _write_json(out: Any, doc: Any) -> None:
+    """One line of JSON, as UTF-8 bytes whatever the locale's encoding (see ``json_text``)."""
+    line = (json_text(doc) + "\n").encode("utf-8")
+    buffer = getattr(out, "buffer", None)
+    if buffer is None:
+        out.write(line.decode("utf-8"))
+    else:
+        out.flush()
+        buffer.write(line)
+
+
+def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool, strict: bool) -> None:
     acc = Summary()
 
     def report() -> None:
         out = sys.stdout
         if as_json:
-            out.write(json.dumps(acc.as_dict(), ensure_ascii=False) + "\n")
+            _write_json(out, acc.as_dict())
         else:
             out.write(acc.format_text() + "\n")
         out.flush()
@@ -243,6 +267,10 @@ def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool
         report()  # what was read up to the damage; the error itself goes to stderr (exit 1)
         raise
     report()
+    if strict:
+        problems = acc.problems()
+        if problems:
+            raise LintError(problems)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,7 +6,7 @@ import contextlib
 
 import click
 
-from ..shards import ShardInfo, ShardWriter
+from ..shards import ShardInfo, ShardWriter, shard_pattern
 from ..sinks import open_sink
 from ..tario import ReadStats
 from .common import (
@@ -31,6 +31,15 @@ Examples:
   tarcat big.tar | tarsplit -n 10000 -o s3://bucket/train --manifest train.jsonl
   tarsplit -s 500MB -o out/val-%04d.tar.zst --post 'gsutil cp {} gs://bucket/val/' val.tar
 
+\b
+Shard names (-o):
+  train-%06d.tar     a printf pattern, used as is
+  out/val.tar.gz     out/val-000000.tar.gz ...: the number goes before a tar suffix
+                     (.tar, .tar.gz, .tgz, .tar.zst, .tar.xz, .tar.bz2), which sets the compression
+  out/ or out        out/shard-000000.tar ...: inside a directory (ending in /, or existing)
+  train              train-000000.tar ...: any other name is a prefix
+A name that would make shard files start with '-' is an error.
+
 Without -s or -n, shards are limited to 1e9 bytes. With both, a shard closes at whichever comes
 first, and -v says which one closed each shard.
 """
@@ -39,8 +48,9 @@ first, and -v says which one closed each shard.
 @click.command("tarsplit", cls=TarprocCommand, epilog=EPILOG)
 @input_options
 @click.option("-o", "--output", required=True, metavar="PATTERN",
-              help="Shard names: a printf pattern (train-%06d.tar) or a prefix (train -> train-%06d.tar); "
-                   "any path or URL; compressed by suffix (.tar.gz, .tar.zst, .tar.xz, .tar.bz2).")
+              help="Shard names: a printf pattern (train-%06d.tar), a tar name (val.tar.gz -> val-000000.tar.gz), "
+                   "a directory (out/ -> out/shard-000000.tar) or a prefix (train -> train-000000.tar); "
+                   "any path or URL; compressed by suffix (.tar.gz, .tgz, .tar.zst, .tar.xz, .tar.bz2).")
 @click.option("-s", "--maxsize", type=SIZE, default=None,
               help="Close a shard before it would pass SIZE bytes of tar (headers and padding counted): "
                    "1e9, 1G, 500MB, 64MiB.")
@@ -74,6 +84,7 @@ def main(
     Reads INPUTS (default stdin) like tarcat. Each shard is written under a temporary name and
     renamed (or uploaded) only when complete.
     """
+    pattern = shard_pattern(output)  # a bad name is a usage error before anything is read
     if maxsize is None and maxcount is None:
         maxsize = DEFAULT_MAXSIZE
     stats = ReadStats()
@@ -95,7 +106,7 @@ def main(
             stack.enter_context(manifest_sink)
         stack.enter_context(contextlib.closing(source))
         with ShardWriter(
-            output,
+            pattern,
             maxsize=maxsize,
             maxcount=maxcount,
             start=start,

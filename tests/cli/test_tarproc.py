@@ -236,3 +236,19 @@ def test_signal_kills_commands_and_removes_directories(data, tmp_path, sig, stat
     while live_processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert live_processes_with(marker) == []
+
+
+def test_full_tmpdir_is_a_one_line_error_naming_it_and_the_cause(cli, data, tmp_path, jobs_tmp, monkeypatch):
+    import types
+
+    path, _ = data
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: types.SimpleNamespace(f_bavail=0, f_frsize=4096)
+                        if str(p).startswith(str(jobs_tmp)) else real(p))
+    out = tmp_path / "out.tar"
+    r = run(cli, ["-q", "-p", "2", "-c", "exit 1", "-e", "skip", "--tmpdir", jobs_tmp, path, "-o", out])
+    assert r.exit_code == 1
+    line = cli.one_line_error(r, "tarproc")
+    assert f"cannot run jobs in {jobs_tmp}: No space left on device" in line
+    assert "exited with status 1" in line
+    assert not out.exists() and os.listdir(jobs_tmp) == []

@@ -298,3 +298,120 @@ def test_names_from_the_data_are_escaped_in_warnings(cli, tmp_path):
     r = cli.run(tarshow, [path, "--grid", tmp_path / "g.png"])
     assert "cannot decode" in r.stderr
     assert "\x1b" not in r.stderr and "\x07" not in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 14: --strict, and names that are not UTF-8
+
+
+def test_strict_summary_exits_1_naming_the_problems(cli, tmp_path):
+    members = [("a.jpg", b"1"), ("a.cls", b"1"), ("b.cls", b"2"), ("a.txt", b"x"), ("c.cls", b"3"),
+               ("c.cls", b"4"), ("NOTES", b"n"), ("Track 2.0.mp3", b"ID3")]
+    path = tmp_path / "lint.tar"
+    with open(path, "wb") as f, TarWriter(f) as w:
+        for name, data in members:
+            w.add(name, data)
+    r = cli.run(tarshow, [path, "--summary"])
+    assert r.exit_code == 0 and "names without a key" in r.stdout  # without --strict: a report only
+    r = cli.run(tarshow, [path, "--summary", "--strict"])
+    assert r.exit_code == 1
+    assert "names without a key" in r.stdout and "no problems found" not in r.stdout  # the report is still written
+    line = cli.one_line_error(r, "tarshow")
+    for said in ("keys that reappear after other keys: 1", "fields twice in one sample: 1",
+                 "names without a key: 1", "dotted names that split surprisingly: 1",
+                 "samples missing a field most samples have (cls: 2)"):
+        assert said in line, line
+    r = cli.run(tarshow, [path, "--summary", "--strict", "--json"])
+    assert r.exit_code == 1
+    assert json.loads(r.stdout)["problems"] == cli.one_line_error(r, "tarshow").split(": ", 3)[3].split("; ")
+
+
+def test_strict_summary_of_clean_shards_exits_0(cli, tmp_path):
+    path = cli.write_tar(tmp_path / "clean.tar", [cli.make_sample(f"k{i:03d}", i) for i in range(30)])
+    r = cli.run(tarshow, [path, path, "--summary", "--strict"])  # the same keys in two shards are fine
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.rstrip().endswith("no problems found") and r.stderr == ""
+    r = cli.run(tarshow, [path, "--summary", "--strict", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["problems"] == []
+
+
+def test_strict_counts_a_skipped_damaged_shard(cli, tmp_path):
+    good = cli.write_tar(tmp_path / "good.tar", [cli.make_sample(f"k{i:03d}", i) for i in range(5)])
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(good.read_bytes()[:1500])
+    r = cli.run(tarshow, [good, bad, "--summary", "--strict", "--on-error", "skip-shard", "-q"])
+    assert r.exit_code == 1
+    assert "damaged or unreadable shards: 1" in r.stderr.splitlines()[-1]
+
+
+def test_strict_needs_summary(cli, shards):
+    r = cli.run(tarshow, [shards.paths[0], "--strict"])
+    assert r.exit_code == 2 and "--strict" in r.stderr and r.stdout == ""
+
+
+KOI8 = ["привет", "мир", "ёлка"]
+
+
+@pytest.fixture
+def koi8(tmp_path):
+    """A tar whose member names are koi8-r bytes (not UTF-8), as an old Russian archiver writes them:
+    three samples with a jpg and a cls, a name without a key, and a key that reappears."""
+    import tarfile
+
+    path = tmp_path / "koi8.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT, encoding="koi8-r") as tf:
+        def add(name, data):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+        for i, key in enumerate(KOI8):
+            add(f"{key}.jpg", jpeg((80 * i, 0, 0), size=(32, 32)))
+            add(f"{key}.cls", str(i).encode())
+        add("каталог/безключа", b"z")
+        add(f"{KOI8[0]}.txt", b"again")  # reappears after other keys
+    assert "привет".encode("koi8-r") in path.read_bytes()
+    return path
+
+
+@pytest.mark.parametrize("args", [["--json"], ["--summary", "--json"]])
+def test_json_output_is_valid_utf8_for_names_that_are_not(cli, koi8, args):
+    r = cli.run(tarshow, [koi8, *args, "--dup", "skip"] if args == ["--json"] else [koi8, *args])
+    assert r.exit_code == 0, r.stderr
+    text = r.stdout_bytes.decode("utf-8")  # strict: raises on any byte that is not UTF-8
+    docs = [json.loads(line) for line in text.splitlines()]
+    assert "\\udcd0" in text  # the escape for byte 0xd0, the documented form
+
+    def original(name: str) -> str:  # the documented way back to the bytes, then to the text
+        return name.encode("utf-8", "surrogateescape").decode("koi8-r")
+
+    if args == ["--json"]:
+        assert [original(d["__key__"]) for d in docs] == KOI8
+    else:
+        (d,) = docs
+        assert original(d["names_without_key"]["examples"][0]) == "каталог/безключа"
+        assert original(d["non_adjacent_keys"]["examples"][0]["key"]) == KOI8[0]
+
+
+@pytest.mark.parametrize("args", [[], ["--summary"], ["--view", "--view-protocol", "blocks"], ["--grid", "GRID"]])
+def test_text_outputs_never_crash_on_names_that_are_not_utf8(cli, koi8, tmp_path, args):
+    args = [str(tmp_path / "g.png") if a == "GRID" else a for a in args]
+    r = cli.run(tarshow, [koi8, "--dup", "skip", *args])
+    assert r.exit_code == 0, r.stderr
+    r.stdout_bytes.decode("utf-8")
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+    if not args:
+        assert "__key__\t\\udcd0\\udcd2\\udcc9\\udcd7\\udcc5\\udcd4" in r.stdout  # escaped, never raw bytes
+    if "--grid" in args:
+        assert Image.open(tmp_path / "g.png").format == "PNG" and "3 images" in r.stderr
+
+
+def test_grid_captions_escape_control_characters_in_keys(cli, tmp_path, monkeypatch):
+    from PIL import ImageDraw
+
+    drawn: list[str] = []
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text", lambda self, xy, text, *a, **kw: drawn.append(text))
+    path = cli.write_tar(tmp_path / "ctl.tar", [{"__key__": "a\nb\x1b[1m", "jpg": jpeg((0, 0, 255))}])
+    r = cli.run(tarshow, [path, "--grid", tmp_path / "g.png", "-q"])
+    assert r.exit_code == 0, r.stderr
+    assert drawn == ["a\\nb\\x1b[1m"]

@@ -357,3 +357,86 @@ def test_output_is_required(cli, shards):
     r = cli.run(cli.tarsplit, [shards.paths[0]])
     assert r.exit_code == 2
     assert "-o" in r.stderr
+
+
+# -------------------------------------------------------------------------------------------------
+# -o naming (issue 14): a tar suffix keeps its place and its compression, a directory gets shards
+# inside it, and no shard name ever starts with '-'
+
+MAGIC = {".tar.gz": b"\x1f\x8b", ".tgz": b"\x1f\x8b", ".tar.zst": b"\x28\xb5\x2f\xfd",
+         ".tar.xz": b"\xfd7zXZ\x00", ".tar.bz2": b"BZh", ".tar": None}
+
+
+def all_files(directory):
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("suffix", list(MAGIC))
+def test_tar_name_gets_the_number_before_its_suffix_and_is_compressed_by_it(cli, shards, tmp_path, suffix):
+    out = tmp_path / "out"
+    out.mkdir()
+    r = cli.run(cli.tarsplit, ["-n", "5", "-o", out / f"val{suffix}", *shards.paths])
+    assert r.exit_code == 0, r.stderr
+    names = [f"val-{i:06d}{suffix}" for i in range(3)]
+    assert all_files(out) == names
+    for name in names:
+        data = (out / name).read_bytes()
+        if MAGIC[suffix] is None:
+            assert data[257:262] == b"ustar"  # a plain tar
+        else:
+            assert data.startswith(MAGIC[suffix]), (name, data[:6])
+    assert sum(read_shards(cli, out, names), []) == shards.expected
+
+
+def test_gzip_tar_name_in_a_subdirectory(cli, shards, tmp_path):
+    (tmp_path / "out").mkdir()
+    r = cli.run(cli.tarsplit, ["-n", "20", "-o", tmp_path / "out" / "val.tar.gz", *shards.paths])
+    assert r.exit_code == 0, r.stderr
+    assert all_files(tmp_path / "out") == ["val-000000.tar.gz"]
+    data = (tmp_path / "out" / "val-000000.tar.gz").read_bytes()
+    assert data[:2] == b"\x1f\x8b"
+    assert cli.samples(gzip.decompress(data)) == shards.expected
+
+
+@pytest.mark.parametrize("slash", ["", "/"])
+def test_existing_directory_gets_the_shards_inside(cli, shards, tmp_path, slash):
+    d = tmp_path / "existing_dir"
+    d.mkdir()
+    r = cli.run(cli.tarsplit, ["-n", "5", "-o", f"{d}{slash}", *shards.paths])
+    assert r.exit_code == 0, r.stderr
+    names = [f"shard-{i:06d}.tar" for i in range(3)]
+    assert all_files(d) == names
+    assert sorted(os.listdir(tmp_path)) == ["existing_dir", "shard-0.tar", "shard-1.tar", "shard-2.tar"]
+    assert sum(read_shards(cli, d, names), []) == shards.expected
+
+
+def test_missing_directory_with_a_slash_is_an_error_not_a_dash_name(cli, shards, tmp_path):
+    r = cli.run(cli.tarsplit, ["-n", "5", "-o", f"{tmp_path}/nowhere/", *shards.paths])
+    assert r.exit_code == 1
+    assert "does not exist" in cli.one_line_error(r, "tarsplit")
+    assert not list(tmp_path.rglob("-*")) and not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("name", ["", ".tar", ".tar.gz", "-x", "-%03d.tar", "val.gz"])
+def test_names_that_would_start_with_a_dash_are_usage_errors(cli, shards, tmp_path, name):
+    out = tmp_path / "out"
+    out.mkdir()
+    target = f"{out}/{name}" if name else ""
+    r = cli.run(cli.tarsplit, ["-n", "5", "-o", target, *shards.paths])
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr.startswith("tarsplit: error: bad shard name") and "Traceback" not in r.stderr
+    assert os.listdir(out) == []
+    assert not list(tmp_path.glob("-*"))
+
+
+def test_bad_name_fails_before_the_input_is_read(cli, tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    r = cli.run(cli.tarsplit, ["-o", tmp_path / ".tar", "--manifest", manifest, tmp_path / "missing.tar"])
+    assert r.exit_code == 2 and "bad shard name" in r.stderr and "missing.tar" not in r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_help_documents_the_naming_rule(cli):
+    r = cli.run(cli.tarsplit, ["--help"])
+    assert "val.tar.gz -> val-000000.tar.gz" in r.stdout and "out/shard-000000.tar" in r.stdout
+    assert "start with '-'" in r.stdout

@@ -261,3 +261,36 @@ def test_16_bit_grey_png_keeps_its_levels():
     ramp.save(buf, "PNG")
     img = decode_image(buf.getvalue())
     assert img.mode == "RGB" and [img.getpixel((x, 0))[0] for x in (0, 1, 128, 255)] == [0, 1, 128, 255]
+
+
+def test_long_captions_keep_their_end_and_elide_the_middle(monkeypatch):
+    """Keys of one class differ only at their end: cutting the end made their captions look alike."""
+    from PIL import ImageDraw
+
+    drawn: list[str] = []
+    real_text = ImageDraw.ImageDraw.text
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text", lambda self, xy, text, *a, **kw: (
+        drawn.append(text), real_text(self, xy, text, *a, **kw))[1])
+    keys = [f"train/n01447764/n01447764_{n}" for n in (9123, 9124, 10007)]
+    items = [(Image.new("RGB", (40, 40), (200, 0, 0)), [key, "tench"]) for key in keys]
+    contact_sheet(items, thumb=96)
+    captions = drawn[0::2]
+    assert drawn[1::2] == ["tench"] * 3  # short captions are left alone
+    assert len(set(captions)) == 3
+    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    for key, caption in zip(keys, captions, strict=True):
+        start, sep, end = caption.partition("…")
+        assert sep and key.startswith(start) and key.endswith(end)
+        assert len(end) >= 6 and len(end) >= 2 * len(start)
+        assert draw.textlength(caption) <= 96
+
+
+def test_elide_middle_keeps_the_most_that_fits():
+    from tarproc.imaging import elide_middle
+
+    text = "train/n01447764/n01447764_9123"
+    for width in range(1, len(text)):
+        shown = elide_middle(text, lambda s, w=width: len(s) <= w)
+        assert len(shown) == max(width, 1) and shown.count("…") == 1, (width, shown)
+        start, _, end = shown.partition("…")
+        assert text.startswith(start) and text.endswith(end) and len(end) >= len(start)

@@ -427,3 +427,62 @@ def test_map_workers_end_when_their_parent_is_killed(tmp_path):
     proc.wait()
     # the forked workers share the parent's process group
     assert settled(lambda: live_group_members(proc.pid), timeout=10) == [], "--map workers outlived their parent"
+
+
+# ---------------------------------------------------------------------------------------------
+# a full --tmpdir (issue 14): the directory and the cause are named, and the run stops
+
+
+def pretend_full(monkeypatch, directory, free_blocks=0):
+    """``os.statvfs`` says the file system of ``directory`` has ``free_blocks`` blocks of 4096 bytes left."""
+    import types
+
+    real = os.statvfs
+
+    def statvfs(path):
+        if os.path.abspath(path).startswith(str(directory)):
+            return types.SimpleNamespace(f_bavail=free_blocks, f_frsize=4096)
+        return real(path)
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip", "keep"])
+def test_command_failing_on_a_full_tmpdir_names_it_and_the_cause(tmp, monkeypatch, policy):
+    from tarproc.errors import TarprocError
+
+    pretend_full(monkeypatch, tmp)
+    warnings: list[str] = []
+    # the command's own message would have gone to its log, in the full directory: here it is silent
+    with pytest.raises(TarprocError) as info:
+        list(shell_samples(make(3), "exit 1", on_error=policy, tmpdir=str(tmp), warn=warnings.append))
+    message = str(info.value)
+    assert not isinstance(info.value, JobError)
+    assert f"cannot run jobs in {tmp}: No space left on device (0 bytes free)" in message
+    assert "sample 'k000' (input #0) exited with status 1" in message
+    assert warnings == [] and os.listdir(tmp) == []
+
+
+def test_command_failing_with_space_left_is_the_sample_error_it_was(tmp, monkeypatch):
+    pretend_full(monkeypatch, tmp, free_blocks=1000)
+    with pytest.raises(JobError, match="exited with status 1"):
+        list(shell_samples(make(1), "exit 1", tmpdir=str(tmp)))
+    pretend_full(monkeypatch, tmp, free_blocks=0)  # a full disk does not fail a command that succeeds
+    assert len(list(shell_samples(make(2), "true", tmpdir=str(tmp)))) == 2
+
+
+def test_no_space_to_write_the_fields_stops_the_run_naming_the_directory(tmp, monkeypatch):
+    import errno
+
+    from tarproc import process
+    from tarproc.errors import TarprocError
+
+    def full(path, value):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(process, "_write_file", full)
+    warnings: list[str] = []
+    with pytest.raises(TarprocError, match=f"cannot run jobs in {tmp}: No space left on device") as info:
+        list(shell_samples(make(3), "true", on_error="skip", tmpdir=str(tmp), warn=warnings.append))
+    assert not isinstance(info.value, JobError)
+    assert warnings == [] and os.listdir(tmp) == []

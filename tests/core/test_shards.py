@@ -266,3 +266,60 @@ def test_parse_size(text, expected):
 def test_parse_size_bad(text):
     with pytest.raises(OptionError):
         parse_size(text)
+
+
+# -------------------------------------------------------------------------------------------------
+# shard names from an output name (issue 14)
+
+
+@pytest.mark.parametrize(
+    "output, pattern",
+    [
+        ("train-%06d.tar", "train-%06d.tar"),
+        ("out/train", "out/train-%06d.tar"),
+        ("out/val.tar.gz", "out/val-%06d.tar.gz"),
+        ("y.tar", "y-%06d.tar"),
+        ("y.TGZ", "y-%06d.TGZ"),
+        ("a.b.tar.zst", "a.b-%06d.tar.zst"),
+        ("v.tar.xz", "v-%06d.tar.xz"),
+        ("v.tar.bz2", "v-%06d.tar.bz2"),
+        ("v.tzst", "v-%06d.tzst"),
+        ("out/", "out/shard-%06d.tar"),
+        ("s3://bucket/train/", "s3://bucket/train/shard-%06d.tar"),
+        ("s3://bucket/train.tar.gz", "s3://bucket/train-%06d.tar.gz"),
+        ("train.v2", "train.v2-%06d.tar"),
+    ],
+)
+def test_shard_pattern_rule(output, pattern):
+    assert shard_pattern(output) == pattern
+
+
+def test_shard_pattern_of_an_existing_directory_puts_shards_inside(tmp_path):
+    d = tmp_path / "existing"
+    d.mkdir()
+    assert shard_pattern(str(d)) == f"{d}/shard-%06d.tar"
+    assert shard_pattern(str(d) + "/") == f"{d}/shard-%06d.tar"
+    assert shard_pattern(f"file://{d}") == f"file://{d}/shard-%06d.tar"
+    assert shard_pattern(str(tmp_path / "not-there")) == f"{tmp_path}/not-there-%06d.tar"
+
+
+@pytest.mark.parametrize("output", ["", ".tar", "out/.tar.gz", "-x", "out/-%d.tar", "dir/-", "%d.tar/-"])
+def test_shard_pattern_refuses_names_starting_with_a_dash(output):
+    with pytest.raises(OptionError, match="start|'-'|named like"):
+        shard_pattern(output)
+
+
+def test_shard_pattern_refuses_a_compression_suffix_without_tar():
+    with pytest.raises(OptionError, match=r"val\.tar\.gz"):
+        shard_pattern("out/val.gz")
+    with pytest.raises(OptionError, match=r"\.tar\.zst"):
+        shard_pattern("val.zst")
+
+
+def test_writer_compresses_by_the_suffix_of_a_tar_name(tmp_path):
+    with ShardWriter(str(tmp_path / "val.tar.gz"), maxcount=2) as w:
+        for s in _samples(3):
+            w.write(s)
+    assert sorted(os.listdir(tmp_path)) == ["val-000000.tar.gz", "val-000001.tar.gz"]
+    for name in os.listdir(tmp_path):
+        assert (tmp_path / name).read_bytes()[:2] == b"\x1f\x8b"

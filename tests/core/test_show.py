@@ -242,3 +242,38 @@ def test_keys_reappearing_in_another_shard_are_not_flagged(tmp_path):
 def test_a_name_without_a_key_first_in_the_shard():
     s = summary_of(tar(members=[("README", b"x"), ("a.txt", b"1"), ("NOTES", b"y"), ("a.cls", b"2")]))
     assert s.stats.no_key_count == 2 and s.samples == 1 and s.fields["cls"].samples == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 14: the problems --strict fails on, and JSON for names that are not UTF-8
+
+
+def test_problems_are_exactly_what_the_report_lists():
+    clean = [{"__key__": f"s{i:03d}", "txt": b"x", "cls": b"1"} for i in range(25)]
+    assert summary_of(tar(clean)).problems() == []
+    rare = clean + [{"__key__": "t", "txt": b"x", "cls": b"1", "seg": b"s"}]
+    members = [("a.jpg", b"1"), ("b.jpg", b"2"), ("b.jpg", b"3"), ("a.cls", b"4"), ("README", b"r"),
+               ("Track 2.0.mp3", b"ID3")]
+    missing = [{"__key__": f"m{i}", "jpg": b"j", "cls": b"1"} for i in range(4)] + [{"__key__": "z", "cls": b"2"}]
+    cases = {
+        "rare": (tar(rare), ["fields in under 10% of samples (seg: 1)"]),
+        "lint": (tar(members=members), ["keys that reappear after other keys: 1", "fields twice in one sample: 1",
+                                        "names without a key: 1", "dotted names that split surprisingly: 1"]),
+        "missing": (tar(missing), ["samples missing a field most samples have (jpg: 1)"]),
+    }
+    for name, (data, expected) in cases.items():
+        s = summary_of(data)
+        found = [p for p in s.problems() if not p.startswith("samples missing") or name == "missing"]
+        assert found == expected, name
+        assert "no problems found" not in s.format_text()
+        assert s.as_dict()["problems"] == s.problems()
+
+
+def test_json_text_is_valid_utf8_and_gives_the_bytes_back():
+    raw = "привет".encode("koi8-r")
+    name = raw.decode("utf-8", "surrogateescape")  # how tario reads a name that is not UTF-8
+    text = show.json_text({"__key__": name, "ok": "ёж", "q": 'a"\\'})
+    text.encode("utf-8")  # strict: no lone surrogate left
+    assert "ёж" in text and "\\udcd0" in text  # UTF-8 stays as it is; byte 0xd0 is \udcd0
+    doc = json.loads(text)
+    assert doc["__key__"].encode("utf-8", "surrogateescape") == raw and doc["q"] == 'a"\\'
