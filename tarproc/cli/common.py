@@ -418,6 +418,7 @@ def _spec(v: dict[str, Any]) -> Any:
         std=parse_triple(v["std"], "std") if v["std"] else None,
         layout=v["layout"].upper(), dtype=v["dtype"], seed=v["seed"] if v["seed"] is not None else _random_seed(),
         rotate=v["rotate"], brightness=jitter[0], contrast=jitter[1], saturation=jitter[2], hue=jitter[3],
+        max_pixels=v["max_pixels"],
     )
 
 
@@ -450,6 +451,9 @@ def _decode_params(processes: tuple[str, ...], seed_help: str = "Seed of random 
                      help="Rotate by a random angle in [-DEG, DEG] before cropping (RandomRotation)."),
         click.option("--jitter", metavar="B,C,S,H",
                      help="Colour jitter: brightness, contrast, saturation, hue ranges (ColorJitter), e.g. 0.4,0.4,0.4,0.1."),
+        click.option("--max-pixels", type=click.IntRange(min=1), default=8192 * 8192, show_default="8192x8192",
+                     metavar="N", help="Largest image (width x height, from its header) decoded; a bigger one is "
+                     "an error naming it, before its pixels are allocated."),
         click.option("--mean", metavar="R,G,B", help="Normalize: subtract this mean (0..1 scale; 'imagenet')."),
         click.option("--std", metavar="R,G,B", help="Normalize: divide by this std (0..1 scale; 'imagenet')."),
         click.option("--layout", type=click.Choice(["HWC", "CHW"], case_sensitive=False), default="HWC",

@@ -166,6 +166,9 @@ def color_matrix(color: tuple[float, float, float, float]) -> tuple[list[list[fl
     return [[scale * v for v in row] for row in hs], brightness * 128.0 * (1.0 - contrast)
 
 
+DEFAULT_MAX_PIXELS = 8192 * 8192  # the largest image a decode may allocate: 64 Mi pixels (~200 MB as RGB)
+
+
 @dataclass(frozen=True)
 class AugmentSpec:
     """Decode and augmentation parameters (see the module docstring for the exact semantics).
@@ -193,6 +196,7 @@ class AugmentSpec:
     contrast: float = 0.0
     saturation: float = 0.0
     hue: float = 0.0
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         if self.size is not None and self.size < 1:
@@ -229,6 +233,8 @@ class AugmentSpec:
             raise OptionError(f"bad layout {self.layout!r}; use one of {', '.join(LAYOUTS)}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise OptionError(f"bad dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
+        if self.max_pixels < 1:
+            raise OptionError(f"bad max_pixels {self.max_pixels}; must be >= 1")
         if self.dtype == "uint8" and self.normalized:
             raise OptionError("normalized values (--mean/--std) need a float dtype (float16 or float32)")
 
@@ -271,6 +277,9 @@ class AugmentSpec:
         >>> AugmentSpec(resize=150).plan("k", 300, 400).out
         (200, 150)
         """
+        if height * width > self.max_pixels:  # checked from the header, before any pixel is allocated
+            raise ValueError(f"image of {width}x{height} pixels is over the limit of {self.max_pixels:,} "
+                             "(max_pixels, --max-pixels)")
         rng = random.Random(f"{self.seed}/{key}") if self.seed is not None else random.Random()
         h, w = height, width
         window: tuple[float, float, float, float]

@@ -332,3 +332,36 @@ def test_no_seed_means_new_augmentations_every_pass() -> None:
 def test_bad_augmentation_ranges(kwargs: dict[str, float]) -> None:
     with pytest.raises(OptionError):
         AugmentSpec(size=8, **kwargs)
+
+
+def _claims(width: int, height: int, fmt: str) -> bytes:
+    """A tiny image file whose header claims width x height pixels (the data is cut short)."""
+    import struct
+    import zlib
+
+    if fmt == "png":
+        ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+        def chunk(kind: bytes, body: bytes) -> bytes:
+            return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+        return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", bytes(780))
+    # a small JPEG whose frame header (SOF0) is made to claim the size
+    data = bytearray(encode(np.zeros((16, 16, 3), np.uint8)))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+def test_an_image_claiming_too_many_pixels_is_refused_from_its_header(fmt: str) -> None:
+    """A damaged 800-byte file claiming 15680x4317 pixels: an error naming the size before any
+    pixel buffer is allocated (default limit 8192x8192), on every backend's planning step."""
+    data = _claims(15680, 4317, fmt)
+    assert image_size(data) == (4317, 15680)
+    with pytest.raises(ImageError, match="image of 15680x4317 pixels is over the limit of 67,108,864"):
+        decode_image(data, AugmentSpec(size=32), "k")
+    with pytest.raises(ImageError, match="over the limit of 1,000"):
+        decode_image(encode(np.zeros((40, 40, 3), np.uint8), "PNG"), AugmentSpec(max_pixels=1000), "k")
+    assert decode_image(encode(np.zeros((20, 20, 3), np.uint8), "PNG"), AugmentSpec(max_pixels=400), "k").shape == (20, 20, 3)
+    with pytest.raises(OptionError, match="bad max_pixels 0"):
+        AugmentSpec(max_pixels=0)

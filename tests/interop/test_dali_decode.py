@@ -157,6 +157,22 @@ def test_dali_bad_images_skipped_rest_of_batch_kept() -> None:
     decoder.close()
 
 
+def test_dali_refuses_images_over_max_pixels_from_their_headers() -> None:
+    datas = [encode(picture(120, 90, i), quality=90) for i in range(3)]
+    spec = AugmentSpec(size=32, resize=40, max_pixels=100 * 90)
+    datas[1] = encode(picture(120, 120, 1), quality=90)  # 14,400 pixels
+    stats = DecodeStats()
+    decoder = DaliDecoder(spec, batch_size=4, threads=1)
+    out = list(decode_samples(samples(datas), spec, device=decoder, batch_size=4, on_error="skip", stats=stats))
+    decoder.close()
+    assert [s["__key__"] for s in out] == [] and stats.skipped == 3  # 120x90 = 10,800 is over 9,000 too
+    spec = AugmentSpec(size=32, resize=40, max_pixels=120 * 90)
+    decoder = DaliDecoder(spec, batch_size=4, threads=1)
+    with pytest.raises(DecodeError, match="image of 120x120 pixels is over the limit of 10,800"):
+        list(decode_samples(samples(datas), spec, device=decoder, batch_size=4))
+    decoder.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # the GPU (mixed decoder): only where a CUDA device is present
 
