@@ -53,6 +53,13 @@ _CHUNK = 1 << 20
 _MAX_CSV_CELL = (1 << 31) - 1  # the largest limit the csv module accepts on every platform
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogate(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
 # ---------------------------------------------------------------------------------------------
 # column specs
 
@@ -392,7 +399,10 @@ def format_table(rows: Iterable[list[Any]], names: list[str], fmt: str, header: 
     elif fmt == "jsonl":
         dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
         for row in rows:
-            yield dumps(dict(zip(names, row, strict=True))) + "\n"
+            # a name that is not UTF-8 holds lone surrogates (surrogateescape): JSON escapes
+            # (\udcNN for byte 0xNN) keep the line valid UTF-8, as tarshow --json does
+            line = dumps(dict(zip(names, row, strict=True)))
+            yield (_SURROGATE.sub(_escape_surrogate, line) if _SURROGATE.search(line) else line) + "\n"
     else:
         raise OptionError(f"bad table format {fmt!r}; use one of {', '.join(TABLE_FORMATS)}")
 

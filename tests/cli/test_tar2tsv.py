@@ -135,3 +135,20 @@ def test_real_pipe_head_ends_quietly(cli, tmp_path):
     assert p.stdout == "__key__\tcls\nk00000\t0\n"
     assert p.stderr == ""
     assert p.returncode == 141
+
+
+def test_jsonl_is_valid_utf8_for_names_that_are_not(cli, tmp_path):
+    """koi8-r member names (bytes that are not UTF-8): \\udcNN escapes, reversible, never invalid bytes."""
+    import tarfile
+
+    path = tmp_path / "koi8.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT, encoding="koi8-r") as tf:
+        for name in ("данные/кот.txt", "данные/пёс.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tf.addfile(info, io.BytesIO(b"ok"))
+    r = cli.run(tar2tsv, [str(path), "--format", "jsonl", "-f", "__key__ txt"])
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout_bytes.decode("utf-8").splitlines()  # strict: valid UTF-8
+    keys = [json.loads(line)["__key__"].encode("utf-8", "surrogateescape").decode("koi8-r") for line in lines]
+    assert keys == ["данные/кот", "данные/пёс"]
