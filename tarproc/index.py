@@ -2,8 +2,10 @@
 
 ``build_index(url)`` streams a plain (uncompressed) tar shard once through the core reader and
 groups its members by the same rules as ``read_samples`` (key rule, ``__name__`` metadata skipped,
-duplicate fields and reappearing keys are errors unless ``dup`` says otherwise). The result, a
-``ShardIndex``, is written in one of three formats:
+duplicate fields and reappearing keys are errors unless ``dup`` says otherwise). A member whose
+bytes don't lie after its header (a followed link, a sparse file) can't be read at random: a
+``LinkError`` naming it, unless ``links="skip"`` leaves links out. The result, a ``ShardIndex``,
+is written in one of three formats:
 
 ``tarproc`` (default name ``SHARD.idx``, e.g. ``train-0000.tar.idx``): JSON Lines, version 1. The
 first line is a header ``{"format": "tarproc-index", "version": 1, "shard": NAME, "size": BYTES,
@@ -28,8 +30,11 @@ members with long (GNU or pax) names and leaves out metadata and key-less member
 
 ``IndexedShard(url)`` gives random access to one shard by position or key, reading only the byte
 ranges of the fields asked for (``os.pread`` on a local file, range requests through fsspec for
-URLs), and checks every header it reads, so a stale index raises ``TarFormatError`` instead of
-returning wrong bytes.
+URLs), and checks every header it reads against the index. An index made for another size of shard
+is stale: an ``IndexFileError`` naming both files and the ``tarindex`` command that rebuilds it,
+unless ``stale="rebuild"`` asks for a scan in memory (with one warning). A shard rewritten at the
+same size, or a damaged index, is an ``IndexFileError`` naming the byte where they disagree, on
+the first read there: never wrong bytes under a key.
 """
 
 from __future__ import annotations
@@ -37,18 +42,28 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import shlex
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, TypeGuard
 
 from .compression import detect
-from .errors import CompressedShardError, IndexFileError, OptionError, SourceError, TarFormatError, TarprocError
-from .samples import Sample, group_keyed
+from .errors import (
+    CompressedShardError,
+    IndexFileError,
+    LinkError,
+    OptionError,
+    SourceError,
+    TarFormatError,
+    TarprocError,
+)
+from .samples import Sample, _warn_stderr, group_keyed
 from .sources import is_fsspec_url, local_path, open_source
 from .tario import BLOCK, DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_members, split_key
 
 INDEX_FORMAT = "tarproc-index"
 INDEX_VERSION = 1
 FORMATS = ("tarproc", "dali", "wids")
+STALE_POLICIES = ("error", "rebuild")  # IndexedShard(stale=...): what a stale index file gives
 DALI_VERSION = "v1.2"
 _COMPRESSED_SUFFIXES = (".tgz", ".gz", ".zst", ".zstd", ".bz2", ".xz")
 
@@ -168,24 +183,37 @@ def index_stream(
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
     stats: ReadStats | None = None,
     warn: Callable[[str], None] | None = None,
+    links: str = "follow",
+    ignore_zeros: bool = False,
 ) -> ShardIndex:
     """Index a plain tar stream (see ``build_index``); the size is the bytes the stream held."""
     counter = _CountingReader(stream)
+    misplaced: set[int] = set()  # data offsets of members whose bytes aren't stored there
 
     def members() -> Iterator[tuple[str | None, str, Any, int]]:  # a _Member where read_samples has data
         prev_end = 0
-        for name, data, offset in iter_members(counter, url, max_member_size=max_member_size, stats=stats):
+        prev: _Member | None = None
+        for name, data, offset in iter_members(counter, url, max_member_size=max_member_size, stats=stats,
+                                               links=links, ignore_zeros=ignore_zeros):
+            # a link yields its target's bytes, a sparse file its expanded bytes: neither lies at
+            # [data_offset, size), which shows where the next header comes before that range ends
+            if prev is not None and offset < prev_end:
+                misplaced.add(prev.data_offset)
             size = len(data)
             key, field = split_key(name)
-            yield key, field, _Member(name, offset + BLOCK, size, prev_end), offset
-            prev_end = offset + BLOCK + ((size + 511) & ~511)
+            prev = _Member(name, offset + BLOCK, size, prev_end)
+            yield key, field, prev, offset
+            prev_end = offset + BLOCK + _padded(size)
+        if prev is not None and prev_end + BLOCK > counter.bytes:  # an end-of-archive block follows
+            misplaced.add(prev.data_offset)
 
     # the same grouping as read_samples: key rule, metadata, duplicates
-    entries = [_entry(sample) for sample in group_keyed(members(), url, dup=dup, stats=stats, warn=warn)]
+    samples = group_keyed(members(), url, dup=dup, stats=stats, warn=warn)
+    entries = [_entry(sample, misplaced, url) for sample in samples]
     return ShardIndex(_base_name(url or "-"), counter.bytes, entries)
 
 
-def _entry(sample: Sample) -> IndexEntry:
+def _entry(sample: Sample, misplaced: set[int], url: str | None) -> IndexEntry:
     key = sample["__key__"]
     fields: dict[str, tuple[int, int]] = {}
     names: dict[str, str] = {}
@@ -194,6 +222,8 @@ def _entry(sample: Sample) -> IndexEntry:
     for field, member in sample.items():
         if field.startswith("__"):
             continue
+        if member.data_offset in misplaced:
+            raise _not_in_place(url, member.data_offset - BLOCK, member.name)
         first = first or member
         last = member
         fields[field] = (member.data_offset, member.size)
@@ -202,6 +232,17 @@ def _entry(sample: Sample) -> IndexEntry:
     assert first is not None and last is not None
     end = last.data_offset + _padded(last.size)
     return IndexEntry(key, first.start, end - first.start, fields, names or None)
+
+
+def _not_in_place(url: str | None, header: int, name: str) -> LinkError:
+    """The error for a member whose bytes don't lie after its header: random access can't read it."""
+    return LinkError(
+        url, header,
+        f"member {_show(name)} is a link or a sparse file, not bytes stored in place, which random access "
+        f"needs; index a copy that stores them (tarcat {url} -o {_plain_name(url or '-')}), or leave links out "
+        "(tarindex --links skip)",
+        name,
+    )
 
 
 class _CountingReader:
@@ -222,11 +263,15 @@ def build_index(
     max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
     stats: ReadStats | None = None,
     warn: Callable[[str], None] | None = None,
+    links: str = "follow",
+    ignore_zeros: bool = False,
 ) -> ShardIndex:
     """Index a shard by reading it once. Raises ``CompressedShardError`` for a compressed shard.
 
-    ``dup``, ``stats`` and ``warn`` are as for ``read_samples``; damage raises ``TarFormatError``
-    naming the shard and the byte offset.
+    ``dup``, ``stats``, ``warn``, ``links`` and ``ignore_zeros`` are as for ``read_samples``;
+    damage raises ``TarFormatError`` naming the shard and the byte offset. A member whose bytes
+    aren't stored in place (a followed link, a sparse file) can't be read at random: ``LinkError``
+    naming it, unless ``links="skip"`` leaves links out.
     """
     check_random_access(url)
     if stats is not None:
@@ -234,7 +279,8 @@ def build_index(
     with open_source(url) as source:
         if source.compression is not None:
             raise compressed_error(url, source.compression)
-        return index_stream(source, url, dup=dup, max_member_size=max_member_size, stats=stats, warn=warn)
+        return index_stream(source, url, dup=dup, max_member_size=max_member_size, stats=stats, warn=warn,
+                            links=links, ignore_zeros=ignore_zeros)
 
 
 def check_random_access(url: str) -> None:
@@ -295,23 +341,29 @@ def wids_descriptor(shards: Iterable[tuple[str, ShardIndex]], name: str | None =
 
 
 def parse_index(text: str, url: str | None = None) -> ShardIndex:
-    """Parse the ``tarproc`` format; ``IndexFileError`` names the index and the line on any problem."""
-    lines = text.splitlines()
+    """Parse the ``tarproc`` format; ``IndexFileError`` names the index and the line on any problem.
+
+    Whatever the text holds (numbers of any length, deep nesting, NaN, wrong types, offsets that
+    overlap or run past the shard, member names that don't belong to their key), the outcome is a
+    ``ShardIndex`` or ``IndexFileError``, never another exception.
+    """
+    lines = text.split("\n")  # not splitlines(): it also splits at U+2028, \x1c, ... inside a line
+    if lines[-1] == "":
+        lines.pop()
     if not lines:
         raise IndexFileError("line 1: empty file, not a tarproc index", url)
 
     def fail(lineno: int, reason: str) -> IndexFileError:
         return IndexFileError(f"line {lineno}: {reason}", url)
 
-    try:
-        header = json.loads(lines[0])
-    except ValueError:
-        raise fail(1, "not a tarproc index (the first line is not JSON)") from None
+    header = _json_line(lines[0])
+    if isinstance(header, _NotJSON):
+        raise fail(1, f"not a tarproc index (the first line is not JSON: {header.reason})")
     if not isinstance(header, dict) or header.get("format") != INDEX_FORMAT:
         raise fail(1, f"not a tarproc index (no \"format\": \"{INDEX_FORMAT}\" header)")
     version = header.get("version")
     if version != INDEX_VERSION:
-        raise fail(1, f"index version {version!r} is not supported (this tarproc reads version {INDEX_VERSION})")
+        raise fail(1, f"index version {_show(version)} is not supported (this tarproc reads version {INDEX_VERSION})")
     size, count, shard = header.get("size"), header.get("samples"), header.get("shard")
     if not _is_count(size) or not _is_count(count) or not isinstance(shard, str):
         raise fail(1, "bad header: needs shard (a name), size and samples (counts)")
@@ -320,54 +372,129 @@ def parse_index(text: str, url: str | None = None) -> ShardIndex:
     entries = []
     prev_end = 0
     seen: set[str] = set()
+    plain_fields: set[str] = set()
     for lineno, line in enumerate(lines[1:], start=2):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise fail(lineno, f"not JSON ({e.msg} at column {e.colno})") from None
-        entry = _parse_entry(record)
+        record = _json_line(line)
+        if isinstance(record, _NotJSON):
+            raise fail(lineno, f"not JSON ({record.reason})")
+        entry = _parse_entry(record, plain_fields)
         if isinstance(entry, str):
             raise fail(lineno, entry)
         if entry.offset < prev_end:
-            raise fail(lineno, f"sample {entry.key!r} overlaps the one before it (offset {entry.offset})")
+            raise fail(lineno, f"sample {_show(entry.key)} overlaps the one before it (offset {entry.offset})")
         prev_end = entry.offset + entry.size
         if prev_end > size:
-            raise fail(lineno, f"sample {entry.key!r} ends at byte {prev_end}, past the shard's {size} bytes")
+            raise fail(lineno, f"sample {_show(entry.key)} ends at byte {prev_end}, past the shard's {size} bytes")
         if entry.key in seen:
-            raise fail(lineno, f"key {entry.key!r} appears twice")
+            raise fail(lineno, f"key {_show(entry.key)} appears twice")
         seen.add(entry.key)
         entries.append(entry)
     return ShardIndex(shard, size, entries)
 
 
+class _NotJSON(NamedTuple):
+    reason: str
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number an index holds")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _json_line(line: str) -> Any:
+    """The JSON value of one line, or ``_NotJSON`` saying why there is none.
+
+    ``json.loads`` raises more than ``JSONDecodeError``: ``ValueError`` for an integer over 4300
+    digits and ``RecursionError`` for deep nesting; NaN and Infinity it accepts, an index never has.
+    """
+    try:
+        return _DECODER.decode(line)
+    except json.JSONDecodeError as e:
+        return _NotJSON(f"{e.msg} at column {e.colno}")
+    except RecursionError:
+        return _NotJSON("nested too deeply")
+    except ValueError as e:  # the int limit (sys.set_int_max_str_digits) or a constant
+        return _NotJSON("a number with too many digits" if "digits" in str(e) else _short(e))
+
+
+# Offsets and sizes past this can't be in a file (off_t); bounding them also keeps every number
+# this module prints well under Python's 4300-digit limit for int -> str.
+_MAX_COUNT = (1 << 63) - 1
+
+
 def _is_count(x: Any) -> TypeGuard[int]:
-    return type(x) is int and x >= 0
+    return type(x) is int and 0 <= x <= _MAX_COUNT
 
 
-def _parse_entry(record: Any) -> IndexEntry | str:
-    """An entry, or what is wrong with the record."""
+def _show(value: Any, limit: int = 80) -> str:
+    """A value for a message: repr of a short string or number, else its type (never a huge repr)."""
+    if isinstance(value, str) or type(value) in (int, float, bool) or value is None:
+        text = repr(value) if not isinstance(value, int) or -(10**30) < value < 10**30 else "a huge number"
+        return text if len(text) <= limit else text[: limit - 4] + "...'"
+    return f"a JSON {'object' if isinstance(value, dict) else 'array' if isinstance(value, list) else 'value'}"
+
+
+def _parse_entry(record: Any, plain_fields: set[str]) -> IndexEntry | str:
+    """An entry, or what is wrong with the record.
+
+    Beyond the types, the numbers must fit the layout ``build_index`` records (block-aligned, in
+    order, the sample ending where its last member's padding ends) and every member name must
+    belong to the key and field it is listed under by the key rule, as ``read_samples`` groups it.
+    ``plain_fields`` is for ``_names_problem``.
+    """
     if not isinstance(record, dict):
         return "a sample line must be a JSON object"
     key, offset, size, fields, names = (record.get(k) for k in ("key", "offset", "size", "fields", "names"))
     if not isinstance(key, str) or not key:
         return "bad or missing key"
-    if not _is_count(offset) or not _is_count(size):
-        return f"sample {key!r}: bad offset or size"
+    if not _is_count(offset) or not _is_count(size) or offset % BLOCK or size % BLOCK:
+        return f"sample {_show(key)}: bad offset or size"
     if not isinstance(fields, dict) or not fields:
-        return f"sample {key!r}: fields must be a non-empty object"
-    if names is not None and not (isinstance(names, dict) and all(isinstance(v, str) for v in names.values())):
-        return f"sample {key!r}: names must map fields to member names"
+        return f"sample {_show(key)}: fields must be a non-empty object"
+    if names is not None and not (isinstance(names, dict) and all(isinstance(v, str) and k in fields
+                                                                    for k, v in names.items())):
+        return f"sample {_show(key)}: names must map its fields to member names"
     out: dict[str, tuple[int, int]] = {}
     end = offset
     for field, value in fields.items():
         if not (isinstance(value, list) and len(value) == 2 and _is_count(value[0]) and _is_count(value[1])):
-            return f"sample {key!r}: field {field!r} must be [data_offset, size]"
+            return f"sample {_show(key)}: field {_show(field)} must be [data_offset, size]"
         data_offset, data_size = value
         if data_offset % BLOCK or data_offset < end + BLOCK or data_offset + data_size > offset + size:
-            return f"sample {key!r}: field {field!r} lies outside the sample or out of order"
+            return f"sample {_show(key)}: field {_show(field)} lies outside the sample or out of order"
         end = data_offset + _padded(data_size)
         out[field] = (data_offset, data_size)
+    if end != offset + size:
+        return f"sample {_show(key)}: its size ({size}) doesn't end where its last member ends ({end - offset} bytes)"
+    problem = _names_problem(key, out, names, plain_fields)
+    if problem:
+        return f"sample {_show(key)}: {problem}"
     return IndexEntry(key, offset, size, out, names or None)
+
+
+def _names_problem(key: str, fields: Iterable[str], names: dict[str, str] | None, plain_fields: set[str]) -> str:
+    """What keeps a member name from splitting into ``(key, field)`` by the key rule, or ``""``.
+
+    KEY.FIELD splits back when the key's last part is a name without a dot and the field is lower
+    case without a slash; a name from ``names`` is split as it is. ``plain_fields`` remembers the
+    fields found fit for KEY.FIELD: they repeat on every sample, each is split once.
+    """
+    base = key[key.rfind("/") + 1 :]
+    plain_key = bool(base) and "." not in base
+    for field in fields:
+        if names and field in names:
+            name = names[field]
+            fits = split_key(name) == (key, field)
+        else:
+            name = f"{key}.{field}"
+            fits = plain_key and (field in plain_fields or split_key(name) == (key, field))
+            if fits:
+                plain_fields.add(field)
+        if not fits:
+            return f"member {_show(name)} is not field {_show(field)} of this key"
+    return ""
 
 
 def load_index(url: str) -> ShardIndex:
@@ -414,12 +541,21 @@ class IndexedShard:
     """Random access to the samples of one plain tar shard, by position or by key.
 
     ``index`` is an index file (path or URL, ``tarproc`` format) or a ``ShardIndex``; by default
-    ``SHARD.idx`` is used when it exists and matches the shard's size, and otherwise the shard is
-    scanned once to build an index in memory. ``fields`` limits what is read to those fields (a
-    sample lacking one is returned without it). Local files are read with ``os.pread`` on one
-    descriptor (safe to share between threads); other URLs with fsspec range reads
-    (``cat_file(path, start, end)``), never the whole file. Each read is checked with the core
-    reader: a header that isn't there or names another member raises ``TarFormatError``.
+    ``SHARD.idx`` is used when it exists, and otherwise the shard is scanned once to build an index
+    in memory. A malformed index file raises ``IndexFileError`` naming the file and the line.
+
+    An index records the size of its shard; one made for another size is *stale*, and ``stale``
+    says what then: ``"error"`` (the default) raises ``IndexFileError`` naming the index, the shard
+    and the ``tarindex`` command that rebuilds it; ``"rebuild"`` scans the shard to index it in
+    memory, after one warning through ``warn`` (by default a line on stderr, as ``read_samples``).
+
+    ``fields`` limits what is read to those fields (a sample lacking one is returned without it).
+    Local files are read with ``os.pread`` on one descriptor (safe to share between threads); other
+    URLs with fsspec range reads (``cat_file(path, start, end)``), never the whole file. Each read
+    is checked with the core reader: at every offset the index gives there must be a valid header
+    naming that key's member for that field, of that size. Otherwise (a shard rewritten at the same
+    size, a damaged index) ``IndexFileError`` names the index, the shard and the byte, and says how
+    to rebuild the index: wrong bytes are never returned under a key.
 
     >>> import os, tempfile
     >>> from tarproc import TarWriter
@@ -440,9 +576,14 @@ class IndexedShard:
         fields: Iterable[str] | None = None,
         dup: str = "error",
         max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+        stale: str = "error",
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         self.url = url = os.fspath(url)
         check_random_access(url)
+        if stale not in STALE_POLICIES:
+            raise OptionError(f"bad stale-index policy {stale!r}; use one of {', '.join(STALE_POLICIES)}")
+        self.index_url: str | None = None  # the index file in use; None for a ShardIndex or a scan
         self.fields = None if fields is None else list(fields)
         self.reads = 0  # read calls made on the shard, and bytes they returned
         self.bytes_read = 0
@@ -471,27 +612,53 @@ class IndexedShard:
             kind = detect(self._read(0, min(8, size))) if size else None
             if kind is not None:
                 raise compressed_error(url, kind)
-            self.index = self._load(index, dup, max_member_size)
+            self.index = self._load(index, stale, warn, dup, max_member_size)
         except BaseException:
             self.close()
             raise
 
-    def _load(self, index: str | os.PathLike[str] | ShardIndex | None, dup: str, max_member_size: int) -> ShardIndex:
+    def _load(
+        self,
+        index: str | os.PathLike[str] | ShardIndex | None,
+        stale: str,
+        warn: Callable[[str], None] | None,
+        dup: str,
+        max_member_size: int,
+    ) -> ShardIndex:
+        index_url: str | None = None
         if isinstance(index, ShardIndex):
-            if index.size != self.size:
-                raise IndexFileError(_stale(index, self.size, self.url), None)
-            return index
-        if index is not None:
+            # made in memory, not parsed: its member names get the parser's check (the reads
+            # compare headers with these names, which then can't belong to another key)
+            plain_fields: set[str] = set()
+            for i, entry in enumerate(index.entries):
+                problem = _names_problem(entry.key, entry.fields, entry.names, plain_fields)
+                if problem:
+                    raise IndexFileError(f"the index given is wrong: sample {i} ({_show(entry.key)}): {problem}",
+                                         self.url)
+            loaded = index
+        elif index is not None:
             index_url = os.fspath(index)
             loaded = load_index(index_url)
-            if loaded.size != self.size:
-                raise IndexFileError(_stale(loaded, self.size, self.url), index_url)
-            return loaded
-        sibling = default_index_url(self.url)
-        if self._exists(sibling):
+        else:
+            sibling = default_index_url(self.url)
+            if not self._exists(sibling):
+                return build_index(self.url, dup=dup, max_member_size=max_member_size)
+            index_url = sibling
             loaded = load_index(sibling)
-            if loaded.size == self.size:
-                return loaded
+        if loaded.size == self.size:
+            self.index_url = index_url
+            return loaded
+        where = (
+            f"made for a shard of {loaded.size} bytes ({_show(loaded.shard)})"
+            f", but {self.url} has {self.size} bytes"
+        )
+        fix = _rebuild_command(self.url, index_url)
+        if stale == "error":
+            raise IndexFileError(f"stale index: {where}; rebuild it with: {fix}", index_url or self.url)
+        (warn or _warn_stderr)(
+            f"{index_url or self.url}: stale index ({where}); indexing {self.url} in memory instead "
+            f"(rebuild the index with: {fix})"
+        )
         return build_index(self.url, dup=dup, max_member_size=max_member_size)
 
     def _exists(self, url: str) -> bool:
@@ -565,25 +732,59 @@ class IndexedShard:
         self, entry: IndexEntry, members: list[tuple[str, tuple[int, int]]], start: int, data: bytes, sample: Sample
     ) -> None:
         """Parse ``data`` (shard bytes from ``start``) with the core reader; each member the index
-        names must be there, with its name and size, or the index doesn't describe this shard."""
+        names must be there, with its name and size (the index was checked when loaded: those names
+        belong to the entry's key and field by the key rule), and the sample may hold no field the
+        index leaves out. Else the index doesn't describe this shard."""
         expected = {off - BLOCK: (field, size) for field, (off, size) in members}
         found: dict[int, tuple[str, bytes]] = {}
+        stats = ReadStats()
         try:
-            for name, value, offset in iter_members(_Fragment(data), self.url):
-                found[start + offset] = (name, value)
+            # an index lists no link (refused when built, or left out with links="skip")
+            parsed = list(iter_members(_Fragment(data), self.url, stats=stats, links="skip"))
         except TarFormatError as e:
-            raise TarFormatError(
-                self.url, start + e.offset, f"{e.reason} where the index puts sample {entry.key!r}; " + _REBUILD, e.member
-            ) from None
+            # zero blocks between concatenated archives (indexed with ignore_zeros) end a plain
+            # parse; reading past them always would cost every read a little, so only on failure
+            try:
+                stats = ReadStats()
+                parsed = list(iter_members(_Fragment(data), self.url, stats=stats, links="skip", ignore_zeros=True))
+            except TarFormatError:
+                raise self._mismatch(
+                    start + e.offset, f"{e.reason} where the index puts sample {_show(entry.key)}"
+                ) from None
+        for name, value, offset in parsed:
+            header = start + offset
+            if header in expected:
+                found[header] = (name, value)
+                continue
+            key, field = split_key(name)
+            if key == entry.key and field not in entry.fields and not field.startswith("__"):
+                raise self._mismatch(header, f"member {_show(name)} of sample {_show(entry.key)} is not in the index")
         for header, (field, size) in expected.items():
             name = entry.member_name(field)
             got = found.get(header)
             if got is None or got[0] != name or len(got[1]) != size:
-                what = "no member there" if got is None else f"member {got[0]!r} of {len(got[1])} bytes"
-                raise TarFormatError(
-                    self.url, header, f"expected member {name!r} of {size} bytes, found {what}; " + _REBUILD
+                what = "no member there" if got is None else f"member {_show(got[0])} of {len(got[1])} bytes"
+                if got is None and any(kind in stats.skipped_entries for kind in ("hard link", "symlink")):
+                    # a link last in the shard, within the end's zero blocks, passes build_index's check
+                    raise _not_in_place(self.url, header, name)
+                raise self._mismatch(
+                    header, f"expected member {_show(name)} of {size} bytes (field {_show(field)} of sample "
+                    f"{_show(entry.key)}), found {what}"
                 )
             sample[field] = got[1]
+
+    def _mismatch(self, offset: int, what: str) -> IndexFileError:
+        """The error for an index that doesn't describe the shard's bytes at ``offset``."""
+        fix = _rebuild_command(self.url, self.index_url)
+        if self.index_url is None:
+            return IndexFileError(
+                f"the index doesn't match the shard at byte {offset}: {what}; the shard changed after it was "
+                f"indexed: index it again ({fix})", self.url,
+            )
+        return IndexFileError(
+            f"index doesn't match {self.url} at byte {offset}: {what}; the shard changed after it was indexed, "
+            f"or the index is damaged: rebuild it with: {fix}", self.index_url,
+        )
 
     def get(self, key: str, fields: Iterable[str] | None = None) -> Sample:
         """The sample with this key; ``KeyError`` when there is none."""
@@ -631,14 +832,12 @@ class IndexedShard:
         return f"IndexedShard({self.url!r}, {len(self)} samples)"
 
 
-_REBUILD = "was the shard changed after it was indexed? rebuild the index (tarindex)"
-
-
-def _stale(index: ShardIndex, size: int, url: str) -> str:
-    return (
-        f"stale index: made for a shard of {index.size} bytes ({index.shard}), but {url} has {size} bytes; "
-        "rebuild it with tarindex"
-    )
+def _rebuild_command(shard: str, index_url: str | None) -> str:
+    """The ``tarindex`` command line that writes the index ``index_url`` of ``shard`` afresh."""
+    command = f"tarindex {shlex.quote(shard)}"
+    if index_url is not None and index_url != default_index_url(shard):
+        command += f" -o {shlex.quote(index_url)}"
+    return command
 
 
 def _url_to_fs(url: str) -> tuple[Any, str]:
@@ -679,6 +878,7 @@ __all__ = [
     "IndexEntry",
     "IndexFileError",
     "IndexedShard",
+    "STALE_POLICIES",
     "ShardIndex",
     "build_index",
     "default_index_url",

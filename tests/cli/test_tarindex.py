@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from tarproc.cli.tarindex import main as tarindex
-from tarproc.index import IndexedShard, build_index, parse_index
+from tarproc.index import IndexedShard, IndexFileError, build_index, parse_index
 
 
 def test_default_outputs_next_to_each_shard(cli, shards):
@@ -145,6 +148,53 @@ def test_skip_shard_goes_on(cli, shards, tmp_path):
     assert "warning: " in result.stderr and "cut.tar: truncated" in result.stderr
     urls = [s["url"] for s in json.loads(result.stdout)["shardlist"]]
     assert urls == [shards.paths[0], shards.paths[1]]
+
+
+@pytest.mark.parametrize("where", ["sibling", "elsewhere"])
+def test_the_command_a_stale_index_error_names_rebuilds_it(cli, shards, tmp_path, where):
+    """IndexedShard's stale-index error ends with a tarindex command line; running it is the fix."""
+    path = shards.paths[0]
+    idx = path + ".idx" if where == "sibling" else str(tmp_path / "elsewhere.idx")
+    args = [path] if where == "sibling" else ["-o", idx, path]
+    assert cli.run(tarindex, args).exit_code == 0
+    cli.write_tar(path, [{"__key__": "new", "txt": b"rewritten shard"}])
+    with pytest.raises(IndexFileError) as e:
+        IndexedShard(path, index=None if where == "sibling" else idx)
+    command = str(e.value).rsplit("rebuild it with: ", 1)[1]
+    assert str(e.value).startswith(f"{idx}: stale index: ") and command.split()[0] == "tarindex"
+    assert cli.run(tarindex, shlex.split(command)[1:]).exit_code == 0
+    with IndexedShard(path, index=None if where == "sibling" else idx) as ds:
+        assert ds.keys() == ["new"] and ds.index_url == idx and ds["new"]["txt"] == b"rewritten shard"
+
+
+def test_links_and_ignore_zeros_reach_the_index(cli, shards, tmp_path):
+    """--links and -i (shared reading options) used to be accepted and ignored by tarindex."""
+    linked = tmp_path / "l.tar"
+    with tarfile.open(linked, "w", format=tarfile.GNU_FORMAT) as tf:
+        for name, data in [("a.txt", b"x" * 3000), ("b.txt", None), ("c.txt", b"z")]:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type, info.linkname = tarfile.LNKTYPE, "a.txt"
+                tf.addfile(info)
+            else:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    result = cli.run(tarindex, [linked])
+    assert result.exit_code == 1
+    assert "member 'b.txt' is a link or a sparse file" in cli.one_line_error(result, "tarindex")
+    assert not Path(str(linked) + ".idx").exists()
+    assert cli.run(tarindex, ["--links", "skip", linked]).exit_code == 0
+    with IndexedShard(linked) as ds:
+        assert ds.keys() == ["a", "c"] and ds["c"]["txt"] == b"z"
+
+    joined = tmp_path / "cat.tar"
+    joined.write_bytes(Path(shards.paths[0]).read_bytes() + Path(shards.paths[1]).read_bytes())
+    result = cli.run(tarindex, [joined])
+    assert result.exit_code == 1 and "garbage after the end-of-archive" in cli.one_line_error(result, "tarindex")
+    assert cli.run(tarindex, ["-i", joined]).exit_code == 0
+    with IndexedShard(joined) as ds:
+        assert [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}) for s in ds] == \
+            shards.expected[:8]
 
 
 def test_verbose_says_what_was_written(cli, shards):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import http.server
 import io
+import json
+import re
 import tarfile
 import threading
 from pathlib import Path
@@ -226,29 +228,73 @@ def test_pax_names_through_indexed_shard(kit, tmp_path, reader):
         assert ds.get("x/" + "é" * 80, fields=["jpg"])["jpg"] == b"pax jpeg"
 
 
-def test_uses_the_sibling_index_and_rebuilds_a_stale_one(shard, monkeypatch):
+def test_uses_the_sibling_index(shard, monkeypatch):
     sibling = Path(default_index_url(str(shard)))
     sibling.write_text(build_index(str(shard)).jsonl_text())
 
     def no_scan(*a: Any, **k: Any) -> None:
         raise AssertionError("scanned although a valid index exists")
 
-    with monkeypatch.context() as m:
-        m.setattr(index_mod, "build_index", no_scan)
-        with IndexedShard(shard) as ds:
-            assert ds["s/0001"]["cls"] == b"1"
-    # the shard is rewritten with other samples: the sibling's size no longer matches -> scan
-    write(shard, make_samples(3, big=10))
+    monkeypatch.setattr(index_mod, "build_index", no_scan)
     with IndexedShard(shard) as ds:
+        assert ds["s/0001"]["cls"] == b"1" and ds.index_url == str(sibling)
+
+
+def test_stale_sibling_index_is_an_error(shard, capsys):
+    """The README's promise: a stale index is an error naming both files and the command that
+    rebuilds it (it used to be rebuilt in memory on every open, without a word)."""
+    sibling = Path(default_index_url(str(shard)))
+    sibling.write_text(build_index(str(shard)).jsonl_text())
+    old_size = shard.stat().st_size
+    write(shard, make_samples(3, big=10))
+    with pytest.raises(IndexFileError) as e:
+        IndexedShard(shard)
+    assert str(e.value) == (
+        f"{sibling}: stale index: made for a shard of {old_size} bytes ('s.tar'), but {shard} has "
+        f"{shard.stat().st_size} bytes; rebuild it with: tarindex {shard}"
+    )
+    assert capsys.readouterr().err == ""
+
+
+def test_stale_index_rebuilt_on_request_warns_once(shard, tmp_path, capsys):
+    sibling = Path(default_index_url(str(shard)))
+    sibling.write_text(build_index(str(shard)).jsonl_text())
+    elsewhere = tmp_path / "other.idx"
+    elsewhere.write_text(sibling.read_text())
+    write(shard, make_samples(3, big=10))
+    warnings: list[str] = []
+    with IndexedShard(shard, stale="rebuild", warn=warnings.append) as ds:
+        assert len(ds) == 3 and ds.index_url is None
+        assert as_dicts(ds) == as_dicts(read_samples(str(shard)))
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"{sibling}: stale index (made for a shard of ")
+    assert warnings[0].endswith(f"indexing {shard} in memory instead (rebuild the index with: tarindex {shard})")
+    # an index named explicitly: the same policy, and the command writes that file
+    with IndexedShard(shard, index=elsewhere, stale="rebuild") as ds:
         assert len(ds) == 3
+    err = capsys.readouterr().err
+    assert err.count("warning: ") == 1 and f"tarindex {shard} -o {elsewhere})" in err
+    assert sibling.read_text() == elsewhere.read_text()  # nothing is written behind the caller's back
+    with pytest.raises(OptionError, match="stale-index policy 'ignore'"):
+        IndexedShard(shard, stale="ignore")
+
+
+def test_no_index_file_is_scanned_silently(shard, capsys):
+    with IndexedShard(shard) as ds:
+        assert len(ds) == 6 and ds.index_url is None
+    assert capsys.readouterr().err == ""
 
 
 def test_explicit_stale_index_is_an_error(shard, tmp_path):
     idx = tmp_path / "s.idx"
-    idx.write_text(build_index(str(shard)).jsonl_text())
+    index = build_index(str(shard))
+    idx.write_text(index.jsonl_text())
     write(shard, make_samples(3, big=10))
-    with pytest.raises(IndexFileError, match=r"s\.idx: stale index: made for a shard of \d+ bytes"):
+    with pytest.raises(IndexFileError, match=r"s\.idx: stale index: made for a shard of \d+ bytes") as e:
         IndexedShard(shard, index=idx)
+    assert str(e.value).endswith(f"rebuild it with: tarindex {shard} -o {idx}")
+    with pytest.raises(IndexFileError, match=f"^{re.escape(str(shard))}: stale index: "):
+        IndexedShard(shard, index=index)
 
 
 def test_rewritten_shard_of_the_same_size_is_detected(tmp_path):
@@ -260,15 +306,27 @@ def test_rewritten_shard_of_the_same_size_is_detected(tmp_path):
     # other keys, same sizes
     write(path, [{"__key__": f"b{i}", "txt": b"x" * 600} for i in range(4)])
     assert path.stat().st_size == size
-    with IndexedShard(path, index=index) as ds, pytest.raises(TarFormatError) as e:
+    with IndexedShard(path, index=index) as ds, pytest.raises(IndexFileError) as e:
         ds[1]
-    assert e.value.url == str(path) and e.value.offset == index.entries[1].fields["txt"][0] - 512
-    assert "expected member 'a1.txt' of 600 bytes, found member 'b1.txt'" in str(e.value)
-    assert "rebuild the index" in str(e.value)
+    header = index.entries[1].fields["txt"][0] - 512
+    assert e.value.url == str(path)
+    assert str(e.value) == (
+        f"{path}: the index doesn't match the shard at byte {header}: expected member 'a1.txt' of 600 bytes "
+        f"(field 'txt' of sample 'a1'), found member 'b1.txt' of 600 bytes; the shard changed after it was "
+        f"indexed: index it again (tarindex {path})"
+    )
+    # the same through an index file: the error names it and the command that rebuilds it
+    idx = Path(default_index_url(str(path)))
+    idx.write_text(index.jsonl_text())
+    with IndexedShard(path) as ds, pytest.raises(IndexFileError) as e:
+        ds["a1"]
+    assert str(e.value).startswith(f"{idx}: index doesn't match {path} at byte {header}: expected member 'a1.txt'")
+    assert str(e.value).endswith(f"or the index is damaged: rebuild it with: tarindex {path}")
+    idx.unlink()
     # members shifted: the index points into the middle of data
     write(path, [{"__key__": f"a{i}", "txt": b"y" * 100} for i in range(6)])
     assert path.stat().st_size == size
-    with IndexedShard(path, index=index) as ds, pytest.raises(TarFormatError, match="rebuild the index"):
+    with IndexedShard(path, index=index) as ds, pytest.raises(IndexFileError, match="index it again"):
         ds[3]
 
 
@@ -278,9 +336,19 @@ def test_shard_shorter_than_its_index(shard, tmp_path):
     shard.write_bytes(data[: index.entries[3].offset + 700] + bytes(len(data) - index.entries[3].offset - 700))
     with IndexedShard(shard, index=index) as ds:
         assert ds[2]["cls"] == b"2"
-        with pytest.raises(TarFormatError, match="found no member there; was the shard changed"):
+        with pytest.raises(IndexFileError, match="found no member there; the shard changed"):
             ds[3]
-        assert str(shard) in str(pytest.raises(TarFormatError, ds.__getitem__, 4).value)
+        assert str(shard) in str(pytest.raises(IndexFileError, ds.__getitem__, 4).value)
+
+
+def edit(lineno: int, old: str, new: str) -> Any:
+    """A mangle that replaces ``old`` with ``new`` on line ``lineno`` (1 = the header)."""
+
+    def mangle(lines: list[str]) -> list[str]:
+        assert old in lines[lineno - 1]
+        return lines[: lineno - 1] + [lines[lineno - 1].replace(old, new)] + lines[lineno:]
+
+    return mangle
 
 
 @pytest.mark.parametrize(
@@ -295,6 +363,29 @@ def test_shard_shorter_than_its_index(shard, tmp_path):
         (lambda lines: lines[:4] + [lines[4].replace('"fields":{', '"fields":{"x":[3,1],')] + lines[5:],
          r"line 5: .*field 'x'"),
         (lambda lines: [], r"line 1: empty file"),
+        # issue 14: whatever the bytes, IndexFileError naming the file and the line
+        (edit(2, '"offset":0', '"offset":' + "1" * 5000), r"line 2: not JSON \(a number with too many digits\)"),
+        (edit(1, '"size": ', '"size": ' + "4" * 4400),
+         r"line 1: not a tarproc index \(the first line is not JSON: a number with too many digits\)"),
+        (lambda lines: [lines[0], _sum_over_4300_digits()] + lines[2:], r"line 2: sample 's/0000': bad offset or size"),
+        (edit(2, '"fields":', '"x":' + "[" * 100_000 + "]" * 100_000 + ',"fields":'),
+         r"line 2: not JSON \(nested too deeply\)"),
+        (lambda lines: ['{"format":' + '{"a":' * 50_000] + lines[1:], r"line 1: .*nested too deeply"),
+        (edit(2, '"offset":0', '"offset":NaN'), r"line 2: not JSON \(NaN"),
+        (edit(2, '"size":5632', '"size":-Infinity'), r"line 2: not JSON \(-Infinity"),
+        (edit(2, '"size":5632', '"size":1e400'), r"line 2: .*bad offset"),
+        (edit(2, '"offset":0', '"offset":true'), r"line 2: .*bad offset"),
+        (edit(2, '"key":"s/0000"', '"key":7'), r"line 2: bad or missing key"),
+        (edit(2, '"cls":[512,1]', '"cls":{"a":1}'), r"line 2: .*field 'cls' must be \[data_offset, size\]"),
+        (edit(1, '"version": 1', '"version": [[[1]]]'), r"line 1: index version a JSON array is not supported"),
+        (edit(2, "]}}", ']},"names":["s/0000.cls"]}'), r"line 2: .*names must map"),
+        (edit(2, "]}}", ']},"names":{"cls":"s/0009.cls"}}'),
+         r"line 2: sample 's/0000': member 's/0009.cls' is not field 'cls' of this key"),
+        (edit(2, '"offset":0', '"offset":1'), r"line 2: .*bad offset"),
+        (edit(2, '"size":5632', '"size":6144'),
+         r"line 2: sample 's/0000': its size \(6144\) doesn't end where its last member ends \(5632 bytes\)"),
+        (edit(1, '"size": 40960', '"size": 30720'),
+         r"line 7: sample 's/0005' ends at byte 35840, past the shard's 30720 bytes"),
     ],
 )
 def test_corrupt_index_file(shard, tmp_path, mangle, message):
@@ -307,6 +398,97 @@ def test_corrupt_index_file(shard, tmp_path, mangle, message):
     assert str(e.value).startswith(f"{idx}: line ")
     with pytest.raises(IndexFileError):
         load_index(str(idx))
+
+
+def _sum_over_4300_digits() -> str:
+    """A sample line whose numbers each fit the 4300-digit limit but whose end (offset + size)
+    doesn't, so that printing it in a message used to raise ValueError."""
+    offset = 10**4299
+    return f'{{"key":"s/0000","offset":{offset},"size":{"9" * 4300},"fields":{{"cls":[{offset + 512},1]}}}}'
+
+
+def test_index_file_that_is_not_utf8(shard, tmp_path):
+    idx = tmp_path / "bad.idx"
+    idx.write_bytes(build_index(str(shard)).jsonl_text().encode().replace(b"s/0001", b"s/\xff001"))
+    with pytest.raises(IndexFileError, match=r"bad\.idx: line 3: not UTF-8 text"):
+        IndexedShard(shard, index=idx)
+
+
+def test_line_separators_inside_a_key(tmp_path):
+    """Lines end at \n only: U+2028 or \x1c in a key (written unescaped by hand or by another
+    JSON writer) used to split the line, and a valid index read as 'not JSON'."""
+    path = tmp_path / "sep.tar"
+    keys = ["a\u2028b", "c\x1cd", "e\x85f"]
+    with open(path, "wb") as f, TarWriter(f) as w:
+        for key in keys:
+            w.write_sample({"__key__": key, "txt": key})
+    index = build_index(str(path))
+    lines = index.jsonl_text().splitlines()
+    unescaped = [lines[0]] + [json.dumps(json.loads(line), ensure_ascii=False) for line in lines[1:]]
+    assert "\u2028" in unescaped[1]
+    (tmp_path / "sep.tar.idx").write_text("\n".join(unescaped) + "\n")
+    with IndexedShard(path) as ds:
+        assert ds.index.entries == index.entries
+        assert [ds[key]["txt"] for key in keys] == [key.encode() for key in keys]
+
+
+def _upper_case_shard(path: Path) -> Path:
+    """Samples whose every member name differs from KEY.FIELD: the index lists them all in names."""
+    with open(path, "wb") as f, TarWriter(f) as w:
+        for key in ("a", "b"):
+            w.add(f"{key}.JPG", f"jpeg of {key}".encode())
+            w.add(f"{key}.TXT", f"text of {key}".encode())
+    return path
+
+
+def test_changed_key_never_returns_another_keys_bytes(tmp_path):
+    """Issue 14: with a names map, one changed character of a key used to serve a's bytes as 'c'."""
+    path = _upper_case_shard(tmp_path / "u.tar")
+    text = build_index(str(path)).jsonl_text()
+    assert '"key":"a"' in text and '"names":{"jpg":"a.JPG","txt":"a.TXT"}' in text
+    idx = tmp_path / "u.tar.idx"
+    idx.write_text(text.replace('"key":"a"', '"key":"c"'))
+    with pytest.raises(IndexFileError) as e:
+        IndexedShard(path)
+    assert str(e.value) == f"{idx}: line 2: sample 'c': member 'a.JPG' is not field 'jpg' of this key"
+    # a ShardIndex made in memory isn't parsed: IndexedShard checks its names the same way
+    index = build_index(str(path))
+    index.entries[0] = index.entries[0]._replace(key="c")
+    with pytest.raises(IndexFileError) as e:
+        IndexedShard(path, index=index)
+    assert str(e.value) == (
+        f"{path}: the index given is wrong: sample 0 ('c'): member 'a.JPG' is not field 'jpg' of this key"
+    )
+
+
+def test_key_with_a_dot_moved_into_the_field_is_refused(tmp_path):
+    """'x.b.cls' is field 'b.cls' of key 'x' (the key ends at the first dot): an index that calls it
+    field 'cls' of key 'x.b' names the same member, and used to serve it under the wrong key."""
+    path = tmp_path / "d.tar"
+    with open(path, "wb") as f, TarWriter(f) as w:
+        w.add("x.b.cls", b"1")
+        w.add("y.cls", b"2")
+    text = build_index(str(path)).jsonl_text()
+    assert '{"key":"x","offset":0,"size":1024,"fields":{"b.cls":[512,1]}}' in text
+    (tmp_path / "d.tar.idx").write_text(text.replace('"key":"x"', '"key":"x.b"').replace('"b.cls"', '"cls"'))
+    with pytest.raises(IndexFileError, match=r"line 2: sample 'x\.b': member 'x\.b\.cls' is not field 'cls'"):
+        IndexedShard(path)
+    index = build_index(str(path))
+    index.entries[0] = index.entries[0]._replace(key="x.b", fields={"cls": (512, 1)})
+    with pytest.raises(IndexFileError, match=r"sample 0 \('x\.b'\): member 'x\.b\.cls' is not field 'cls'"):
+        IndexedShard(path, index=index)
+
+
+def test_field_left_out_of_the_index_is_noticed(shard, tmp_path):
+    """A line that lost a field would serve the sample without it; reading across it is an error."""
+    lines = build_index(str(shard)).jsonl_text().splitlines()
+    lines[1] = lines[1].replace('"jpg":[1536,3000],', "")
+    idx = tmp_path / "s.idx"
+    idx.write_text("\n".join(lines) + "\n")
+    with IndexedShard(shard, index=idx) as ds:
+        assert ds.get("s/0000", fields=["cls"])["cls"] == b"0"  # reads no byte of the lost field
+        with pytest.raises(IndexFileError, match=r"at byte 1024: member 's/0000\.jpg' of sample 's/0000' is not in"):
+            ds["s/0000"]
 
 
 def test_missing_shard():
