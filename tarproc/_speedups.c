@@ -11,7 +11,8 @@
  *
  * Items are (name, data, offset) or, with keyed=True, (key, field, data, offset), where offset
  * = base + position in buf (the stream offset of the member's header),
- * and keys follow the WebDataset key rule (key None and field = whole name when there is no key).
+ * and keys follow the WebDataset key rule (key None and field = whole name when there is no key;
+ * a leading "./" is not part of the key).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -149,7 +150,10 @@ static PyObject *scan(PyObject *self, PyObject *args)
                 Py_INCREF(key);
                 field = decode(np, nlen);
             } else {
-                key = decode(np, dot);
+                Py_ssize_t start = 0; /* without the leading "./" of 'tar -C dir .' */
+                while (start + 1 < dot && np[start] == '.' && np[start + 1] == '/')
+                    start += 2;
+                key = decode(np + start, dot - start);
                 field = decode_lower(np + dot + 1, nlen - dot - 1);
             }
             if (key == NULL || field == NULL) {

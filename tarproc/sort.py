@@ -468,7 +468,9 @@ class _Sorter:
         urls = self.urls
         with open(run.path, "rb", buffering=0) as f, open(run.side, "rb", buffering=0) as side:
             # our own file of samples the input limit already let through: no size limit here
-            members = iter_keyed_members(_CappedReader(f, self.chunk), run.path, max_member_size=_RUN_MEMBER_LIMIT)
+            # our own run files: no links to follow, nothing to keep for them
+            members = iter_keyed_members(_CappedReader(f, self.chunk), run.path, max_member_size=_RUN_MEMBER_LIMIT,
+                                         links="skip", link_cache=0)
             records: Iterator[tuple[int, int]] = iter(())
             for sample in group_keyed(members, run.path):
                 record = next(records, None)

@@ -250,12 +250,22 @@ def iter_keyed_members(
 
 
 def split_key(name: str) -> tuple[str | None, str]:
-    """``(key, field)`` by the key rule, or ``(None, name)`` when the name has no key."""
+    """``(key, field)`` by the key rule, or ``(None, name)`` when the name has no key.
+
+    The key is the name up to the first dot of its last path component, without the leading
+    ``./`` that ``tar -C dir .`` writes; the field is the rest, in lower case.
+
+    >>> split_key("./train/n0144_1.JPEG"), split_key("a/b.seg.png"), split_key("README")
+    (('train/n0144_1', 'jpeg'), ('a/b', 'seg.png'), (None, 'README'))
+    """
     slash = name.rfind("/")
     dot = name.find(".", slash + 1)
     if dot <= slash + 1:
         return None, name
-    return name[:dot], name[dot + 1 :].lower()
+    start = 0
+    while name.startswith("./", start):
+        start += 2
+    return name[start:dot], name[dot + 1 :].lower()
 
 
 _LINK_TYPES = (ord("1"), ord("2"))

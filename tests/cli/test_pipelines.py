@@ -329,7 +329,7 @@ def test_gnu_tar_to_tarcat_to_gnu_tar(scripts, tree, tmp_path):
     r = subprocess.run(["bash", "-c", cmd], capture_output=True, env=env(), timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
     assert r.stderr == b""
-    assert r.stdout.decode().splitlines() == sorted(f"./{rel}" for rel in files)
+    assert r.stdout.decode().splitlines() == sorted(files)  # the "./" of tar -C dir . is not part of a key
 
     dest = tmp_path / "dest"
     dest.mkdir()

@@ -85,7 +85,7 @@ def test_failure_is_reported_with_its_output_tail(cli, here):
                   "echo working on {}; [ {} != b ] || { echo 'cannot open in-b.tar' >&2; exit 4; }"])
     assert r.exit_code == 1
     err = r.stderr.splitlines()
-    assert "warning: shard b exited with status 4 (attempt 1 of 2); retrying in 0.05 s" in err
+    assert "tarjob: warning: shard b exited with status 4 (attempt 1 of 2); retrying in 0.05 s" in err
     i = err.index("tarjob: shard b exited with status 4 (after 2 attempts)")
     assert err[i + 1:i + 3] == ["b: working on b", "b: cannot open in-b.tar"]
     assert err[-1] == "tarjob: error: 1 of 3 shards failed: b (see tarjob.jsonl)"

@@ -18,7 +18,8 @@ from tarproc.tario import ReadStats, iter_members
         ("a.txt", ("a", "txt")),
         ("a.b.c.d", ("a", "b.c.d")),
         ("x/y/z.JPG", ("x/y/z", "jpg")),
-        ("./s/001.cls", ("./s/001", "cls")),
+        ("./s/001.cls", ("s/001", "cls")),  # the "./" of tar -C dir . is not part of the key
+        ("././s/002.cls", ("s/002", "cls")),
         ("k.", ("k", "")),
         ("ünï.ÜX", ("ünï", "üx")),
         ("README", None),

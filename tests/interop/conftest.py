@@ -62,12 +62,16 @@ def wds_samples(url: str) -> list[tuple[str, dict[str, bytes]]]:
 
 def key_rule(name: str) -> tuple[str, str] | None:
     """The WebDataset key rule, written independently of tarproc: key = directory + basename up to
-    its first dot; field = the rest, lower-cased; no key without a dot or for a leading dot."""
+    its first dot, without the leading "./" of 'tar -C dir .'; field = the rest, lower-cased; no
+    key without a dot or for a leading dot."""
     directory, slash, base = name.rpartition("/")
     if "." not in base or base.startswith("."):
         return None
     stem, _, field = base.partition(".")
-    return directory + slash + stem, field.lower()
+    key = directory + slash + stem
+    while key.startswith("./"):
+        key = key[2:]
+    return key, field.lower()
 
 
 def group(members: Iterable[tuple[str, bytes]]) -> list[tuple[str, dict[str, bytes]]]:
