@@ -481,14 +481,18 @@ class Summary:
         max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
         count: int | None = None,
         wrap: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
+        links: str = "follow",
+        ignore_zeros: bool = False,
     ) -> None:
-        """Read one shard (any URL ``open_source`` takes); a ``TarprocError`` is recorded and re-raised."""
+        """Read one shard (any URL ``open_source`` takes); a ``TarprocError`` is recorded and re-raised.
+        ``links`` and ``ignore_zeros`` are ``iter_members``'s."""
         from .sources import open_source
 
         self.stats.shards += 1
         try:
             with open_source(url) as stream:
-                members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=self.stats)
+                members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=self.stats,
+                                             links=links, ignore_zeros=ignore_zeros)
                 self.add_members(wrap(members) if wrap else members, url, count)
         except TarprocError as e:
             self.stats.shards_failed += 1
@@ -680,13 +684,16 @@ def summarize(
     warn: Callable[[str], None] | None = None,
     summary: Summary | None = None,
     wrap: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
+    links: str = "follow",
+    ignore_zeros: bool = False,
 ) -> Summary:
     """Summarize the members of all ``urls``. With ``on_error="fail"`` a damaged shard raises (the
     partial summary is in ``summary`` if one was passed); ``"skip-shard"`` records it and goes on."""
     summary = summary if summary is not None else Summary()
     for url in urls:
         try:
-            summary.add_shard(url, max_member_size=max_member_size, count=count, wrap=wrap)
+            summary.add_shard(url, max_member_size=max_member_size, count=count, wrap=wrap, links=links,
+                              ignore_zeros=ignore_zeros)
         except TarprocError as e:
             if on_error == "fail":
                 summary.finish()

@@ -260,8 +260,7 @@ def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool
 
     try:
         summarize(
-            reading.urls, on_error=reading.on_error, max_member_size=reading.max_member_size, count=count,
-            warn=warn, summary=acc, wrap=wrap,
+            reading.urls, on_error=reading.on_error, count=count, warn=warn, summary=acc, wrap=wrap, **reading.tar,
         )
     except TarprocError:
         report()  # what was read up to the damage; the error itself goes to stderr (exit 1)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 from PIL import Image
@@ -415,3 +416,28 @@ def test_grid_captions_escape_control_characters_in_keys(cli, tmp_path, monkeypa
     r = cli.run(tarshow, [path, "--grid", tmp_path / "g.png", "-q"])
     assert r.exit_code == 0, r.stderr
     assert drawn == ["a\\nb\\x1b[1m"]
+
+
+def test_summary_reads_links_and_concatenated_archives_as_tarcat_does(tmp_path):
+    from click.testing import CliRunner
+
+    from tarproc.cli.tarshow import main as tarshow
+
+    one = tmp_path / "one.tar"
+    with tarfile.open(one, "w", format=tarfile.GNU_FORMAT) as tf:
+        for name in ("a.txt", "a.cls"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"1"))
+        info = tarfile.TarInfo("b.txt")
+        info.type, info.linkname = tarfile.LNKTYPE, "a.txt"
+        tf.addfile(info)
+    both = tmp_path / "both.tar"
+    both.write_bytes(one.read_bytes() * 2)
+    r = CliRunner().invoke(tarshow, ["--summary", "--json", str(one)])
+    assert r.exit_code == 0, r.output
+    assert '"samples": 2' in r.output
+    r = CliRunner().invoke(tarshow, ["--summary", "--json", "--links", "skip", str(one)])
+    assert '"samples": 1' in r.output
+    r = CliRunner().invoke(tarshow, ["--summary", "--json", "-i", "--dup", "warn", str(both)])
+    assert r.exit_code == 0, r.output
