@@ -66,6 +66,10 @@ class TarprocCommand(click.Command):
         kwargs.setdefault("context_settings", CONTEXT_SETTINGS)
         super().__init__(*args, **kwargs)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        _refuse_repeated_options(self, args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -129,6 +133,41 @@ class TarprocCommand(click.Command):
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         sys.exit(status)
+
+
+def _refuse_repeated_options(command: click.Command, args: list[str]) -> None:
+    """A usage error when an option that takes one value is given twice (click would keep the last
+    silently: ``tarcat -c 5 -c 10``). Options declared ``multiple`` and flags may repeat."""
+    takes_value: dict[str, click.Option] = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and not param.is_flag and not param.count:
+            for opt in param.opts + param.secondary_opts:
+                takes_value[opt] = param
+    given: set[str] = set()  # the names of the single-value options seen
+    i = 0
+    while i < len(args):
+        token = args[i]
+        i += 1
+        if token == "--":
+            break
+        if not token.startswith("-") or token == "-":
+            continue
+        option, attached = token, False
+        if token.startswith("--") and "=" in token:
+            option, attached = token.split("=", 1)[0], True
+        elif not token.startswith("--") and len(token) > 2 and token[:2] in takes_value:
+            option, attached = token[:2], True  # -c5: a short option with its value attached
+        param = takes_value.get(option)
+        if param is None:
+            continue
+        if not attached:
+            i += param.nargs  # skip the value, whatever it looks like
+        if param.multiple:
+            continue
+        if param.name in given:
+            raise click.UsageError(f"option {option} is given more than once (it takes one value, and the last "
+                                   "would win without a word)")
+        given.add(param.name or option)
 
 
 def say(message: str) -> None:

@@ -34,7 +34,7 @@ not written to a terminal unless --force. Nothing matching: exit 1 with a messag
               help="Field alternatives, e.g. 'jpg;jpeg;png' [default: common image types, unless --regex].")
 @click.option("--key", metavar="KEY", help="Only members of the sample with this key.")
 @click.option("--regex", metavar="RE", help="Only members whose name (KEY.FIELD) matches this regex (re.search).")
-@click.option("-n", "nth", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+@click.option("-n", "--nth", "nth", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Write the N-th match.")
 @click.option("-o", "--output", default="-", show_default=True, metavar="URL",
               help="Where to write: '-' (stdout), a path or a URL; the bytes as they are.")

@@ -463,3 +463,25 @@ def test_bad_braces_are_a_named_error_from_the_python_api():
 
     with pytest.raises(OptionError, match="unbalanced braces in 'x{a,b.tar'"):
         list(tarproc.read_samples("x{a,b.tar"))
+
+
+@pytest.mark.parametrize("args,option", [
+    (["-c", "5", "-c", "10"], "-c"), (["--count", "5", "-c10"], "-c"), (["--count=5", "--count", "1"], "--count"),
+    (["--max-member-size", "1M", "--max-member-size", "2M"], "--max-member-size"),
+])
+def test_an_option_that_takes_one_value_given_twice_is_a_usage_error(cli, tmp_path, args, option):
+    (tmp_path / "in.tar").write_bytes(cli.tar_bytes([{"__key__": "a", "txt": b"x"}]))
+    r = cli.run(cli.tarcat, [*args, str(tmp_path / "in.tar")])
+    assert r.exit_code == 2
+    assert f"option {option} is given more than once" in r.stderr
+
+
+def test_repeatable_options_flags_and_values_that_look_like_options_are_fine(cli, tmp_path):
+    from tarproc.cli.tarproc import main as tarproc_main
+
+    (tmp_path / "in.tar").write_bytes(cli.tar_bytes([{"__key__": "a", "txt": b"x"}]))
+    r = cli.run(cli.tarcat, ["-q", "-q", "-T", "/dev/null", "-T", "/dev/null", str(tmp_path / "in.tar"), "-o",
+                             str(tmp_path / "out.tar")])
+    assert r.exit_code == 0, r.stderr
+    r = cli.run(tarproc_main, ["-c", "-c", str(tmp_path / "in.tar"), "-o", str(tmp_path / "p.tar")])
+    assert "is given more than once" not in r.stderr  # the value of -c is "-c" (a command), not a second -c
