@@ -110,6 +110,25 @@ def _varied_archives(kit) -> dict[str, bytes]:
         kit.member(b"caf\xc3\xa9.\xc3\x89T\xc3\xa9", b"utf-8 upper field", prefix=b"pr\xe9fix"),
         kit.member("\u0130stanbul.\u0130\u03a3", b"special lower()"),
     )
+    # links, sparse files and old-style entries (the reader's newer paths), and "./" names
+    old_sparse = bytearray(kit.header("./s/old.bin", 5, typeflag=b"S", magic=b"ustar  \x00"))
+    old_sparse[386:434] = b"%011o\x00%011o\x00%011o\x00%011o\x00" % (0, 2, 10, 3)
+    old_sparse[483:495] = b"%011o\x00" % 16
+    old_sparse[148:156] = b" " * 8
+    old_sparse[148:156] = b"%06o\x00 " % sum(old_sparse)
+    sparse_map = kit.pad(b"2\n0\n3\n10\n2\n")
+    archives["links-sparse-old"] = kit.archive(
+        kit.member("./s/a.txt", b"target"),
+        kit.header("./s/b.txt", typeflag=b"1", linkname=b"./s/a.txt"),
+        kit.header("./s/c.txt", 6, typeflag=b"1", linkname=b"./s/a.txt"),  # an old tar's size, no data
+        kit.header("./s/d.txt", typeflag=b"2", linkname=b"a.txt"),
+        kit.header("./s/", 100, typeflag=b"\x00", magic=b""),  # an old-style directory
+        bytes(old_sparse) + kit.pad(b"abxyz"),
+        kit.pax({"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "s/new.bin",
+                 "GNU.sparse.realsize": "20"}),
+        kit.header("GNUSparseFile.0/new.bin", len(sparse_map) + 5) + kit.pad(sparse_map + b"abcde"),
+        kit.member("./s/z.txt", b"last"),
+    )
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
         for i, name in enumerate(["a.txt", "ü" * 80 + ".txt", "d/" * 70 + "deep.bin", "z.txt"]):
@@ -168,7 +187,8 @@ def _damaged_variants(raw: bytes, seed: int, count: int):
 
 @pytest.mark.parametrize(
     "which, count",
-    [("small-members", 150), ("long-and-prefix-names", 60), ("hand-made-dialects", 200), ("tarfile-pax", 60)],
+    [("small-members", 150), ("long-and-prefix-names", 60), ("hand-made-dialects", 200), ("tarfile-pax", 60),
+     ("links-sparse-old", 200)],
 )
 def test_damaged_archives_identical_errors(kit, compare, which, count):
     raw = _varied_archives(kit)[which]
@@ -231,3 +251,12 @@ def test_huge_max_member_size_is_accepted(kit, reader, request, limit):
     """A user "disabling" the limit (``--max-member-size 1e20``) must not crash the fast path."""
     raw = kit.archive(kit.member("a.txt", b"a"), kit.member("b.txt", b"b" * 600))
     assert kit.read_all(raw, max_member_size=limit) == [("a.txt", b"a", 0), ("b.txt", b"b" * 600, 1024)]
+
+
+def test_links_sparse_and_old_entries_read_whole(kit, reader):
+    raw = _varied_archives(kit)["links-sparse-old"]
+    got = [(n, d) for n, d, _ in kit.read_all(raw)]
+    assert got == [("./s/a.txt", b"target"), ("./s/b.txt", b"target"), ("./s/c.txt", b"target"),
+                   ("./s/d.txt", b"target"), ("./s/old.bin", b"ab" + bytes(8) + b"xyz" + bytes(3)),
+                   ("s/new.bin", b"abc" + bytes(7) + b"de" + bytes(8)), ("./s/z.txt", b"last")]
+    assert [k for k, _, _, _ in kit.read_all(raw, keyed=True)] == ["s/a", "s/b", "s/c", "s/d", "s/old", "s/new", "s/z"]
