@@ -71,9 +71,12 @@ def decode_image(data: bytes | bytearray | memoryview, max_size: int | None = No
     """A Pillow RGB image from encoded bytes, reduced to fit ``max_size`` pixels when given.
 
     JPEGs are decoded at a reduced size directly (``draft``) when that is enough for ``max_size``.
-    Raises ``ImageDecodeError`` for data Pillow can't decode (or a decompression bomb).
+    Raises ``ImageDecodeError`` for data Pillow can't decode, a decompression bomb, or an image
+    over the decode stage's pixel limit (``DEFAULT_MAX_PIXELS``, after any draft reduction).
     """
     from PIL import Image
+
+    from .decode.spec import DEFAULT_MAX_PIXELS
 
     try:
         with warnings.catch_warnings():
@@ -82,6 +85,10 @@ def decode_image(data: bytes | bytearray | memoryview, max_size: int | None = No
             img: Any = Image.open(io.BytesIO(bytes(data)))
         if max_size is not None and img.format == "JPEG":
             img.draft("RGB", (max_size, max_size))
+        width, height = img.size  # from the header: refuse before the pixels are allocated
+        if width * height > DEFAULT_MAX_PIXELS:
+            raise ImageDecodeError(f"cannot decode image: {width}x{height} pixels is over the limit of "
+                                   f"{DEFAULT_MAX_PIXELS:,}", url)
         img.load()
         if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
             # flatten transparency onto a neutral grey rather than black

@@ -294,3 +294,18 @@ def test_elide_middle_keeps_the_most_that_fits():
         assert len(shown) == max(width, 1) and shown.count("…") == 1, (width, shown)
         start, _, end = shown.partition("…")
         assert text.startswith(start) and text.endswith(end) and len(end) >= len(start)
+
+
+def test_an_image_claiming_too_many_pixels_is_refused_before_decoding() -> None:
+    import struct
+    import zlib
+
+    from tarproc.errors import ImageDecodeError
+    from tarproc.imaging import decode_image
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 15680, 4317, 8, 2, 0, 0, 0)) + chunk(b"IDAT", bytes(700))
+    with pytest.raises(ImageDecodeError, match="15680x4317 pixels is over the limit of 67,108,864"):
+        decode_image(png, max_size=64)
