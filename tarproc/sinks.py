@@ -48,7 +48,7 @@ class Sink:
     def __init__(self, url: str, compression: str | None = None, level: int | None = None, digest: bool = False):
         self.url = url
         self.bytes = 0  # bytes written to the destination (after compression)
-        self._sha = hashlib.sha256() if digest else None
+        self._sha = _Hasher() if digest else None
         self._fh: Any = None
         self._writer: Any = None  # either the counting raw writer or a compressor over it
         self.compression = compression
@@ -85,6 +85,8 @@ class Sink:
 
     def _close_quietly(self) -> None:
         """Close the destination on the way out of an error; a second error would hide the first."""
+        if self._sha is not None:
+            self._sha.hexdigest()  # ends the hashing thread
         try:
             self._fh.close()
         except Exception:
@@ -108,6 +110,38 @@ class Sink:
             self.commit()
         else:
             self.abort()
+
+
+class _Hasher:
+    """sha256 of the bytes written, computed in a thread of its own: hashlib releases the GIL on
+    big buffers, so hashing runs beside the writing instead of in its path. ``update`` takes bytes
+    (immutable: the thread reads them later); anything else is copied first."""
+
+    _END = None
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self._sha = hashlib.sha256()
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=32)  # bounded: memory stays small
+        self._thread = threading.Thread(target=self._run, name="tarproc-sha256", daemon=True)
+        self._thread.start()
+        self._digest: str | None = None
+
+    def _run(self) -> None:
+        while (data := self._queue.get()) is not None:
+            self._sha.update(data)
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self._queue.put(data if type(data) is bytes else bytes(data))
+
+    def hexdigest(self) -> str:
+        if self._digest is None:
+            self._queue.put(self._END)
+            self._thread.join()
+            self._digest = self._sha.hexdigest()
+        return self._digest
 
 
 class _Counting:

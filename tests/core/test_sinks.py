@@ -240,3 +240,17 @@ def test_fsspec_sink_uploads_only_on_commit():
     finally:
         if fs.exists("/tarproc-core-tests"):
             fs.rm("/tarproc-core-tests", recursive=True)
+
+
+def test_the_digest_thread_hashes_every_byte_in_order_and_ends():
+    import hashlib
+    import threading
+
+    from tarproc.sinks import _Hasher
+
+    pieces = [bytes([i % 251]) * (i * 977 % 70_000) for i in range(300)]
+    hasher = _Hasher()
+    for piece in pieces:
+        hasher.update(piece if len(piece) % 2 else bytearray(piece))  # a bytearray is copied first
+    assert hasher.hexdigest() == hashlib.sha256(b"".join(pieces)).hexdigest() == hasher.hexdigest()
+    assert not any(t.name == "tarproc-sha256" and t.is_alive() for t in threading.enumerate())
