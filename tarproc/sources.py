@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
-from braceexpand import UnbalancedBracesError, braceexpand
+from braceexpand import UnbalancedBracesError, braceexpand  # type: ignore[attr-defined]
 
 from .compression import DecompressingReader, detect, unsupported
 from .errors import CompressionError, OptionError, SourceError, TarprocError
