@@ -58,7 +58,7 @@ from .errors import (
 )
 from .samples import Sample, _warn_stderr, group_keyed
 from .sources import is_fsspec_url, local_path, open_source
-from .tario import BLOCK, DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_members, split_key
+from .tario import BLOCK, DEFAULT_MAX_MEMBER_SIZE, ReadStats, _read_members, iter_members, split_key
 
 INDEX_FORMAT = "tarproc-index"
 INDEX_VERSION = 1
@@ -193,8 +193,9 @@ def index_stream(
     def members() -> Iterator[tuple[str | None, str, Any, int]]:  # a _Member where read_samples has data
         prev_end = 0
         prev: _Member | None = None
-        for name, data, offset in iter_members(counter, url, max_member_size=max_member_size, stats=stats,
-                                               links=links, ignore_zeros=ignore_zeros):
+        # only sizes are needed: on a local file, data the reader hasn't buffered is skipped
+        for name, data, offset in _read_members(counter, url, max_member_size=max_member_size, stats=stats,
+                                                keyed=False, links=links, ignore_zeros=ignore_zeros, skip_data=True):
             # a link yields its target's bytes, a sparse file its expanded bytes: neither lies at
             # [data_offset, size), which shows where the next header comes before that range ends
             if prev is not None and offset < prev_end:
@@ -254,6 +255,20 @@ class _CountingReader:
         data: bytes = self.stream.read(n)
         self.bytes += len(data)
         return data
+
+    def skipper(self) -> Callable[[int], int] | None:
+        """The stream's skipper (a plain local file: data is skipped, not read), counting."""
+        make = getattr(self.stream, "skipper", None)
+        skip = make() if make is not None else None
+        if skip is None:
+            return None
+
+        def counted(n: int) -> int:
+            moved: int = skip(n)
+            self.bytes += moved
+            return moved
+
+        return counted
 
 
 def build_index(

@@ -170,6 +170,24 @@ class Source:
 
         return MemberFinder(self.raw.fileno()).find
 
+    def skipper(self) -> Callable[[int], int] | None:
+        """For a plain (uncompressed) local file: a function that moves ``n`` bytes forward without
+        reading them and returns how many it moved (fewer at the end of the file); else None."""
+        if self._reader is not None or not isinstance(self.raw, io.FileIO):
+            return None
+        raw, size = self.raw, os.fstat(self.raw.fileno()).st_size
+
+        def skip(n: int) -> int:
+            held = min(n, len(self._prefix))  # bytes read already to detect compression
+            self._prefix = self._prefix[held:]
+            here = raw.tell()
+            moved = max(0, min(n - held, size - here))
+            raw.seek(here + moved)
+            self.offset += moved
+            return held + moved
+
+        return skip
+
     def read(self, n: int = -1) -> bytes:
         if self._reader is not None:
             return self._reader.read(n)  # type: ignore[no-any-return]

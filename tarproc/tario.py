@@ -369,6 +369,27 @@ def _expand_sparse(regions: Iterable[tuple[int, int]], real: int, data: bytes, m
     return bytes(out)
 
 
+_SKIP_CHUNK = 16 << 10  # read size when data is skipped: a header, and the small members after it
+
+
+class Unread:
+    """In place of the data of a member that was skipped, not read (``skip_data``): its ``len`` is
+    the member's size; it has no bytes."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def _skipper(stream: Any) -> Callable[[int], int] | None:
+    make = getattr(stream, "skipper", None)
+    return make() if make is not None else None  # type: ignore[no-any-return]
+
+
 class _RecentMembers:
     """The regular members read lately (their names and data), about ``limit`` bytes of them: a
     hard or symbolic link names an earlier member, and a stream can't go back to read it again.
@@ -483,6 +504,7 @@ def _read_members(
     link_cache: int = DEFAULT_LINK_CACHE,
     ignore_zeros: bool = False,
     record: Callable[[str, int | None, bytes], None] | None = None,
+    skip_data: bool = False,
 ) -> Iterator[Any]:
     # record (for MemberFinder): called with (name, stream offset of the data or None, data) for
     # every regular member before it is yielded
@@ -502,12 +524,16 @@ def _read_members(
     # the C fast path accepts no size above this (and needs it to fit a C long long)
     scan_limit = min(max_member_size, 1 << 62)
     recent = _RecentMembers(link_cache if links == "follow" else 0, keyed)
+    # skip_data (for indexing a local file): a regular member's data that isn't in the buffer is
+    # skipped (seek), not read, and given as Unread(size); small reads, so that most of it isn't
+    skip = _skipper(stream) if skip_data else None
+    chunk = _CHUNK  # _SKIP_CHUNK after a skip: the next header is all that is sure to be needed
     rereader: Any = False  # made on the first link that the recent members don't have
     zeros_seen = False  # with ignore_zeros: end-of-archive blocks were skipped
 
     while True:
         if len(buf) - pos < BLOCK:
-            more = read(_CHUNK)
+            more = read(chunk)
             if not more:
                 if len(buf) == pos:
                     if long_name is not None or pax or long_link is not None:
@@ -528,6 +554,7 @@ def _read_members(
         if _scan is not None and long_name is None and not pax and long_link is None and "path" not in pax_global:
             items, new_pos, nb = _scan(buf, pos, base, scan_limit, keyed)
             if items:
+                chunk = _CHUNK  # small members: read them in big blocks again
                 recent.add(items, nb)
                 if record is not None:
                     for name, data, at in items:
@@ -647,6 +674,17 @@ def _read_members(
             stream_pos = base + len(buf)
             if end <= len(buf):
                 data = buf[start:end]
+            elif skip is not None and is_reg and sparse is None and not (pax and any(k.startswith("GNU.sparse.")
+                                                                                     for k in pax)):
+                need = end - len(buf)
+                moved = skip(need)
+                stream_pos += moved
+                if moved < need:
+                    raise TarFormatError(url, stream_pos,
+                                         f"truncated member data (expected {size} bytes, got {size - need + moved})",
+                                         name or last)
+                data = Unread(size)  # type: ignore[assignment]
+                chunk = _SKIP_CHUNK
             else:
                 parts = [buf[start:]]
                 need = end - len(buf)
@@ -683,8 +721,8 @@ def _read_members(
         elif is_reg and pax and any(k.startswith("GNU.sparse.") for k in pax):
             # a pax-format sparse file: its data is (a map and) the regions, not the file
             name = pax.get("GNU.sparse.name", name)
-            regions, real, skip = _pax_sparse_map(pax, data, url, offset, name)
-            data = _expand_sparse(regions, real, data[skip:], max_member_size, url, offset, name)
+            regions, real, map_bytes = _pax_sparse_map(pax, data, url, offset, name)
+            data = _expand_sparse(regions, real, data[map_bytes:], max_member_size, url, offset, name)
             data_offset = None
         if typeflag == _LONGNAME:
             long_name = _decode_name(_cstr(data))

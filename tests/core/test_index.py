@@ -604,3 +604,42 @@ def test_http_index_and_shard_not_found(range_server):
     with pytest.raises(SourceError):
         IndexedShard(f"{base}/missing.tar")
 
+
+
+def _index_outcome(make):  # type: ignore[no-untyped-def]
+    try:
+        idx = make()
+    except Exception as e:  # noqa: BLE001 - the error itself is compared
+        return ("error", type(e).__name__, str(e))
+    return ("ok", idx.shard, idx.size, [tuple(e) for e in idx.entries])
+
+
+def test_indexing_a_local_file_skips_data_and_gives_the_same_index(tmp_path, kit, reader):
+    """build_index on a local plain file seeks past the data it doesn't buffer; the index (or the
+    error, for a damaged shard) is exactly that of reading every byte."""
+    import random
+
+    rng = random.Random(5)
+    members = []
+    for i in range(40):
+        size = rng.choice([0, 5, 511, 512, 513, 20_000, 70_000, 300_000, 1_100_000])
+        name = f"d{i % 3}/{'n' * (120 if i % 7 == 0 else 3)}{i:03d}.{rng.choice(['jpg', 'cls', 'TXT'])}"
+        members.append((name, rng.randbytes(size)))
+    raw = kit.writer_tar(members)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"p{i}.bin").write_bytes(rng.randbytes(rng.choice([10, 40_000, 200_000])))
+    gnu = tmp_path / "gnu.tar"
+    kit.gnu_tar("--format=pax", "--sort=name", "-cf", str(gnu), "-C", str(src), ".")
+    cases = {"writer": raw, "gnu-pax": gnu.read_bytes()}
+    for cut in (700_000, 1_500_000, len(raw) - 5000, len(raw) - 1024):
+        cases[f"cut@{cut}"] = raw[:cut]
+    for name, data in cases.items():
+        path = tmp_path / f"{name}.tar"
+        path.write_bytes(data)
+        skipped = _index_outcome(lambda path=path: build_index(str(path)))
+        read = _index_outcome(lambda path=path, data=data: index_mod.index_stream(io.BytesIO(data), str(path)))
+        assert skipped == read, name
+        if name in ("writer", "gnu-pax", "cut@700000", "cut@1500000"):  # cuts inside data are truncation errors
+            assert skipped[0] == ("error" if name.startswith("cut@") else "ok"), (name, skipped)
