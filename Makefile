@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO   := demo-data
 
-.PHONY: demo test bench lint docs clean install install-dev
+.PHONY: demo test bench lint docs clean install install-dev install-slurm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,21 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
+
+# tarjob's Slurm tests start a real single-node cluster (tests/interop/test_slurm.py): as root with
+# apt-get, install Debian's Slurm and munge when slurmctld is missing. Never fails the build: without
+# them the tests are skipped, saying why.
+SLURM_DEBS := slurmctld slurmd slurm-client munge
+install-slurm:
+	@if command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ]; then :; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: not root or no apt-get: the Slurm tests will be skipped"; \
+	else \
+	  echo "make: apt-get install $(SLURM_DEBS) (for the Slurm tests)"; \
+	  { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq \
+	      --no-install-recommends $(SLURM_DEBS); } >/dev/null 2>&1 \
+	    || echo "make: apt-get failed: the Slurm tests will be skipped"; \
+	fi
 
 demo: install
 	@rm -rf $(DEMO) && mkdir -p $(DEMO)/shards
@@ -75,7 +90,7 @@ demo: install
 	                         "every key once:", len({k for x in b for k in x[0]}) == sum(len(x[0]) for x in b) == 200); \
 	  [show(list(ds)) for epoch in range(2)]'
 
-test: install-dev
+test: install-dev install-slurm
 	$(BIN)/python -m pytest
 
 # BENCH_ARGS: e.g. --quick, or --out /dev/shm to keep the disk out of the pipeline measure

@@ -26,7 +26,8 @@ from ..jobs.run import (
     run_one,
     run_shards,
 )
-from ..jobs.spec import check_command, load_shards, parse_index_list, shard_argv
+from ..jobs.spec import check_command, format_index_list, load_shards, parse_index_list, shard_argv
+from ..jobs.status import JobStatus, describe, job_status
 from .common import CONTEXT_SETTINGS, TarprocCommand, common_options, say, warn
 
 EPILOG = """\b
@@ -39,6 +40,7 @@ Examples:
       tarproc -c '...' gs://b/in-{}.tar -o gs://b/out-{}.tar && kubectl apply -f job.yaml
   tarjob -s '{0000..0999}' -j 100 --slurm job.sh -- \\
       tarproc -c '...' /shared/in-{}.tar -o /shared/out-{}.tar && sbatch job.sh
+  tarjob -s '{0000..0999}' --status -- tarproc -c '...' /shared/in-{}.tar -o /shared/out-{}.tar
 
 \b
 {} in every argument of COMMAND becomes the shard id (without --shell, no shell runs: quote
@@ -50,6 +52,10 @@ The command's stdout and stderr go to the journal's tail (and to --log-dir); a f
 tail is shown on stderr. The command finds $TARJOB_SHARD, $TARJOB_INDEX and $TARJOB_ATTEMPT.
 --k8s-manifest and --slurm write files to submit; their tasks run 'tarjob --index I' (shard
 number I of SPEC, counting from 0), which is also how to run one shard by hand.
+--status reads the journal (on a cluster: the one given with --journal, on a shared file system)
+and lists the shard numbers done, failed (with why) and missing (not run, still running, or
+stopped before they ended), then the --only list that runs the failed and missing ones again;
+with -q, that list alone. Given after --, COMMAND counts only its own records.
 """
 
 
@@ -89,12 +95,15 @@ number I of SPEC, counting from 0), which is also how to run one shard by hand.
 @click.option("--memory", metavar="MEM", help="Memory request per pod or task ('4Gi'; Slurm '4G').")
 @click.option("--slurm", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Write an sbatch array script to FILE; run nothing.")
+@click.option("--status", "show_status", is_flag=True,
+              help="Tell which shards of SPEC the journal has done, failed or missing, and the --only list "
+                   "that runs the others again (with -q: that list alone); run nothing.")
 @common_options
 def main(
     quiet: bool, command: tuple[str, ...], spec: str, jobs: int | None, shell: bool, journal: str, force: bool,
     retries: int, backoff: float, timeout: float | None, log_dir: str | None, only: str | None, dry_run: bool,
     dask: str | None, index: int | None, k8s_manifest: str | None, image: str | None, namespace: str | None,
-    name: str, cpu: str | None, memory: str | None, slurm: str | None,
+    name: str, cpu: str | None, memory: str | None, slurm: str | None, show_status: bool,
 ) -> None:
     """Run a command once per shard: here, on a Dask cluster, or as a Kubernetes or Slurm job.
 
@@ -105,9 +114,12 @@ def main(
     argv = list(command)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    check_command(argv, shell)
+    if argv or not show_status:  # --status without COMMAND counts the records of any command
+        check_command(argv, shell)
     modes = [flag for flag, given in (("--index", index is not None), ("--dask", dask is not None),
-                                      ("--k8s-manifest", k8s_manifest), ("--slurm", slurm)) if given]
+                                      ("--k8s-manifest", k8s_manifest), ("--slurm", slurm),
+                                      ("--status", show_status), ("--dry-run", show_status and dry_run),
+                                      ("--force", show_status and force)) if given]
     if len(modes) > 1:
         raise OptionError(f"{' and '.join(modes)} can't be used together")
     if image and not k8s_manifest:
@@ -118,6 +130,7 @@ def main(
         check_job_name(name, kubernetes=bool(k8s_manifest))
     shards = load_shards(spec)
     numbered = list(enumerate(shards.ids))
+    wanted = None
     if only is not None:
         wanted = parse_index_list(only)
         if wanted[-1] >= len(numbered):
@@ -125,10 +138,21 @@ def main(
         numbered = [numbered[i] for i in wanted]
     options = JobOptions(argv, shell=shell, retries=retries, backoff=backoff, timeout=timeout, log_dir=log_dir)
 
+    if show_status:
+        book = Journal(journal)
+        if not os.path.exists(journal):
+            warn(f"{journal}: no such journal (yet): every shard is missing")
+        status = job_status(shards.ids, book.records(warn), options.command_text if argv else None, wanted)
+        if not argv and len(status.commands) > 1:
+            warn(f"{journal} has records of {len(status.commands)} commands for these shards: counting them all "
+                 "(give the job's COMMAND after -- to count its own)")
+        _print_status(status, spec, journal, quiet)
+        return
+
     if k8s_manifest or slurm:
         cluster = ClusterJob(
-            spec, [s for _, s in numbered], shards.portable and only is None, options, parallelism=jobs, name=name,
-            journal=journal if journal != DEFAULT_JOURNAL else None,
+            spec, shards.ids, shards.portable, options, parallelism=jobs, name=name,
+            journal=journal if journal != DEFAULT_JOURNAL else None, only=wanted,
         )
         if k8s_manifest:
             _write_k8s(cluster, k8s_manifest, image or "", namespace, cpu, memory)
@@ -163,16 +187,42 @@ def main(
         book.close()
 
 
+FAILURES_SHOWN = 20
+
+
+def _print_status(status: JobStatus, spec: str, journal: str, quiet: bool) -> None:
+    """The report of --status on stdout (with -q: the --only list alone, nothing when all done)."""
+    rerun = format_index_list(status.rerun)
+    if quiet:
+        if rerun:
+            click.echo(rerun)
+        return
+    counts = ", ".join(f"{status.count(state)} {state}" for state in ("done", "failed", "missing"))
+    lines = [f"{len(status.shards)} shards of {spec!r} in {journal}: {counts}"]
+    for state in ("done", "failed", "missing"):
+        numbers = status.indexes(state)
+        if numbers:
+            lines.append(f"{state}: {format_index_list(numbers)}")
+    failed = [s for s in status.shards if s.state == "failed"]
+    for shard in failed[:FAILURES_SHOWN]:
+        lines.append(f"  shard {shard.shard} (number {shard.index}) {describe(shard)}")
+    if len(failed) > FAILURES_SHOWN:
+        lines.append(f"  ... and {len(failed) - FAILURES_SHOWN} more (jq 'select(.status != \"ok\")' {journal})")
+    lines.append(f"re-run: --only {rerun}" if rerun else "all done")
+    click.echo("\n".join(lines))
+
+
 def _write_k8s(cluster: ClusterJob, path: str, image: str, namespace: str | None, cpu: str | None,
                memory: str | None) -> None:
     write_atomically(path, k8s_manifest(cluster, image, namespace=namespace, cpu=cpu, memory=memory))
-    say(f"tarjob: wrote {path}: Indexed Job {cluster.name!r} of {len(cluster.ids)} shards (kubectl apply -f {path})")
+    say(f"tarjob: wrote {path}: Indexed Job {cluster.name!r} of {len(cluster.picked())} shards "
+        f"(kubectl apply -f {path})")
 
 
 def _write_slurm(cluster: ClusterJob, path: str, journal: str, cpu: str | None, memory: str | None) -> None:
     cluster.journal = os.path.abspath(journal)  # array tasks share it (a shared file system)
     write_atomically(path, slurm_script(cluster, _int_or_none(cpu), memory), mode=0o755)
-    say(f"tarjob: wrote {path}: array of {len(cluster.ids)} shards (sbatch {path})")
+    say(f"tarjob: wrote {path}: array of {len(cluster.picked())} shards (sbatch {path})")
 
 
 def _engine(dask: str | None, jobs: int | None) -> Callable[[JobOptions], Engine]:

@@ -5,15 +5,17 @@
 - ``run``: one attempt (own process group, timeout, output tail), retries with backoff, the
   local pool and the loop over an engine;
 - ``dask_engine``: attempts as Dask tasks (imports ``distributed`` only when used);
-- ``manifests``: a Kubernetes Indexed Job and a Slurm array script running ``tarjob --index``.
+- ``manifests``: a Kubernetes Indexed Job and a Slurm array script running ``tarjob --index``;
+- ``status``: which shards the journal has done, failed or missing (``tarjob --status``).
 """
 
 from .journal import DEFAULT_JOURNAL, Journal, JournalError
 from .run import Attempt, JobOptions, JobsFailed, LocalPool, ShardResult, Task, run_one, run_shards
-from .spec import Shards, SpecError, expand_spec, load_shards, parse_index_list, shard_argv
+from .spec import Shards, SpecError, expand_spec, format_index_list, load_shards, parse_index_list, shard_argv
+from .status import JobStatus, ShardStatus, job_status
 
 __all__ = [
-    "DEFAULT_JOURNAL", "Attempt", "JobOptions", "JobsFailed", "Journal", "JournalError", "LocalPool",
-    "ShardResult", "Shards", "SpecError", "Task", "expand_spec", "load_shards", "parse_index_list",
-    "run_one", "run_shards", "shard_argv",
+    "DEFAULT_JOURNAL", "Attempt", "JobOptions", "JobStatus", "JobsFailed", "Journal", "JournalError", "LocalPool",
+    "ShardResult", "ShardStatus", "Shards", "SpecError", "Task", "expand_spec", "format_index_list", "job_status",
+    "load_shards", "parse_index_list", "run_one", "run_shards", "shard_argv",
 ]

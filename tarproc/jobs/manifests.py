@@ -3,9 +3,11 @@
 Neither is submitted: the files are written (atomically) for ``kubectl apply -f`` or ``sbatch``.
 Each task of the cluster runs ``tarjob --index I -s SPEC ... -- COMMAND`` for its shard I.
 
-When the SPEC is not a pure brace expression (``@list``, a glob, or ``--only`` picked some
-shards), the pods can't expand it themselves: the ids travel with the manifest (a ConfigMap
-mounted at ``/etc/tarjob/shards``; in a Slurm script, a here-document read as ``-s @-``).
+When the SPEC is not a pure brace expression (``@list``, a glob), the tasks can't expand it
+themselves: the ids travel with the manifest (a ConfigMap mounted at ``/etc/tarjob/shards``; in a
+Slurm script, a here-document read as ``-s @-``). Some shards only (``--only``): a Slurm array of
+those task ids (the shard numbers of the SPEC), a Kubernetes Job of the picked ids in a ConfigMap
+(its completion indexes count from 0).
 
 YAML is written without a YAML library: block style, every string value JSON-quoted (valid YAML).
 
@@ -29,6 +31,7 @@ from typing import Any
 
 from ..errors import OptionError, SinkError
 from .run import JobOptions
+from .spec import format_index_list
 
 SHARDS_DIR = "/etc/tarjob"
 CONFIGMAP_LIMIT = 1_000_000  # a ConfigMap holds at most 1 MiB
@@ -39,12 +42,17 @@ class ClusterJob:
     """What both manifests need: the shards, the per-shard options, and how the cluster runs them."""
 
     spec: str
-    ids: list[str]
+    ids: list[str]  # every id of the SPEC
     portable: bool  # the SPEC expands to ``ids`` anywhere (a pure brace expression)
     options: JobOptions
     parallelism: int | None = None
     name: str = "tarjob"
     journal: str | None = None
+    only: list[int] | None = None  # the shard numbers to run (--only, sorted); None: all
+
+    def picked(self) -> list[str]:
+        """The ids to run."""
+        return self.ids if self.only is None else [self.ids[i] for i in self.only]
 
     def tarjob_args(self, index: str, spec: str, retries: int) -> list[str]:
         """The arguments of ``tarjob --index`` in one task."""
@@ -165,13 +173,14 @@ def k8s_manifest(
     metadata["labels"] = labels
     documents: list[dict[str, Any]] = []
     spec = job.spec
+    ids = job.picked()
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
-    if not job.portable:
-        _check_listable(job.ids)
-        text = "".join(shard + "\n" for shard in job.ids)
+    if not job.portable or job.only is not None:  # completion indexes count from 0: the picked ids go along
+        _check_listable(ids)
+        text = "".join(shard + "\n" for shard in ids)
         if len(text.encode()) > CONFIGMAP_LIMIT:
-            raise OptionError(f"{len(job.ids)} shard ids are too many for a ConfigMap (1 MiB); "
+            raise OptionError(f"{len(ids)} shard ids are too many for a ConfigMap (1 MiB); "
                               "use a brace expression for -s")
         cm_meta = dict(metadata, name=f"{job.name}-shards")
         documents.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": cm_meta, "data": {"shards": text}})
@@ -199,12 +208,13 @@ def k8s_manifest(
         "metadata": metadata,
         "spec": {
             "completionMode": "Indexed",
-            "completions": len(job.ids),
-            "parallelism": job.parallelism or len(job.ids),
+            "completions": len(ids),
+            "parallelism": job.parallelism or len(ids),
             "backoffLimitPerIndex": job.options.retries,
             "podFailurePolicy": {"rules": [
                 # a drained or preempted node is not the shard's fault: not counted against it
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                # ('status' is required by the API before 1.35)
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 # exit status 2 is a usage error: retrying can't help
                 {"action": "FailIndex", "onExitCodes": {"containerName": "tarjob", "operator": "In", "values": [2]}},
             ]},
@@ -212,7 +222,7 @@ def k8s_manifest(
         },
     })
     ns = f" -n {namespace}" if namespace else ""
-    head = (f"# {len(job.ids)} shards of {job.spec!r}: kubectl apply -f THIS_FILE\n"
+    head = (f"# {len(ids)} shards of {job.spec!r}: kubectl apply -f THIS_FILE\n"
             f"# failed indexes: kubectl get job {job.name}{ns} -o jsonpath='{{.status.failedIndexes}}'\n")
     return head + "".join("---\n" + to_yaml(doc) for doc in documents)
 
@@ -222,9 +232,11 @@ def k8s_manifest(
 
 
 def slurm_script(job: ClusterJob, cpus: int | None = None, memory: str | None = None) -> str:
-    """An sbatch array script: task ``$SLURM_ARRAY_TASK_ID`` runs shard number that."""
-    n = len(job.ids)
-    array = f"0-{n - 1}" + (f"%{job.parallelism}" if job.parallelism else "")
+    """An sbatch array script: task ``$SLURM_ARRAY_TASK_ID`` runs shard number that of the SPEC
+    (with ``only``, the array has those task ids only)."""
+    n = len(job.picked())
+    tasks = f"0-{len(job.ids) - 1}" if job.only is None else format_index_list(job.only)
+    array = tasks + (f"%{job.parallelism}" if job.parallelism else "")
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job.name}",

@@ -31,6 +31,11 @@ from .journal import Journal
 from .spec import shard_argv
 
 TAIL_BYTES = 2048
+# What a stopped command (Ctrl-C, SIGTERM, scancel) gets: SIGTERM to its process group, then
+# SIGKILL to what is left after this many seconds. A writer stopped so removes its temporary files
+# (tarproc, tarsplit ...) instead of leaving them behind. Slurm's KillWait and Kubernetes' grace
+# period are 30 s by default: well within them.
+STOP_GRACE = 5.0
 
 
 class JobsFailed(TarprocError):
@@ -121,9 +126,9 @@ def _log_name(shard: str) -> str:
     return safe + ".log"
 
 
-def _kill_group(pid: int) -> None:
+def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -192,11 +197,25 @@ class LiveSet:
         with self._lock:
             self._pids.discard(pid)
 
-    def kill_all(self) -> None:
+    def kill_all(self, grace: float = STOP_GRACE) -> None:
+        """Stop them all: SIGTERM to each group, SIGKILL to what is left after ``grace`` seconds
+        (a thread waiting on a command forgets it once it ended, see ``run_attempt``)."""
         with self._lock:
             self.stopped = True
-            for pid in self._pids:
-                _kill_group(pid)
+            pids = set(self._pids)
+        for pid in pids:
+            _kill_group(pid, signal.SIGTERM)
+        try:
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                with self._lock:
+                    if not pids & self._pids:
+                        break
+                time.sleep(0.02)
+        finally:  # a second Ctrl-C cuts the wait short, not the kill
+            with self._lock:
+                for pid in pids & self._pids:
+                    _kill_group(pid)
 
 
 def run_attempt(

@@ -13,6 +13,8 @@ with glob characters is matched against the file system.
 ['bash', '-c', "echo 'a b' > log-'a b'"]
 >>> parse_index_list("3,17,40-42")
 [3, 17, 40, 41, 42]
+>>> format_index_list([3, 17, 40, 41, 42])
+'3,17,40-42'
 """
 
 from __future__ import annotations
@@ -127,3 +129,17 @@ def parse_index_list(text: str) -> list[int]:
     if not out:
         raise OptionError(f"empty index list {text!r}")
     return sorted(set(out))
+
+
+def format_index_list(indexes: list[int]) -> str:
+    """The inverse of ``parse_index_list``, in Kubernetes' way: sorted, each run as ``a-b``."""
+    out: list[str] = []
+    numbers = sorted(set(indexes))
+    i = 0
+    while i < len(numbers):
+        j = i
+        while j + 1 < len(numbers) and numbers[j + 1] == numbers[j] + 1:
+            j += 1
+        out.append(f"{numbers[i]}-{numbers[j]}" if j > i else str(numbers[i]))
+        i = j + 1
+    return ",".join(out)

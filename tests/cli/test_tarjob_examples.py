@@ -1,5 +1,6 @@
 """Every tarjob line of the help, the README and docs/recipes.md runs as written (with --dry-run
-where it would run commands; the manifests are written for real and parsed)."""
+where it would run commands; the manifests are written for real and parsed; --status reads an
+empty journal)."""
 
 from __future__ import annotations
 
@@ -57,13 +58,20 @@ def test_example_runs(cli, tmp_path, monkeypatch, where, line):
     Path("failed.txt").write_text("0003\n0017\n")
     args = [os.path.expandvars(a) for a in shlex.split(line)[1:]]
     writes = "--k8s-manifest" in args or "--slurm" in args
-    r = cli.run(tarjob, args if writes else ["--dry-run", *args])
+    runs_nothing = writes or "--status" in args
+    r = cli.run(tarjob, args if runs_nothing else ["--dry-run", *args])
     assert r.exit_code == 0, f"{where}: {line}\n{r.stderr}"
-    if not writes:
+    if "--status" in args and "-q" in args:
+        assert re.fullmatch(r"0-\d+\n", r.stdout)  # the --only list: all of them
+    elif "--status" in args:
+        assert re.match(r"\d+ shards of .*: 0 done, 0 failed, \d+ missing\n", r.stdout)
+    elif not writes:
         assert r.stdout.count("\n") >= 2 and "{}" not in r.stdout
     elif "--k8s-manifest" in args:
         docs = list(yaml.safe_load_all(Path(args[args.index("--k8s-manifest") + 1]).read_text()))
         assert docs[-1]["spec"]["completionMode"] == "Indexed"
     else:
         text = Path(args[args.index("--slurm") + 1]).read_text()
-        assert re.search(r"^#SBATCH --array=0-\d+", text, re.M)
+        array = re.search(r"^#SBATCH --array=([-,0-9]+)", text, re.M)
+        assert array and array[1] == (args[args.index("--only") + 1] if "--only" in args else array[1])
+        assert "--only" in args or array[1].startswith("0-")

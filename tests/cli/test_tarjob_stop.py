@@ -1,4 +1,5 @@
-"""Ctrl-C on tarjob --dask: 130, and no command (nor what it started) left on the workers."""
+"""Stopping tarjob: Ctrl-C on --dask leaves no command (nor what it started) on the workers; a
+stopped local run gives its commands SIGTERM first, so that writers clean up."""
 
 from __future__ import annotations
 
@@ -34,3 +35,28 @@ def test_ctrl_c_on_a_dask_run_leaves_no_command_running(tmp_path):
     assert out == b"" and err.decode().splitlines()[-1] == "tarjob: interrupted"
     assert settled(lambda: live_processes_with(f"sleep {marker}")) == []
     assert (tmp_path / "tarjob.jsonl").read_text() == ""  # nothing recorded for what was stopped
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_run_lets_the_writers_remove_their_temporary_files(cli, here, sig):
+    """A stop (Ctrl-C, kill, scancel) sends SIGTERM to the commands first: tarproc, half-way through
+    writing its shard, removes the temporary file; nothing is left under a final name either."""
+    for s in range(2):
+        cli.write_tar(here / f"in-{s}.tar", [cli.make_sample(f"s{s}/{i}", i) for i in range(20)])
+    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tarproc.cli.run", "tarjob", "-q", "-s", "{0..1}", "-j", "2", "--",
+         "tarproc", "-q", "-p", "1", "-c", "sleep 0.2", "in-{}.tar", "-o", "out-{}.tar"],
+        cwd=here, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 30
+    while len(cli.leftovers(here)) < 2 and time.monotonic() < deadline:  # both shards being written
+        time.sleep(0.05)
+    assert len(cli.leftovers(here)) == 2
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + sig, err
+    assert time.monotonic() - t0 < 4  # they ended on SIGTERM: no wait for the SIGKILL
+    assert cli.leftovers(here) == [] and list(here.glob("out-*")) == []
+    assert (here / "tarjob.jsonl").read_text() == ""

@@ -271,3 +271,239 @@ def s3(moto_server, request):  # type: ignore[no-untyped-def]
 
     return SimpleNamespace(client=client, bucket=bucket, keys=keys, get=get, env=moto_server.env,
                            endpoint=moto_server.endpoint)
+
+
+# -------------------------------------------------------------------------------------------
+# a single-node Slurm cluster on 127.0.0.1: munged, slurmctld and slurmd (Debian's slurm-wlm)
+
+SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo")
+SLURM_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+SLURM_NODE = "tarjobnode"
+
+
+def _slurm_unavailable() -> str | None:
+    """Why a Slurm cluster can't be started here, or None."""
+    missing = [p for p in SLURM_PROGRAMS if shutil.which(p, path=SLURM_PATH) is None]
+    if missing:
+        return (f"Slurm is not installed ({', '.join(missing)} not found): as root, make test installs "
+                "slurmctld, slurmd, slurm-client and munge with apt-get")
+    if os.geteuid() != 0:
+        return "the Slurm daemons of the test cluster run as root (and munged as the munge user): not root"
+    try:
+        import pwd
+
+        pwd.getpwnam("munge")
+    except KeyError:
+        return "no 'munge' user (the munge package creates it)"
+    return None
+
+
+def _die_with_pytest() -> Any:
+    """What a daemon's child runs before exec: the daemon ends with the test run, even one killed
+    hard (no teardown). (prctl is looked up here: nothing is imported between fork and exec.)"""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:  # pragma: no cover - runs in the child
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return arm
+
+
+class SlurmCluster:
+    """munged (as the munge user), slurmctld and slurmd (as root) in the foreground, with their
+    key, socket, configuration, state and logs under ``root`` and ``munge_dir``; clients find the
+    configuration through ``SLURM_CONF`` in ``env``. Every address is 127.0.0.1."""
+
+    def __init__(self, root: Path, munge_dir: Path) -> None:
+        self.root = root
+        self.munge_dir = munge_dir
+        self.conf = root / "slurm.conf"
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf),
+                        PATH=os.pathsep.join([str(VENV_BIN), SLURM_PATH]))  # tarjob on PATH in the jobs
+        self.env.pop("SOURCE_DATE_EPOCH", None)
+        self.daemons: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    # -- starting and stopping ---------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> None:
+        import pwd
+        import time
+
+        munge = pwd.getpwnam("munge")
+        os.chown(self.munge_dir, munge.pw_uid, munge.pw_gid)
+        self.munge_dir.chmod(0o755)  # munged wants its socket's directory searchable by all
+        key = self.munge_dir / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        os.chown(key, munge.pw_uid, munge.pw_gid)
+        socket_path = self.munge_dir / "munge.socket"
+        self._spawn("munged", ["munged", "-F", f"--socket={socket_path}", f"--key-file={key}",
+                               f"--log-file={self.munge_dir}/munged.log", f"--pid-file={self.munge_dir}/munged.pid",
+                               f"--seed-file={self.munge_dir}/munged.seed", "--num-threads=2", "--origin=127.0.0.1"],
+                    user="munge")
+        deadline = time.monotonic() + timeout
+        while not socket_path.exists():
+            self._check_alive(deadline, "munged did not open its socket")
+            time.sleep(0.05)
+        for d in ("state", "spool"):
+            (self.root / d).mkdir()
+        self.conf.write_text(SLURM_CONF.format(
+            node=SLURM_NODE, root=self.root, socket=socket_path,
+            ctld_port=free_port(), slurmd_port=free_port(),
+        ))
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._spawn("slurmd", ["slurmd", "-D", "-N", SLURM_NODE, "-f", str(self.conf)])
+        while self.node_state() != "idle":
+            self._check_alive(deadline, "the node did not come up idle")
+            time.sleep(0.1)
+
+    def _spawn(self, name: str, argv: list[str], user: str | None = None) -> None:
+        log = open(self.root / f"{name}.out", "wb")  # noqa: SIM115
+        with log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=self.env, start_new_session=True, user=user, group=user,
+                                    preexec_fn=_die_with_pytest())
+        self.daemons.append((name, proc))
+
+    def _check_alive(self, deadline: float, what: str) -> None:
+        import time
+
+        for name, proc in self.daemons:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with status {proc.returncode}: {self.log_tail(name)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} in time: {self.log_tail()}")
+
+    def log_tail(self, name: str | None = None, lines: int = 8) -> str:
+        """The last lines of the daemons' logs (for a message)."""
+        out = []
+        for log in sorted([*self.root.glob("*.log"), *self.root.glob("*.out"), *self.munge_dir.glob("*.log")]):
+            if name is None or log.name.startswith(name):
+                text = log.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"[{log.name}] " + " | ".join(text))
+        return " ".join(out)
+
+    def stop(self) -> None:
+        """Cancel what is left, then stop the daemons (slurmd, slurmctld, munged), in that order."""
+        import time
+
+        if any(name == "slurmctld" and proc.poll() is None for name, proc in self.daemons):
+            self.client("scancel", "--user", "root", check=False)
+            deadline = time.monotonic() + 15
+            while self.client("squeue", "-h", check=False).stdout.strip() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        for _, proc in reversed(self.daemons):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.daemons.clear()
+
+    # -- the clients ----------------------------------------------------------------------------
+
+    def client(self, *args: str, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(args, env=self.env, cwd=cwd, capture_output=True, text=True, timeout=60)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(args)}: exit {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def node_state(self) -> str:
+        return self.client("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.strip()
+
+    def sbatch(self, script: str | Path, cwd: Path) -> str:
+        """Submit ``script`` from ``cwd`` (the jobs run there, as root); the job id."""
+        return self.client("sbatch", "--parsable", str(script), cwd=cwd).stdout.strip().split(";")[0]
+
+    def tasks(self, job: str) -> dict[str, str]:
+        """The array's tasks Slurm still knows (``MinJobAge`` after they end): id -> state."""
+        out = self.client("scontrol", "-o", "show", "job", job, check=False).stdout
+        tasks = {}
+        for line in out.splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            tasks[fields.get("ArrayTaskId", "")] = fields.get("JobState", "") + " " + fields.get("ExitCode", "")
+        return tasks
+
+    def running(self, job: str) -> list[str]:
+        """The array's tasks running now (ids)."""
+        out = self.client("squeue", "-h", "-r", "-j", job, "-t", "RUNNING", "-o", "%K", check=False).stdout
+        return out.split()
+
+    def wait(self, job: str, timeout: float = 120.0) -> float:
+        """Wait until no task of ``job`` is pending or running; the seconds it took."""
+        import time
+
+        t0 = time.monotonic()
+        while self.client("squeue", "-h", "-j", job, check=False).stdout.strip():
+            if time.monotonic() - t0 > timeout:
+                raise AssertionError(f"job {job} still queued after {timeout:g} s: {self.log_tail()}")
+            time.sleep(0.2)
+        return time.monotonic() - t0
+
+
+# Known to work with Slurm 22.05 (Debian 12): the controller and the node on 127.0.0.1 (no name
+# looked up), no cgroups, no accounting, the CPUs allocated one by one (two tasks at once on the 2
+# CPUs), the scheduler run every second
+SLURM_CONF = """\
+ClusterName=tarjobtest
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={socket}
+CredType=cred/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1,batch_sched_delay=0
+ReturnToService=2
+KillWait=5
+MinJobAge=600
+MailProg=/bin/true
+NodeName={node} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A single-node Slurm cluster on 127.0.0.1 for the module's tests; skipped (with the reason)
+    where Slurm is not installed or its daemons can't start."""
+    import tempfile
+
+    reason = _slurm_unavailable()
+    if reason:
+        pytest.skip(reason)
+    # munged runs as the munge user: its directory can't be under pytest's (root only) base
+    munge_dir = Path(tempfile.mkdtemp(prefix="tarjob-munge-"))
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), munge_dir)
+    try:
+        try:
+            cluster.start()
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            pytest.skip(f"the Slurm test cluster did not start: {e}")
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(munge_dir, ignore_errors=True)
