@@ -6,25 +6,26 @@ fault and a zeroed page every 4 KiB (about a tenth of the worker's time on 224x2
 so each worker keeps a small ring of them and writes into one again -- but only once the main
 process holds no tensor or view of it, which only the main process can know:
 
-- A worker *leases* a ring slot: it writes a lease number (its pid and a counter) into the slot's
-  cell of a shared array before the batch leaves.
-- The batch leaves wrapped (``_SharedTuple`` / ``_SharedDict``), whose pickling names the slot and
+- For each batch, a worker claims a free cell of a shared array (under a lock shared by every
+  process that uses the dataset: workers of several loaders, ranks) and writes a lease number into
+  it, 63 random bits that no other batch has.
+- The batch leaves wrapped (``_SharedTuple`` / ``_SharedDict``), whose pickling names the cell and
   lease of each tensor it carries. Unpickled in the main process it is a plain tuple or dict, and
   each such tensor's storage gets a finalizer, which runs when the last tensor or view on it dies
   (torch keeps a storage's Python object alive as long as any tensor uses it; checked once here,
   and without that guarantee nothing is reused).
-- The finalizer clears the cell if it still holds that lease; the worker reuses a buffer whose
-  cell is clear. A cell is cleared only by the process holding the batch, for the lease that
-  batch carries, so a batch kept for as long as one likes (a list of batches, a view of one row)
-  is never written to; a new worker process (each epoch, unless the workers persist) starts with an
-  empty ring and never touches a buffer of an earlier one.
+- The finalizer clears the cell if it still holds that lease; a worker writes into a buffer again
+  only once its cell no longer holds its lease. So a batch kept for as long as one likes (a list of
+  batches, a view of one row) is never written to, and a new worker process (each epoch, unless
+  the workers persist) starts with an empty ring and never touches a buffer of an earlier one.
+- A batch the main process sends on to another process (a queue, a pipe) is let go of when the
+  main process drops it, while the other still maps it: clone it first (``docs/training.md``).
 
 If every buffer of the ring is in use, the worker takes a fresh one, as without the pool.
 """
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 import os
 import uuid
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 
 RING = 4  # buffers per worker: the DataLoader's prefetch (2 by default), the loop's batch, one spare
-WORKERS = 1024  # DataLoader workers per process with a ring; more work without one
+CELLS = 4096  # lease cells shared by all the workers of a dataset (of every loader and rank using it)
 
 _POOLS: weakref.WeakValueDictionary[str, BufferPool] = weakref.WeakValueDictionary()  # token -> pool, per process
 _SAFE: list[bool] = []  # whether a storage outlives its views' Python objects (checked once)
@@ -55,39 +56,60 @@ def _storages_are_preserved() -> bool:
     return _SAFE[0]
 
 
+def _new_lease() -> int:
+    """A lease number no other batch has (63 random bits): a cell holds it while the batch is out."""
+    return (int.from_bytes(os.urandom(8), "little") >> 1) | 1
+
+
+class _Buffer:
+    """One buffer of a worker's ring, and the cell and lease of the batch it went out with."""
+
+    __slots__ = ("tensor", "cell", "lease")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor, self.cell, self.lease = tensor, -1, 0
+
+
 class BufferPool:
     """The shared lease cells of one dataset's workers (made in the main process, before the
-    DataLoader starts its workers) and, in each worker, that worker's ring."""
+    DataLoader starts its workers) and, in each worker, that worker's ring.
+
+    A worker claims a free cell (0) for each batch, under a lock shared by every process that uses
+    the pool, and writes a lease number no other batch has into it; only the process holding that
+    batch clears the cell, and only while it still holds that lease. A buffer is free again when its
+    cell no longer holds its lease."""
 
     def __init__(self) -> None:
         self.token = uuid.uuid4().hex
-        self._cells = multiprocessing.RawArray("q", WORKERS * RING)  # 0: free; else the lease
+        self._cells = multiprocessing.RawArray("q", CELLS)  # 0: free; else the lease of a batch that is out
         self._stats = multiprocessing.RawArray("q", 2)  # buffers allocated, buffers reused (by workers)
+        # claiming a free cell; a spawn-context lock is inherited by forked workers and pickled to
+        # spawned and forkserver ones alike (a fork-context lock refuses to be pickled)
+        self._lock = multiprocessing.get_context("spawn").Lock()
         self._setup()
 
     def _setup(self) -> None:
         _POOLS[self.token] = self
-        self._ring: list[torch.Tensor | None] = [None] * RING  # this worker's buffers
-        self._leased: dict[int, tuple[int, int]] = {}  # a leased buffer's data_ptr -> (cell, lease)
+        self._ring: list[_Buffer] = []  # this process's buffers
+        self._leased: dict[int, tuple[int, int]] = {}  # a buffer's data_ptr -> (cell, lease) of its batch
         self._pending: list[tuple[int, int]] = []  # (cell, lease) taken for the batch being made
-        self._counter = itertools.count(1)
         self._pid = os.getpid()
 
     def __reduce__(self) -> tuple[object, ...]:
         from multiprocessing.context import get_spawning_popen
 
         if get_spawning_popen() is not None:  # a spawned worker: share the cells
-            return _shared_pool, (self.token, self._cells, self._stats)
+            return _shared_pool, (self.token, self._cells, self._stats, self._lock)
         return BufferPool, ()  # a copy (pickle, deepcopy): a pool of its own
 
     @property
     def allocated(self) -> int:
-        """Buffers the workers have allocated (a fresh batch without the pool would be one each)."""
+        """Buffers the workers have allocated for their rings (about: the count is not locked)."""
         return int(self._stats[0])
 
     @property
     def reused(self) -> int:
-        """Batches written into a buffer the main process had let go of."""
+        """Batches written into a buffer the main process had let go of (about, as ``allocated``)."""
         return int(self._stats[1])
 
     # -- the worker's side -------------------------------------------------------------------------
@@ -96,33 +118,44 @@ class BufferPool:
         """A tensor in shared memory for one batch of ``shape``, leased to the batch that leaves next."""
         if os.getpid() != self._pid:  # forked: this process's ring starts empty
             self._setup()
-        if not 0 <= worker < WORKERS or not _storages_are_preserved():
+        if not _storages_are_preserved():
             return _new_shared(shape, dtype)
-        free = None
-        for i, tensor in enumerate(self._ring):
-            cell = worker * RING + i
-            if self._cells[cell] != 0 and tensor is not None:
-                continue  # the main process holds it (or it is on its way there)
-            if tensor is not None and tuple(tensor.shape) == shape and tensor.dtype == dtype:
-                self._stats[1] += 1
-                return self._lease(tensor, cell)
-            if free is None:
-                free = i
-        if free is None:
-            return _new_shared(shape, dtype)  # all in use: a fresh one, as without the pool
-        tensor = _new_shared(shape, dtype)
-        if (old := self._ring[free]) is not None:
-            self._leased.pop(old.untyped_storage().data_ptr(), None)
-        self._ring[free] = tensor
-        self._stats[0] += 1
-        return self._lease(tensor, worker * RING + free)
+        free = [b for b in self._ring if b.cell < 0 or self._cells[b.cell] != b.lease]  # let go of
+        buffer = next((b for b in free if tuple(b.tensor.shape) == shape and b.tensor.dtype == dtype), None)
+        if buffer is not None:
+            self._stats[1] += 1
+        elif len(self._ring) < RING or free:
+            buffer = _Buffer(_new_shared(shape, dtype))
+            if len(self._ring) < RING:
+                self._ring.append(buffer)
+            else:  # a free one of another shape
+                old = free[0]
+                self._ring[self._ring.index(old)] = buffer
+                self._leased.pop(old.tensor.untyped_storage().data_ptr(), None)
+            self._stats[0] += 1
+        else:
+            return _new_shared(shape, dtype)  # all out: a fresh one, as without the pool
+        cell = self._claim(worker)
+        if cell < 0:  # no free cell: this batch goes out unleased, its buffer not reused
+            self._ring.remove(buffer)
+            self._leased.pop(buffer.tensor.untyped_storage().data_ptr(), None)
+            return buffer.tensor
+        buffer.cell, buffer.lease = cell, self._cells[cell]
+        self._leased[buffer.tensor.untyped_storage().data_ptr()] = (cell, buffer.lease)
+        self._pending.append((cell, buffer.lease))
+        return buffer.tensor
 
-    def _lease(self, tensor: torch.Tensor, cell: int) -> torch.Tensor:
-        lease = (self._pid << 32) | (next(self._counter) & 0xFFFFFFFF) or 1
-        self._cells[cell] = lease
-        self._leased[tensor.untyped_storage().data_ptr()] = (cell, lease)
-        self._pending.append((cell, lease))
-        return tensor
+    def _claim(self, worker: int) -> int:
+        """A free cell, now holding a new lease; -1 when every cell is taken."""
+        lease = _new_lease()
+        start = (worker * RING) % CELLS
+        with self._lock:
+            for i in range(CELLS):
+                cell = (start + i) % CELLS
+                if self._cells[cell] == 0:
+                    self._cells[cell] = lease
+                    return cell
+        return -1
 
     def settle(self, batch: Any) -> Any:
         """The batch, wrapped so that the main process hands its buffers back; a buffer leased for it
@@ -140,13 +173,15 @@ class BufferPool:
     # -- the main process's side ------------------------------------------------------------------
 
     def release(self, cell: int, lease: int) -> None:
-        if self._cells[cell] == lease:  # only the holder of this lease clears it
+        # no lock (this runs in a finalizer, at any moment): a cell holding this lease is touched by
+        # no one else until it is 0, so the check and the write can't be overtaken
+        if self._cells[cell] == lease:
             self._cells[cell] = 0
 
 
-def _shared_pool(token: str, cells: Any, stats: Any) -> BufferPool:
+def _shared_pool(token: str, cells: Any, stats: Any, lock: Any) -> BufferPool:
     pool = BufferPool.__new__(BufferPool)
-    pool.token, pool._cells, pool._stats = token, cells, stats
+    pool.token, pool._cells, pool._stats, pool._lock = token, cells, stats, lock
     pool._setup()
     return pool
 

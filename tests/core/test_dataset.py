@@ -193,6 +193,20 @@ def test_batch_buffers_are_reused_only_once_the_loop_lets_go(image_shards: list[
     assert set(again) == set(reference) and all(torch.equal(again[k], reference[k]) for k in reference)
 
 
+def test_two_loaders_over_one_dataset_never_write_into_a_held_batch(image_shards: list[str]) -> None:
+    """Workers of two DataLoaders iterating one dataset at once have the same worker ids: their
+    leases must not mix (one loader's dropped batches must not free the other's held ones)."""
+    ds = Dataset(image_shards, decode=SPEC, batch_size=2, to_tuple=("__key__", "jpg"))
+    a = iter(DataLoader(ds, batch_size=None, num_workers=1))
+    b = iter(DataLoader(ds, batch_size=None, num_workers=1))
+    held = []
+    for keys, images in a:
+        held.append((images, images.clone()))
+        next(b, None)  # b's batch let go of at once
+    assert len(held) > 8 and all(torch.equal(images, copy) for images, copy in held)
+    assert ds._pool.reused > 0  # b's buffers were used again
+
+
 def test_each_pass_is_the_next_epoch_without_set_epoch(tmp_path: Path) -> None:
     paths = make_shards(tmp_path, [9, 9, 9])
     ds = Dataset(paths, shuffle=100, seed=0, batch_size=3, to_tuple=("__key__",))
