@@ -60,11 +60,24 @@ def detect(head: bytes) -> str | None:
 
 def unsupported(head: bytes) -> tuple[str, str] | None:
     """``(format, command)`` when the first bytes are a compressed format read only by other
-    tools (compress's .Z, lz4, lzip), with a command that decompresses it; else None."""
+    tools (compress's .Z, lz4, lzip), with a command that decompresses it; else None. The byte
+    after each magic must be valid for that format too: a tar begins with its first member's
+    name, which may begin with "LZIP".
+
+    >>> unsupported(b"LZIP\x01\x0c"), unsupported(b"LZIPtest.txt")
+    (('lzip', 'lzip -dc'), None)
+    """
     for magic, name, command in _UNSUPPORTED:
-        if head.startswith(magic):
+        if head.startswith(magic) and len(head) > len(magic) and _NEXT_BYTE_OK[name](head[len(magic)]):
             return name, command
     return None
+
+
+_NEXT_BYTE_OK: dict[str, Callable[[int], bool]] = {
+    "compress(1) .Z": lambda b: 9 <= (b & 0x1F) <= 16 and not b & 0x60,  # max code bits; reserved bits 0
+    "lz4": lambda b: b >> 6 == 1,  # frame descriptor: version 01
+    "lzip": lambda b: b == 1,  # version 1
+}
 
 
 def _zstd_decompressor() -> Any:

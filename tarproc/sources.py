@@ -17,6 +17,7 @@ import itertools
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -49,7 +50,7 @@ def expand_urls(args: Iterable[str], list_files: Iterable[str] = ()) -> list[str
 
 
 MAX_BRACE_URLS = 1_000_000  # URLs one argument may expand to
-_RANGE = re.compile(r"\{(-?\d{1,30})\.\.(-?\d{1,30})(?:\.\.(-?\d{1,30}))?\}")
+_RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d{1,18}))?\}")
 
 
 def _braces(text: str) -> list[str]:
@@ -57,6 +58,9 @@ def _braces(text: str) -> list[str]:
     # braceexpand builds a range whole: count the ranges' sizes first
     count = 1
     for lo, hi, step in _RANGE.findall(text):
+        if max(len(lo), len(hi)) > 18:  # any range of such numbers is too long (or would be)
+            count = MAX_BRACE_URLS + 1
+            break
         count *= abs(int(hi) - int(lo)) // max(1, abs(int(step or 1))) + 1
     if count > MAX_BRACE_URLS:
         raise OptionError(f"{text!r} expands to more than {MAX_BRACE_URLS:,} URLs; list them in a file (-T FILE)")
@@ -161,19 +165,28 @@ class Source:
         self.offset += len(data)
         return bytes(data) if not isinstance(data, bytes) else data
 
-    def member_rereader(self) -> Callable[[str, int], bytes | None] | None:
-        """For a plain (uncompressed) local file: a function that reads a member back by name from
-        the start, up to a stream offset (a link's target; ``tario.MemberFinder``); else None."""
+    def _regular_file(self) -> bool:
+        """Whether this is a plain (uncompressed) regular local file (not a fifo, a pipe, a device)."""
         if self._reader is not None or not isinstance(self.raw, io.FileIO):
+            return False
+        try:
+            return stat.S_ISREG(os.fstat(self.raw.fileno()).st_mode)
+        except (OSError, ValueError):
+            return False
+
+    def member_rereader(self, max_member_size: int) -> Callable[[str, int], bytes | None] | None:
+        """For a plain regular local file: a function that reads a member back by name from the
+        start, up to a stream offset (a link's target; ``tario.MemberFinder``); else None."""
+        if not self._regular_file():
             return None
         from .tario import MemberFinder
 
-        return MemberFinder(self.raw.fileno()).find
+        return MemberFinder(self.raw.fileno(), 0, max_member_size).find
 
     def skipper(self) -> Callable[[int], int] | None:
         """For a plain (uncompressed) local file: a function that moves ``n`` bytes forward without
         reading them and returns how many it moved (fewer at the end of the file); else None."""
-        if self._reader is not None or not isinstance(self.raw, io.FileIO):
+        if not self._regular_file():
             return None
         raw, size = self.raw, os.fstat(self.raw.fileno()).st_size
 

@@ -9,7 +9,8 @@ before the end-of-archive blocks, a bad checksum, garbage where a header or the 
 be -- raises ``TarFormatError`` with the URL, the byte offset and the member.
 
 Memory grows only with bytes actually read: member data is read in bounded pieces, so a header that
-claims 8 GiB in a 1 MB stream costs 1 MB before it fails.
+claims 8 GiB in a 1 MB stream costs 1 MB before it fails. (A sparse file is the exception: it is
+expanded to its real size, at most ``max_member_size``, which briefly takes twice that.)
 
 Writing: ``TarWriter`` writes deterministic archives (fixed mtime, owner and mode), ustar headers
 where names fit and GNU long-name records where they don't, end blocks and record padding.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -165,6 +167,7 @@ _REPEATED_PAX = ("GNU.sparse.offset", "GNU.sparse.numbytes")
 def _parse_pax(data: bytes, url: str | None, offset: int) -> dict[str, str]:
     """Records of the form ``"%d %s=%s\\n"`` (length includes itself)."""
     out: dict[str, str] = {}
+    repeated: dict[str, list[str]] = {}  # GNU sparse 0.0's lists, joined once at the end
     pos = 0
     n = len(data)
     while pos < n:
@@ -184,10 +187,13 @@ def _parse_pax(data: bytes, url: str | None, offset: int) -> dict[str, str]:
             raise TarFormatError(url, offset, "malformed pax extended header")
         key = keyvalue[:eq].decode("utf-8", "surrogateescape")
         value = keyvalue[eq + 1 :].decode("utf-8", "surrogateescape")
-        if key in _REPEATED_PAX and key in out:  # GNU sparse 0.0: a list, in order
-            value = out[key] + "," + value
-        out[key] = value
+        if key in _REPEATED_PAX:  # GNU sparse 0.0: a list, in order
+            repeated.setdefault(key, []).append(value)
+        else:
+            out[key] = value
         pos = end
+    for key, values in repeated.items():
+        out[key] = ",".join(values)
     return out
 
 
@@ -391,48 +397,66 @@ def _skipper(stream: Any) -> Callable[[int], int] | None:
 
 
 class _RecentMembers:
-    """The regular members read lately (their names and data), about ``limit`` bytes of them: a
-    hard or symbolic link names an earlier member, and a stream can't go back to read it again.
-    The fast path's item lists are kept as they are, so remembering costs nothing per member."""
+    """The regular members read lately (their names and data), about ``limit`` bytes of them (each
+    member counted at least 512 bytes): a hard or symbolic link names an earlier member, and a
+    stream can't go back to read it again. The fast path's item lists are kept as they are, so
+    remembering costs nothing per member; the first link builds a name index, kept up to date from
+    then on, so that many links cost one dictionary lookup each."""
 
     def __init__(self, limit: int, keyed: bool) -> None:
         self.limit = limit
         self.keyed = keyed
-        self.lists: deque[tuple[list[Any], int]] = deque()
+        self.lists: deque[tuple[int, list[Any], int]] = deque()  # (sequence number, items, charged bytes)
         self.bytes = 0
+        self.added = 0  # lists added so far
+        self.index: dict[Any, tuple[int, Any]] | None = None  # name -> (sequence number, data)
+        self.indexed = 0  # lists in the index
+
+    def _name(self, item: Any) -> Any:
+        return (item[0], item[1]) if self.keyed else item[0]
 
     def add(self, items: list[Any], nbytes: int) -> None:
         if self.limit <= 0:
             return
-        self.lists.append((items, nbytes))
-        self.bytes += nbytes
+        charged = nbytes + BLOCK * len(items)
+        self.lists.append((self.added, items, charged))
+        self.added += 1
+        self.bytes += charged
         while self.bytes > self.limit and self.lists:
-            self.bytes -= self.lists.popleft()[1]
+            seq, old, size = self.lists.popleft()
+            self.bytes -= size
+            if self.index is not None and seq < self.indexed:
+                for item in old:
+                    name = self._name(item)
+                    if self.index.get(name, (None,))[0] == seq:
+                        del self.index[name]
 
     def find(self, name: str) -> bytes | None:
-        want: tuple[Any, ...] = split_key(name) if self.keyed else (name,)
-        width = len(want)
-        for items, _ in reversed(self.lists):
-            for item in reversed(items):
-                if item[:width] == want:
-                    return item[-2]  # type: ignore[no-any-return]
-        return None
+        if self.index is None:
+            self.index = {}
+        for seq, items, _ in self.lists:
+            if seq >= self.indexed:
+                for item in items:
+                    self.index[self._name(item)] = (seq, item[-2])
+        self.indexed = self.added
+        found = self.index.get(split_key(name) if self.keyed else name)
+        return found[1] if found is not None else None
 
 
-def _rereader(stream: Any, consumed: int) -> Callable[[str, int], bytes | None] | None:
+def _rereader(stream: Any, consumed: int, max_member_size: int) -> Callable[[str, int], bytes | None] | None:
     """A function that finds a member by name in a plain local file, before a stream offset
     (``MemberFinder``); None when the stream can't be read again. ``consumed``: the bytes read
     from the stream so far."""
     make = getattr(stream, "member_rereader", None)
     if make is not None:  # a Source: it knows whether it can
-        return make()  # type: ignore[no-any-return]
+        return make(max_member_size)  # type: ignore[no-any-return]
     try:
-        if not stream.seekable():
-            return None
+        if not stream.seekable() or not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+            return None  # a pipe, a fifo or a device can't be read again
         fd, origin = stream.fileno(), stream.tell() - consumed
     except (AttributeError, OSError, ValueError):
         return None
-    return MemberFinder(fd, origin).find
+    return MemberFinder(fd, origin, max_member_size).find
 
 
 class _PreadStream:
@@ -452,17 +476,19 @@ class MemberFinder:
     holds: a second reader goes through the file (with pread) only as far as needed, once,
     remembering where each member's data lies, so that many links cost one extra pass at most."""
 
-    def __init__(self, fd: int, origin: int = 0) -> None:
-        self.fd, self.origin = fd, origin
-        self.where: dict[str, tuple[int, int] | bytes] = {}  # name -> (data offset, size), or the bytes
-        self.members = _read_members(_PreadStream(fd, origin), None, max_member_size=DEFAULT_MAX_MEMBER_SIZE,
-                                     stats=None, keyed=False, links="skip", link_cache=0, ignore_zeros=True,
-                                     record=self._record)
+    def __init__(self, fd: int, origin: int = 0, max_member_size: int = DEFAULT_MAX_MEMBER_SIZE) -> None:
+        self.fd, self.origin, self.max_member_size = fd, origin, max_member_size
+        # name -> [(header offset, (data offset, size) or None: not stored in place)], in file order
+        self.where: dict[str, list[tuple[int, tuple[int, int] | None]]] = {}
+        self.members = self._scan(self._record)
         self.scanned = -1  # header offset of the last member read
 
-    def _record(self, name: str, data_offset: int | None, data: bytes) -> None:
-        # plain data is read again when asked for; expanded (sparse) data is kept
-        self.where[name] = (data_offset, len(data)) if data_offset is not None else bytes(data)
+    def _scan(self, record: Callable[[str, int, int | None, Any], None] | None) -> Iterator[Any]:
+        return _read_members(_PreadStream(self.fd, self.origin), None, max_member_size=self.max_member_size,
+                             stats=None, keyed=False, links="skip", link_cache=0, ignore_zeros=True, record=record)
+
+    def _record(self, name: str, header: int, data_offset: int | None, data: Any) -> None:
+        self.where.setdefault(name, []).append((header, (data_offset, len(data)) if data_offset is not None else None))
 
     def find(self, name: str, before: int) -> bytes | None:
         """The data of the last regular member called ``name`` whose header starts before ``before``."""
@@ -471,10 +497,13 @@ class MemberFinder:
                 self.scanned = next(self.members)[-1]
             except (StopIteration, TarprocError):
                 break
-        where = self.where.get(name)
-        if where is None or isinstance(where, bytes):
-            return where
-        at, size = where
+        earlier = [(header, place) for header, place in self.where.get(name, ()) if header < before]
+        if not earlier:
+            return None
+        header, place = earlier[-1]
+        if place is None:  # expanded (a sparse file): expand it again, reading up to it
+            return next((data for member, data, offset in self._scan(None) if offset == header), None)
+        at, size = place
         return os.pread(self.fd, size, self.origin + at) if size else b""
 
 
@@ -503,11 +532,11 @@ def _read_members(
     links: str = "follow",
     link_cache: int = DEFAULT_LINK_CACHE,
     ignore_zeros: bool = False,
-    record: Callable[[str, int | None, bytes], None] | None = None,
+    record: Callable[[str, int, int | None, Any], None] | None = None,
     skip_data: bool = False,
 ) -> Iterator[Any]:
-    # record (for MemberFinder): called with (name, stream offset of the data or None, data) for
-    # every regular member before it is yielded
+    # record (for MemberFinder): called with (name, header offset, stream offset of the data or None
+    # when it isn't stored in place, data) for every regular member before it is yielded
     if stats is None:
         stats = ReadStats()
     if links not in LINK_POLICIES:
@@ -555,10 +584,11 @@ def _read_members(
             items, new_pos, nb = _scan(buf, pos, base, scan_limit, keyed)
             if items:
                 chunk = _CHUNK  # small members: read them in big blocks again
+                zeros_seen = False
                 recent.add(items, nb)
                 if record is not None:
                     for name, data, at in items:
-                        record(name, at + BLOCK, data)
+                        record(name, at, at + BLOCK, data)
                 it = iter(items)
                 try:
                     yield from it
@@ -593,6 +623,7 @@ def _read_members(
                     raise TarFormatError(url, 0, "not a tar archive (no valid header)")
                 raise TarFormatError(url, offset, "bad tar header checksum (damaged data or garbage)", last)
 
+        zeros_seen = False  # a header after skipped end blocks: that archive must end properly too
         # -- size --
         size_field = _parse_number(buf[pos + 124 : pos + 136])
         if size_field is None or size_field < 0:
@@ -648,21 +679,11 @@ def _read_members(
                 start += BLOCK
                 if len(sparse) > size + 1:  # every region but a last empty one holds data
                     raise TarFormatError(url, base + start, "GNU sparse map has more regions than data", name)
-        elif size and typeflag in _NO_DATA_TYPES:
+        elif size and typeflag in _NO_DATA_TYPES and not (typeflag in _LINK_TYPES and pax and "size" in pax):
             # links, devices, fifos and directories have no data, whatever their size field says
-            # (old tars stored the file's size in hard links and directories), unless what follows
-            # is not a header: then it is data (a pax hard link may carry it)
-            while len(buf) - start < BLOCK:
-                more = read(_CHUNK)
-                if not more:
-                    break
-                buf = buf[pos:] + more
-                base += pos
-                start -= pos
-                pos = 0
-            following = buf[start : start + BLOCK]
-            if len(following) < BLOCK or following == ZERO_BLOCK or _valid_header(following):
-                size = 0
+            # (old tars stored the file's size in hard links, and sizes in directories), as GNU tar
+            # and tarfile read them; only a pax 'size' gives a link data of its own
+            size = 0
         data_offset: int | None = base + start
         end = start + size
         padded_end = start + ((size + 511) & ~511)
@@ -711,6 +732,7 @@ def _read_members(
             base = stream_pos
 
         # -- dispatch on type --
+        linked = False
         if sparse is not None:  # old GNU sparse: the file is its regions, zeros between
             real = _parse_number(block[483:495])
             if real is None or real < 0:
@@ -751,7 +773,7 @@ def _read_members(
                 found = recent.find(resolved) if resolved is not None else None
                 if found is None and resolved is not None:
                     if rereader is False:
-                        rereader = _rereader(stream, base + len(buf))
+                        rereader = _rereader(stream, base + len(buf), max_member_size)
                     if rereader is not None:
                         found = rereader(resolved, offset)
                 if found is None:
@@ -763,6 +785,7 @@ def _read_members(
                 data = found
                 is_reg = True
                 data_offset = None
+                linked = True
         if is_reg:
             stats.members += 1
             stats.bytes += len(data)
@@ -772,9 +795,9 @@ def _read_members(
                 item = (key, field, data, offset)
             else:
                 item = (name, data, offset)
-            recent.add([item], len(data))
+            recent.add([item], 0 if linked else len(data))  # a link's data is its target's bytes object
             if record is not None:
-                record(name, data_offset, data)
+                record(name, offset, data_offset, data)
             yield item
         else:
             stats.skip_entry(_TYPE_NAMES.get(typeflag, f"type {chr(typeflag)!r}"))
@@ -1026,6 +1049,8 @@ def check_key(key: Any) -> None:
         raise SampleError(f"sample key {key!r} is not a non-empty string", key=str(key))
     if "\x00" in key:
         raise SampleError(f"sample key {key!r} cannot be written: tar names end at a NUL byte", key=key)
+    if key.startswith("./"):
+        raise SampleError(f"sample key {key!r} cannot be written: readers drop a leading './' from keys", key=key)
     base = key[key.rfind("/") + 1 :]
     first = key.split("/", 1)[0]
     if not base or "." in base:

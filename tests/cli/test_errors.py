@@ -485,3 +485,11 @@ def test_repeatable_options_flags_and_values_that_look_like_options_are_fine(cli
     assert r.exit_code == 0, r.stderr
     r = cli.run(tarproc_main, ["-c", "-c", str(tmp_path / "in.tar"), "-o", str(tmp_path / "p.tar")])
     assert "is given more than once" not in r.stderr  # the value of -c is "-c" (a command), not a second -c
+
+
+def test_a_brace_range_of_huge_numbers_is_refused_at_once():
+    from tarproc.errors import OptionError
+    from tarproc.sources import expand_urls
+
+    with pytest.raises(OptionError, match="expands to more than 1,000,000 URLs"):
+        expand_urls(["x{0..1000000000000000000000000000000000}.tar"])

@@ -231,10 +231,21 @@ def test_zstd_stream_that_starts_with_a_skippable_frame(tmp_path, plain_tar):
 
 
 @pytest.mark.parametrize("magic,name,command", [(b"\x1f\x9d\x90", "compress(1) .Z", "gzip -dc"),
-                                                (b"\x04\x22\x4d\x18", "lz4", "lz4 -dc"), (b"LZIP\x01", "lzip", "lzip -dc")])
+                                                (b"\x04\x22\x4d\x18\x64", "lz4", "lz4 -dc"), (b"LZIP\x01", "lzip", "lzip -dc")])
 def test_other_compressed_formats_are_named(tmp_path, magic, name, command):
     path = tmp_path / "x.tar.z"
     path.write_bytes(magic + bytes(600))
     with pytest.raises(CompressionError) as e:
         open_source(str(path))
     assert str(e.value) == f"{path}: {name} compressed data, not read here: decompress it first, e.g. 'pipe:{command} FILE'"
+
+
+def test_a_tar_whose_first_name_begins_like_a_magic_is_a_tar(tmp_path):
+    """A tar starts with its first member's name: "LZIPtest.txt" is not lzip data (found in review)."""
+    for name in ("LZIPtest.txt", "LZIP.txt"):
+        buf = io.BytesIO()
+        with TarWriter(buf) as w:
+            w.add(name, b"x")
+        path = tmp_path / "t.tar"
+        path.write_bytes(buf.getvalue())
+        assert _read(str(path)) == (None, [(name, b"x")])

@@ -200,7 +200,7 @@ def test_two_loaders_over_one_dataset_never_write_into_a_held_batch(image_shards
     a = iter(DataLoader(ds, batch_size=None, num_workers=1))
     b = iter(DataLoader(ds, batch_size=None, num_workers=1))
     held = []
-    for keys, images in a:
+    for _keys, images in a:
         held.append((images, images.clone()))
         next(b, None)  # b's batch let go of at once
     assert len(held) > 8 and all(torch.equal(images, copy) for images, copy in held)

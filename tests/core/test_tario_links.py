@@ -121,10 +121,29 @@ def test_an_old_hard_link_with_a_size_and_no_data(tmp_path, kit, reader, magic):
 
 
 def test_a_pax_hard_link_that_carries_data_is_that_file(kit, reader):
-    raw = kit.archive(kit.member("a.txt", b"hello"),
+    raw = kit.archive(kit.member("a.txt", b"hello"), kit.pax({"size": "4"}),
                       kit.header("b.txt", 4, typeflag=b"1", linkname=b"a.txt") + kit.pad(b"own!"),
                       kit.member("c.txt", b"abc"))
     assert [(n, d) for n, d, _ in kit.read_all(raw)] == [("a.txt", b"hello"), ("b.txt", b"own!"), ("c.txt", b"abc")]
+
+
+def test_damage_after_a_sized_link_or_directory_is_an_error(kit, reader):
+    """The block after a link or directory whose size field is not 0 is a header, never its data:
+    a damaged one is a checksum error, not data taken silently (found in review)."""
+    damaged = bytearray(kit.member("m.txt", b"M" * 488))
+    damaged[0] ^= 1
+    for entry in (kit.header("d/", 1000, typeflag=b"5"), kit.header("l.txt", 1000, typeflag=b"1", linkname=b"t.txt")):
+        raw = kit.archive(kit.member("t.txt", b"T"), entry, bytes(damaged), kit.member("n.txt", b"N"))
+        with pytest.raises(TarFormatError, match="bad tar header checksum"):
+            kit.read_all(raw)
+
+
+def test_ignore_zeros_still_finds_a_truncated_later_archive(kit, reader):
+    first = kit.writer_tar([("a.txt", b"a")])
+    cut = kit.writer_tar([("b.txt", b"b"), ("c.txt", b"c")])
+    cut = cut[: 4 * 512]  # ends after c.txt, without end-of-archive blocks
+    with pytest.raises(TarFormatError, match="stream ends before the end-of-archive blocks"):
+        kit.read_all(first + cut, ignore_zeros=True)
 
 
 @pytest.mark.parametrize("typeflag", [b"\x00", b"0", b"5"], ids=["aregtype", "regtype", "dirtype"])
@@ -221,3 +240,36 @@ def test_concatenated_archives_with_ignore_zeros(tmp_path, kit, reader):
     # still an error: garbage after the zeros, or a stream that ends inside a header
     with pytest.raises(TarFormatError, match="bad tar header checksum"):
         kit.read_all(first + b"x" * 512, ignore_zeros=True)
+
+
+def test_the_file_is_read_again_only_before_the_link(tmp_path, kit, reader):
+    """Read again from the file, a link gets the last member of its target's name *before* it: not
+    a later one, and a forward link stays an error (found in review)."""
+    later = kit.archive(kit.member("x.txt", b"OLD"), kit.header("y.txt", typeflag=b"1", linkname=b"x.txt"),
+                        kit.member("x.txt", b"NEW"))
+    forward = kit.archive(kit.member("a.txt", b"A"), kit.header("b.txt", typeflag=b"1", linkname=b"c.txt"),
+                          kit.member("c.txt", b"C"))
+    for name, raw in (("later", later), ("forward", forward)):
+        (tmp_path / f"{name}.tar").write_bytes(raw)
+    with open(tmp_path / "later.tar", "rb") as f:
+        assert [(n, d) for n, d, _ in iter_members(f, link_cache=0)] == [("x.txt", b"OLD"), ("y.txt", b"OLD"),
+                                                                         ("x.txt", b"NEW")]
+    with open(tmp_path / "forward.tar", "rb") as f, pytest.raises(LinkError, match="'b.txt' -> 'c.txt'"):
+        list(iter_members(f, link_cache=0))
+
+
+def test_a_fifo_is_not_read_again(tmp_path, kit):
+    """A named pipe (bash's <(...)) is a FileIO that can't seek: a link outside the recent members
+    is a LinkError, not an internal error (found in review)."""
+    import threading
+
+    raw = kit.archive(kit.member("t.bin", b"T" * 5000), kit.header("l.bin", typeflag=b"1", linkname=b"t.bin"))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(raw))
+    writer.start()
+    try:
+        with open_source(str(fifo)) as source, pytest.raises(LinkError, match="'l.bin' -> 't.bin'"):
+            list(iter_members(source, str(fifo), link_cache=0))
+    finally:
+        writer.join(timeout=10)
