@@ -63,6 +63,18 @@ def samples(
     ]
 
 
+def write_sparse_file(path: str | os.PathLike[str], regions: int, gap: int = 200_000, tail: int = 100) -> bytes:
+    """A file with holes: ``DATA<i>`` every ``gap`` bytes, ``regions`` times, then ``tail`` more
+    bytes of hole (GNU tar --sparse stores it as a sparse member where the file system keeps holes);
+    returns its bytes."""
+    with open(path, "wb") as f:
+        for i in range(regions):
+            f.seek(i * gap)
+            f.write(b"DATA%d" % i)
+        f.truncate(regions * gap + tail)
+    return Path(path).read_bytes()
+
+
 def encode_image(array: Any, fmt: str = "JPEG", mode: str | None = None, **kw: Any) -> bytes:
     """An image file (JPEG by default) of a numpy array, through Pillow; ``mode`` converts first."""
     from PIL import Image

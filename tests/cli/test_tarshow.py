@@ -147,13 +147,20 @@ def test_summary_text(cli, shards):
     assert "non-adjacent" not in out and "reappear" not in out
 
 
-def test_summary_json_finds_the_lint_problems(cli, tmp_path):
+def _lint_tar(tmp_path):  # type: ignore[no-untyped-def]
+    """A shard with every kind of problem --summary reports: a key that reappears, a field twice,
+    a name without a key, a dotted name that splits surprisingly."""
     members = [("a.jpg", b"1"), ("a.cls", b"1"), ("b.cls", b"2"), ("a.txt", b"x"), ("c.cls", b"3"),
                ("c.cls", b"4"), ("NOTES", b"n"), ("Track 2.0.mp3", b"ID3")]
     path = tmp_path / "lint.tar"
     with open(path, "wb") as f, TarWriter(f) as w:
         for name, data in members:
             w.add(name, data)
+    return path
+
+
+def test_summary_json_finds_the_lint_problems(cli, tmp_path):
+    path = _lint_tar(tmp_path)
     r = cli.run(tarshow, [path, "--summary", "--json"])
     assert r.exit_code == 0, r.stderr
     d = json.loads(r.stdout)
@@ -306,12 +313,7 @@ def test_names_from_the_data_are_escaped_in_warnings(cli, tmp_path):
 
 
 def test_strict_summary_exits_1_naming_the_problems(cli, tmp_path):
-    members = [("a.jpg", b"1"), ("a.cls", b"1"), ("b.cls", b"2"), ("a.txt", b"x"), ("c.cls", b"3"),
-               ("c.cls", b"4"), ("NOTES", b"n"), ("Track 2.0.mp3", b"ID3")]
-    path = tmp_path / "lint.tar"
-    with open(path, "wb") as f, TarWriter(f) as w:
-        for name, data in members:
-            w.add(name, data)
+    path = _lint_tar(tmp_path)
     r = cli.run(tarshow, [path, "--summary"])
     assert r.exit_code == 0 and "names without a key" in r.stdout  # without --strict: a report only
     r = cli.run(tarshow, [path, "--summary", "--strict"])

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tarhelpers import write_sparse_file
 
 from tarproc import TarWriter, read_samples
 from tarproc.errors import LinkError
@@ -85,11 +86,7 @@ def test_link_last_in_the_shard(tmp_path, reader):
 def test_sparse_member_is_refused(tmp_path, kit, reader):
     src = tmp_path / "src"
     src.mkdir()
-    with open(src / "s.bin", "wb") as f:
-        for i in range(3):
-            f.seek(i * 200_000)
-            f.write(b"DATA%d" % i)
-        f.truncate(600_100)
+    write_sparse_file(src / "s.bin", regions=3)
     (src / "z.txt").write_bytes(b"after the sparse file")
     path = tmp_path / "sparse.tar"
     kit.gnu_tar("-cf", str(path), "--format=gnu", "--sparse", "-C", str(src), "s.bin", "z.txt")

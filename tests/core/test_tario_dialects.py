@@ -11,6 +11,7 @@ import os
 import tarfile
 
 import pytest
+from tarhelpers import write_sparse_file
 
 from tarproc.errors import LinkError
 from tarproc.sources import open_source
@@ -415,11 +416,7 @@ def _sparse_tar(tmp_path, kit, fmt: str, regions: int) -> tuple[bytes, bytes]:
     src = tmp_path / "src"
     src.mkdir(exist_ok=True)
     path = src / "sparse.bin"
-    with open(path, "wb") as f:
-        for i in range(regions):
-            f.seek(i * 200_000)
-            f.write(b"DATA%d" % i)
-        f.truncate(regions * 200_000 + 100)
+    write_sparse_file(path, regions)
     (src / "z.txt").write_bytes(b"after the sparse file")
     out = tmp_path / f"sparse-{fmt}-{regions}.tar"
     kit.gnu_tar("-cf", str(out), f"--format={fmt}", "--sparse", "-C", str(src), "sparse.bin", "z.txt")

@@ -14,6 +14,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from tarhelpers import write_sparse_file
 
 from tarproc import read_samples
 from tarproc.errors import LinkError, OptionError, TarFormatError
@@ -164,11 +165,7 @@ def test_old_style_directory_entries_have_no_data(tmp_path, kit, reader, typefla
 def test_pax_sparse_files_are_expanded(tmp_path, kit, reader, version):
     src = tmp_path / "src"
     src.mkdir()
-    with open(src / "sparse.bin", "wb") as f:
-        for i in range(10):
-            f.seek(i * 200_000)
-            f.write(b"DATA%d" % i)
-        f.truncate(10 * 200_000 + 100)
+    write_sparse_file(src / "sparse.bin", regions=10)
     (src / "z.txt").write_bytes(b"after")
     archive = tmp_path / f"pax{version}.tar"
     kit.gnu_tar("-cf", str(archive), "--format=pax", "--sparse", f"--sparse-version={version}", "-C", str(src),
