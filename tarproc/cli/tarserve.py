@@ -114,7 +114,7 @@ def main(
         output_field=output_field, labels=list(labels),
         fields=None if fields is None else fields.replace(",", " ").split(),
         last_batch=last_batch, senders=senders, on_error=on_error,
-        reading={"on_error": reading.on_error, "dup": reading.dup, "max_member_size": reading.max_member_size},
+        reading={"on_error": reading.on_error, "dup": reading.dup, **reading.tar},
         **transport,  # type: ignore[arg-type]
     )
     report = None if raw or quiet or decoding.device != "auto" else (
