@@ -12,6 +12,7 @@ import click
 from ..errors import TransportError
 from ..samples import Sample
 from ..transport import Receiver
+from ..transport.receiver import MIN_RATE_SECONDS
 from ..transport.wire import Batch
 from .common import (
     TarprocCommand,
@@ -128,22 +129,31 @@ def batch_samples(batch: Batch) -> Iterator[Sample]:
 
 
 class Monitor:
-    """Rate lines every ``interval`` seconds and a summary, like tensorcom's tensormon."""
+    """Rate lines every ``interval`` seconds and a summary, like tensorcom's tensormon.
+
+    Rates are over the time since the first batch arrived (waiting for the senders is not
+    transfer time), and only over ``MIN_RATE_SECONDS`` or more: a batch or two in a few
+    milliseconds say nothing about a rate.
+    """
 
     def __init__(self, receiver: Receiver, interval: float, quiet: bool, to: Any) -> None:
         self.receiver = receiver
         self.interval = interval
         self.quiet = quiet
         self.to = to
-        self.last = (time.monotonic(), 0, 0, 0)
+        self.last: tuple[float, int, int, int] | None = None  # time, batches, samples, bytes of the last line
 
     def tick(self, force: bool = False) -> None:
+        stats = self.receiver.stats
+        if self.last is None:
+            if stats.first is None:
+                return
+            self.last = (stats.first, 1, stats.first_samples, stats.first_bytes)  # the clock starts
         now = time.monotonic()
         then, batches, samples, nbytes = self.last
-        stats = self.receiver.stats
-        if self.quiet or (now - then < self.interval and not force) or stats.batches == batches:
-            return
         dt = now - then
+        if self.quiet or (dt < self.interval and not force) or dt < MIN_RATE_SECONDS or stats.batches == batches:
+            return
         self._print(f"{(stats.batches - batches) / dt:9.1f} batches/s {(stats.samples - samples) / dt:11.1f} "
                     f"samples/s {(stats.bytes - nbytes) / dt / 1e6:9.1f} MB/s   total {stats.batches} batches "
                     f"epoch {stats.epochs}")
@@ -151,11 +161,15 @@ class Monitor:
 
     def summary(self) -> None:
         stats = self.receiver.stats
-        rates = stats.rates() if stats.batches > 1 else {"batches/s": 0.0, "samples/s": 0.0, "MB/s": 0.0}
-        line = (f"received {stats.batches} batches, {stats.samples} samples, {stats.bytes / 1e6:.1f} MB from "
-                f"{stats.senders} sender(s) in {stats.seconds:.1f} s: {rates['batches/s']:.1f} batches/s, "
-                f"{rates['samples/s']:.1f} samples/s, {rates['MB/s']:.1f} MB/s; {stats.epochs} epoch(s) ended; "
-                f"lost {stats.lost}, rejected {stats.rejected}")
+        line = (f"received {_count(stats.batches, 'batch')}, {_count(stats.samples, 'sample')}, "
+                f"{_size(stats.bytes)} from {stats.senders} sender(s)")
+        if stats.batches > 1:
+            line += f" in {_duration(stats.seconds)}"
+        if stats.rated:
+            rates = stats.rates()
+            line += (f": {_rate(rates['batches/s'])} batches/s, {_rate(rates['samples/s'])} samples/s, "
+                     f"{_rate(rates['MB/s'])} MB/s")
+        line += f"; {stats.epochs} epoch(s) ended; lost {stats.lost}, rejected {stats.rejected}"
         if self.to is sys.stdout:
             self._print(line)
         else:
@@ -166,6 +180,25 @@ class Monitor:
             click.echo(line)
         else:
             say(f"tarrecv: {line}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("ch") else f"{n} {noun}s"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 100_000 else f"{nbytes} bytes"
+
+
+def _duration(seconds: float) -> str:
+    """Three significant digits below 100 s (42.1 ms, 1.25 s), then whole seconds."""
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
+    return f"{seconds:.3g} s" if seconds < 100 else f"{seconds:.0f} s"
+
+
+def _rate(value: float) -> str:
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,13 +3,15 @@
 The sender is the CURVE server: it holds ``server.key_secret`` and accepts only the clients whose
 public keys are in ``authorized_clients/``. A receiver is a client: it needs ``server.key`` and its
 own ``client.key_secret``. Copy the whole directory to both sides, or only those files to each.
-Without the right keys a receiver's handshake fails and it receives nothing.
+Without the right keys the handshake fails: both sides stop with an error that says so (see
+``Handshakes``), instead of waiting in silence.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +109,70 @@ def make_client(socket: Any, keys: tuple[bytes, bytes, bytes]) -> None:
     socket.curve_secretkey = secret
     socket.curve_publickey = public
     socket.curve_serverkey = server_public
+
+
+# -- failed handshakes ------------------------------------------------------------------------------
+#
+# Mismatched keys used to show only as silence: ZMQ retries a failed handshake quietly. A socket
+# monitor (libzmq >= 4.3) reports each handshake; the sender and the receiver watch theirs and
+# stop with a TransportError that says what is wrong, within a second.
+
+_SUCCEEDED, _NO_DETAIL, _PROTOCOL, _AUTH = 0x1000, 0x0800, 0x2000, 0x4000  # zmq.EVENT_HANDSHAKE_*
+_CRYPTOGRAPHIC, _MECHANISM_MISMATCH, _KEY_EXCHANGE = 0x11000001, 0x11000002, 0x10000003  # PROTOCOL_ERROR_ZMTP_*
+
+
+def handshake_events() -> int:
+    """The monitor event mask of handshake results, or 0 where libzmq does not report them."""
+    import zmq
+
+    return _SUCCEEDED | _NO_DETAIL | _PROTOCOL | _AUTH if zmq.zmq_version_info() >= (4, 3) else 0
+
+
+@dataclass
+class Handshakes:
+    """The handshakes of one socket: ``succeeded`` once a peer got through."""
+
+    side: str  # "sender" or "receiver": this end
+    curve: bool  # this end uses CURVE
+    url: str  # this end's endpoint
+    bound: bool  # this end listens (so peers are anyone who connects)
+    succeeded: bool = False
+    doubt: str | None = None  # a failure that was ignored (see ``failure``), for a timeout's message
+
+    def failure(self, event: int, value: int) -> str | None:
+        """The reason, in one line, when ``event`` is a handshake that failed over keys (None for
+        a success, and for garbage from something that is not a ZMQ peer: a port scan)."""
+        if event == _SUCCEEDED:
+            self.succeeded = True
+            return None
+        role = "receiver" if self.side == "sender" else "sender"
+        peer = f"a {role} connected to {self.url}" if self.bound else f"the {role} at {self.url}"
+        same = "give both sides the same --curve-keys directory"
+        if event == _PROTOCOL and value == _MECHANISM_MISMATCH:
+            if self.curve:
+                return f"{peer} does not use CURVE: {same}"
+            return f"{peer} uses CURVE and this {self.side} does not: give it --curve-keys"
+        if event == _NO_DETAIL and self.bound and not (self.curve and self.side == "receiver"):
+            # a port scan, or a peer that found out before us that the keys don't match
+            hint = "with other CURVE keys" if self.curve else "using CURVE (then give --curve-keys here too)"
+            self.doubt = f"{peer} hung up during the handshake: a {role} {hint}, or not a ZMQ peer"
+            return None
+        if event == _NO_DETAIL:
+            # the peer hung up: a CURVE server that can't open our hello (another key pair) does,
+            # and so does a peer that found out first that the keys don't match. A port this end
+            # listens on hears that from port scans too: ignored there, except by a CURVE
+            # receiver (for which it is the only sign of a sender with other keys)
+            other = "tarserve" if role == "sender" else "tarrecv"
+            if self.curve:
+                return (f"{peer} hung up during the CURVE handshake: it has other keys (another tarkeys "
+                        f"directory) or none, or it is not a {other}; {same}")
+            return f"{peer} hung up during the handshake: it uses CURVE (give --curve-keys), or it is not a {other}"
+        if not self.curve:
+            return None  # a plain socket sees other failures only from garbage
+        if event == _AUTH:
+            if self.side == "sender":
+                return f"the CURVE key of {peer} is not authorized (not in this sender's authorized_clients/): {same}"
+            return f"{peer} refused this receiver's CURVE key (status {value}): {same}"
+        if event == _PROTOCOL and value in (_CRYPTOGRAPHIC, _KEY_EXCHANGE):
+            return f"the CURVE handshake with {peer} failed: it has other keys (another tarkeys directory); {same}"
+        return None

@@ -4,8 +4,11 @@ It knows the senders from the messages themselves (every header names its sender
 group and how many senders the group has), so it can start before or after them, be restarted,
 and still tell when the stream has ended: when every sender of every group it has heard from has
 sent its final end-of-epoch message. A sender that goes silent for ``timeout`` seconds (no batch
-and no heartbeat) is a ``TransportError``, not an endless hang. A message that is not wire format
-v1 (a stray client, garbage) is reported through ``warn``, counted, and skipped.
+and no heartbeat) is a ``TransportError``, not an endless hang; so is a sender that stopped early
+(an interrupted or failed tarserve says so before it goes), and a failed CURVE handshake (keys
+that don't match) on a socket no sender has got through on yet. A message that is not wire
+format v1 (a stray client, garbage) is reported through ``warn``, naming where it came from,
+counted, and skipped.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import OptionError, TransportError, WireError
+from .curve import Handshakes, handshake_events
 from .sender import DEFAULT_HWM
 from .urls import parse_endpoints
-from .wire import Batch, decode, to_batch
+from .wire import Batch, MessageError, decode, to_batch
 
 DEFAULT_TIMEOUT = 30.0
+MIN_RATE_SECONDS = 0.1  # a rate measured over less time than this is noise
 _malloc_tuned: bool | None = None
 
 
@@ -75,14 +80,25 @@ class ReceiveStats:
     first: float | None = None
     last: float | None = None
 
+    first_samples: int = 0  # of the first batch, which arrived at ``first``
+    first_bytes: int = 0
+
     @property
     def seconds(self) -> float:
+        """From the arrival of the first batch to that of the last."""
         return (self.last - self.first) if self.first is not None and self.last is not None else 0.0
 
+    @property
+    def rated(self) -> bool:
+        """There is a rate to speak of: two batches or more, over ``MIN_RATE_SECONDS`` or more."""
+        return self.batches > 1 and self.seconds >= MIN_RATE_SECONDS
+
     def rates(self) -> dict[str, float]:
-        """batches/s, samples/s and MB/s (10^6 bytes) since the first batch."""
+        """batches/s, samples/s and MB/s (10^6 bytes) of what arrived after the first batch, over
+        the time since it arrived (NaN without a second batch; see ``rated``)."""
         s = self.seconds or float("nan")
-        return {"batches/s": self.batches / s, "samples/s": self.samples / s, "MB/s": self.bytes / s / 1e6}
+        return {"batches/s": (self.batches - 1) / s, "samples/s": (self.samples - self.first_samples) / s,
+                "MB/s": (self.bytes - self.first_bytes) / s / 1e6}
 
 
 @dataclass
@@ -152,6 +168,9 @@ class Receiver:
         self._own_context = context is None
         self._context = context or zmq.Context()
         self._sockets: list[Any] = []
+        self._monitors: list[Any] = []  # handshake results of each socket (libzmq >= 4.3)
+        self._handshakes: list[Handshakes] = []
+        self._handshake_warned: set[str] = set()
         self._next = 0
         self._started = time.monotonic()
         self._closed = False
@@ -171,18 +190,21 @@ class Receiver:
                     from .curve import make_client
 
                     make_client(sock, keys)
+                self._sockets.append(sock)
+                # before bind/connect, so that no handshake goes unseen
+                events = handshake_events()
+                self._monitors.append(sock.get_monitor_socket(events) if events else None)
+                self._handshakes.append(Handshakes("receiver", keys is not None, endpoint.url, endpoint.bind))
                 try:
                     sock.bind(endpoint.address) if endpoint.bind else sock.connect(endpoint.address)
                 except zmq.ZMQError as e:
-                    sock.close(0)
                     verb = "bind" if endpoint.bind else "connect to"
                     raise TransportError(f"cannot {verb} {endpoint.address}: {e}", endpoint.url) from None
-                self._sockets.append(sock)
         except BaseException:
             self.close()
             raise
         self._poller = zmq.Poller()
-        for sock in self._sockets:
+        for sock in self._sockets + [m for m in self._monitors if m is not None]:
             self._poller.register(sock, zmq.POLLIN)
 
     # -- iteration ----------------------------------------------------------------------------------
@@ -210,7 +232,8 @@ class Receiver:
                     batch = to_batch(message)
                     now = time.monotonic()
                     stats = self.stats
-                    stats.first = now if stats.first is None else stats.first
+                    if stats.first is None:
+                        stats.first, stats.first_samples, stats.first_bytes = now, len(header["keys"]), message.nbytes
                     stats.last = now
                     stats.batches += 1
                     stats.samples += len(header["keys"])
@@ -275,7 +298,9 @@ class Receiver:
     def _receive(self) -> Any:
         """One decoded message, or None after a poll interval without one (silence is checked)."""
         ready = dict(self._poller.poll(timeout=250))
-        if not ready:
+        if any(m in ready for m in self._monitors if m is not None):
+            self._check_handshakes()
+        if not any(sock in ready for sock in self._sockets):
             # only when nothing is queued: a consumer slower than its senders finds their messages
             # waiting, and they, not the wall clock, say who is alive
             self._check_silence()
@@ -294,7 +319,11 @@ class Receiver:
                 self._track(message.kind, message.header, index, url)
             except WireError as e:
                 self.stats.rejected += 1
-                self.warn(f"rejected a message: {e}")
+                if isinstance(e, MessageError):
+                    origin = f" {e.origin}" if e.origin else ""
+                    self.warn(f"rejected a message{origin} on {url}: {e.reason}")
+                else:
+                    self.warn(f"rejected a message: {e}")
                 continue
             return message
         return None
@@ -320,7 +349,8 @@ class Receiver:
             state.next_seq[dest] = seq + 1 if kind == "batch" else max(seq, expected or 0)
         if kind == "eof":
             if header.get("aborted"):
-                raise TransportError(f"sender {sender_id} stopped before the end of its stream (interrupted)", url)
+                reason = header.get("reason") or "interrupted"
+                raise TransportError(f"sender {sender_id} stopped before the end of its stream ({reason})", url)
             epoch = header["epoch"]
             state.eofs[epoch] = (header["batches"], header["samples"])
             state.eof_sockets.setdefault(epoch, set()).add(index)
@@ -348,6 +378,28 @@ class Receiver:
         counts = [s.eofs[epoch] for s in self._senders.values() if epoch in s.eofs]
         return EpochEnd(epoch, sum(c[0] for c in counts), sum(c[1] for c in counts))
 
+    def _check_handshakes(self) -> None:
+        """A failed handshake over keys is an error on a socket no peer has got through on yet
+        (the keys don't match: waiting would be for ever); later, only a warning (a stray or
+        misconfigured client must not stop a stream that works)."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        for index, monitor in enumerate(self._monitors):
+            while monitor is not None and monitor.poll(0):
+                event = recv_monitor_message(monitor)
+                handshakes = self._handshakes[index]
+                reason = handshakes.failure(event["event"], event["value"])
+                if reason is None:
+                    if handshakes.doubt and not handshakes.succeeded and handshakes.doubt not in self._handshake_warned:
+                        self._handshake_warned.add(handshakes.doubt)  # said once: port scans repeat
+                        self.warn(handshakes.doubt)
+                    continue
+                if not handshakes.succeeded:
+                    raise TransportError(reason)
+                if reason not in self._handshake_warned:
+                    self._handshake_warned.add(reason)
+                    self.warn(reason)
+
     def _check_silence(self) -> None:
         now = time.monotonic()
         if not self._senders:
@@ -374,6 +426,9 @@ class Receiver:
         self._closed = True
         for sock in self._sockets:
             sock.close(0)
+        for monitor in self._monitors:
+            if monitor is not None:
+                monitor.close(0)
         if self._own_context:
             self._context.term()
 

@@ -9,6 +9,12 @@ waits: a subscriber that can't keep up loses batches, and its receiver reports t
 A background thread owns the sockets: it sends what ``send`` queues (at most ``queue`` batches
 wait) and, whenever it has had nothing to send for ``heartbeat`` seconds, tells every receiver
 that this sender is alive, however long reading or decoding the next batch takes.
+
+Closing a sender ends its stream: if the last ``end_epoch`` was not ``final``, ``close`` sends
+the final end-of-epoch message, so receivers finish at once. Closing with ``abort=True`` (what
+leaving a ``with`` block by an exception does) tells every receiver instead that this sender
+stopped early: a receiver raises ``TransportError`` ("stopped before the end of its stream"),
+since what it got is not the whole stream.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OptionError, TransportError
+from .curve import Handshakes, handshake_events
 from .urls import Endpoint, parse_endpoints
 from .wire import control, encode_batch
 
@@ -52,7 +59,9 @@ class Sender:
 
     >>> # with Sender("zpush://trainer:7880") as s:
     >>> #     s.send(keys, {"image": array, "cls": labels}, epoch=0)
-    >>> #     s.end_epoch(0, final=True)
+    >>> #     s.end_epoch(0)     # optional for the last epoch: leaving the block ends the stream
+
+    An exception that leaves the ``with`` block aborts the stream (see ``close``).
 
     ``rank``/``senders`` say which of several cooperating sender processes this is (receivers
     wait for all of them); ``group`` names the run they belong to. ``send_timeout`` (seconds,
@@ -88,11 +97,16 @@ class Sender:
         }
         self.stats = SendStats()
         self._epoch_counts = [0, 0]  # batches, samples in the current epoch
+        self._epoch = 0  # of the last batch sent
+        self._epoch_open = False  # batches sent since the last end_epoch
+        self._last_eof: dict[str, Any] | None = None
+        self._ended = False  # a final end_epoch went out
         self._own_context = context is None
         self._context = context or zmq.Context()
         self._auth = None
         self._sockets: list[Any] = []
-        self._monitors: list[Any] = []  # PUSH: connections are watched, so close() can wait for receivers
+        self._monitors: list[Any] = []  # connections and handshakes are watched (see _count_peers)
+        self._handshakes: list[Handshakes] = []
         self._seq: list[int] = []
         self._greeted: list[bool] = []
         self._next = 0
@@ -100,6 +114,7 @@ class Sender:
         self._error: BaseException | None = None
         self._closed = False
         self._abort = threading.Event()
+        self._abort_reason = "interrupted"
         try:
             keys = None
             if curve is not None:
@@ -136,8 +151,11 @@ class Sender:
             from .curve import make_server
 
             make_server(sock, keys)
-        # before bind/connect: a connection made before the monitor starts would go uncounted
-        self._monitors.append(sock.get_monitor_socket(_PEER_EVENTS) if endpoint.kind == "push" else None)
+        # before bind/connect: a connection made before the monitor starts would go uncounted; PUSH
+        # counts its connections, so close() can wait for its receivers to go
+        events = (_PEER_EVENTS if endpoint.kind == "push" else 0) | handshake_events()
+        self._monitors.append(sock.get_monitor_socket(events) if events else None)
+        self._handshakes.append(Handshakes("sender", keys is not None, endpoint.url, endpoint.bind))
         try:
             if endpoint.bind:
                 sock.bind(endpoint.address)
@@ -146,6 +164,7 @@ class Sender:
         except zmq.ZMQError as e:
             sock.close(0)
             monitor = self._monitors.pop()
+            self._handshakes.pop()
             if monitor is not None:
                 monitor.close(0)
             verb = "bind" if endpoint.bind else "connect to"
@@ -160,19 +179,37 @@ class Sender:
         self._put(("batch", keys, tensors, epoch, tuple(text), tuple(bfloat16)))
         self._epoch_counts[0] += 1
         self._epoch_counts[1] += len(keys)
+        self._epoch, self._epoch_open = epoch, True
 
     def end_epoch(self, epoch: int, *, final: bool = False) -> None:
         """Tell every receiver this sender has sent all of ``epoch`` (``final``: and everything)."""
         batches, samples = self._epoch_counts
-        self._put(("eof", {"epoch": epoch, "final": final, "batches": batches, "samples": samples}))
+        eof = {"epoch": epoch, "final": final, "batches": batches, "samples": samples}
+        self._put(("eof", eof))
         self._epoch_counts = [0, 0]
+        self._epoch_open, self._last_eof, self._ended = False, eof, final
         self.stats.epochs += 1
 
-    def close(self, *, abort: bool = False) -> None:
-        """Wait until everything queued has gone out (or ``abort``: tell receivers, drop the rest)."""
+    def close(self, *, abort: bool = False, reason: str = "interrupted") -> None:
+        """End the stream and wait until everything queued has gone out, and the receivers have
+        read it; or, with ``abort``, tell the receivers this sender stopped early (``reason``:
+        ``interrupted`` or ``failed``) and drop what is queued.
+
+        Without a final ``end_epoch``, ending the stream sends one: for the epoch of the last batch
+        if it was not ended, else the last end of epoch again, now final.
+        """
         if self._closed:
             return
+        try:
+            if not abort and self._error is None and not self._ended:
+                self._end_stream()
+        except BaseException:
+            if self._error is None:  # interrupted while the queue was full
+                self.close(abort=True)
+                raise
+            # else the socket thread failed: raised below, after the shutdown
         self._closed = True
+        self._abort_reason = reason
         try:
             if not abort and self._error is None:
                 self._put(None)
@@ -196,7 +233,16 @@ class Sender:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self.close(abort=exc_type is not None)
+        # an error is not an end: receivers must not take a partial stream for a whole one
+        failed = exc_type is not None and issubclass(exc_type, Exception)
+        self.close(abort=exc_type is not None, reason="failed" if failed else "interrupted")
+
+    def _end_stream(self) -> None:
+        if self._epoch_open or self._last_eof is None:
+            self.end_epoch(self._epoch, final=True)
+        else:  # the last epoch ended, not finally: say it again, final (receivers count it once)
+            self._put(("eof", {**self._last_eof, "final": True}))
+            self._ended = True
 
     def _put(self, item: Any) -> None:
         if self._closed and item is not None:
@@ -211,13 +257,22 @@ class Sender:
                 continue
 
     def _count_peers(self) -> None:
+        """Count each PUSH socket's connections, and stop on a handshake that failed over keys
+        before any receiver got through on that socket (later ones: a stray client, ignored)."""
         import zmq
         from zmq.utils.monitor import recv_monitor_message
 
         for index, monitor in enumerate(self._monitors):
             while monitor is not None and monitor.poll(0):
-                event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
-                self._peers[index] += -1 if event == zmq.EVENT_DISCONNECTED else 1
+                message = recv_monitor_message(monitor, zmq.NOBLOCK)
+                event = message["event"]
+                if event & _PEER_EVENTS:
+                    self._peers[index] += -1 if event == zmq.EVENT_DISCONNECTED else 1
+                    continue
+                handshakes = self._handshakes[index]
+                reason = handshakes.failure(event, message["value"])
+                if reason is not None and not handshakes.succeeded:
+                    raise TransportError(reason)
             if self._peers[index] > 1 and self.endpoints[index].bind:
                 raise TransportError(
                     f"{self._peers[index]} receivers connected to one bound PUSH endpoint: ZMQ would deal "
@@ -236,7 +291,7 @@ class Sender:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._count_peers()
-            if not any(self._peers[i] > 0 for i, m in enumerate(self._monitors) if m is not None):
+            if not any(self._peers[i] > 0 for i, e in enumerate(self.endpoints) if e.kind == "push"):
                 return
             if deadline is not None and time.monotonic() > deadline:
                 where = ", ".join(e.url for e, n in zip(self.endpoints, self._peers, strict=True) if n > 0)
@@ -295,13 +350,19 @@ class Sender:
                         return index
             if self._abort.is_set():
                 return None
+            self._count_peers()  # a failed handshake is said within a poll, not after the send timeout
             now = time.monotonic()
             if now - last_beat >= self.heartbeat:  # the receivers we can't reach are full, or gone
                 self._send_all(control("heartbeat", **self.common), block=False)
                 last_beat = now
             if self.send_timeout is not None and now - started > self.send_timeout:
                 where = ", ".join(e.url for e in self.endpoints)
-                raise TransportError(f"no receiver took {what} for {self.send_timeout:g} s on {where}")
+                raise TransportError(f"no receiver took {what} for {self.send_timeout:g} s on {where}{self._doubts()}")
+
+    def _doubts(self) -> str:
+        """What the handshakes saw that might explain a timeout: ``; PEER hung up during ...``."""
+        self._count_peers()
+        return "".join(f"; {h.doubt}" for h in self._handshakes if h.doubt and not h.succeeded)
 
     def _greet(self, index: int) -> None:
         import zmq
@@ -359,7 +420,7 @@ class Sender:
             if self._abort.is_set():
                 return
             if self.send_timeout is not None and time.monotonic() - started > self.send_timeout:
-                raise TransportError(f"no receiver took {what} for {self.send_timeout:g} s",
+                raise TransportError(f"no receiver took {what} for {self.send_timeout:g} s{self._doubts()}",
                                      self.endpoints[index].url)
             sock.poll(timeout=int(min(self.heartbeat, 0.25) * 1000), flags=zmq.POLLOUT)
 
@@ -367,7 +428,7 @@ class Sender:
         """Tell every receiver this sender stopped early, waiting a moment for room in full queues."""
         import zmq
 
-        message = control("eof", **self.common, aborted=True, final=True)
+        message = control("eof", **self.common, aborted=True, final=True, reason=self._abort_reason)
         deadline = time.monotonic() + ABORT_WAIT / 2
         for sock in self._sockets:
             while True:

@@ -14,6 +14,10 @@ sample; a ``bytes`` field is one frame per sample that has it (``sizes`` gives e
 ``null`` where the sample lacks the field). ``kind`` is also ``hello``, ``eof`` (an epoch's end,
 with counts) or ``heartbeat``, which carry no frames. No pickle anywhere: a receiver never runs
 code from the network, and checks every size before it touches a frame.
+
+What decoding a header may cost is bounded: a header is at most ``MAX_HEADER`` bytes and holds
+at most ``MAX_CONTAINERS`` lists and maps, so no message, however built, makes a receiver spend
+more than about 150 MB (for a moment) or a few hundred milliseconds on its header.
 """
 
 from __future__ import annotations
@@ -35,9 +39,19 @@ DTYPES = (
     "float16", "float32", "float64", "bfloat16",
 )
 BYTES = "bytes"
-MAX_HEADER = 64 << 20  # keys and sizes of a very large batch fit easily; garbage does not get parsed
+# A msgpack header can cost far more to decode than its size: one byte makes an empty map (64
+# bytes of Python object), one byte a new int object (-6 to -32: 28 bytes). The limits below keep
+# the worst case near 40 times MAX_HEADER. A real batch header needs its keys, one size per raw
+# field and one shape per ragged tensor for each sample: about 30-100 bytes a sample, so 4 MiB
+# holds batches of tens of thousands of samples.
+MAX_HEADER = 4 << 20
+MAX_CONTAINERS = 1 << 18  # lists and maps in one header: 4 ragged tensors of a 65536-sample batch
 MAX_SAMPLES = 1 << 20  # per batch (and per list in a header)
+MAX_MAP_KEYS = 64
+MAX_STRING = 1 << 20  # one string (a key, a name) in a header
+MAX_ID = 512  # characters of a sender id or group id
 MAX_DIMENSION = 1 << 40
+_INTEGERS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 _ITEMSIZE = {name: (2 if name == "bfloat16" else np.dtype(name).itemsize) for name in DTYPES}
 
 
@@ -59,6 +73,30 @@ class Message:
     header: dict[str, Any]
     tensors: dict[str, Any] = field(default_factory=dict)
     nbytes: int = 0
+
+
+class MessageError(WireError):
+    """A received message that is not wire format v1, and where it came from.
+
+    ``reason`` says what is wrong; ``url`` is the receiving endpoint; ``peer`` is the connection's
+    origin as ZMQ knows it (the sender's IP address over TCP, its process over ipc), and ``sender``
+    the sender id the header gives, when the header got that far.
+    """
+
+    def __init__(self, reason: str, url: str | None = None, peer: str | None = None,
+                 sender: str | None = None) -> None:
+        self.reason = reason
+        self.peer = peer
+        self.sender = sender
+        super().__init__(f"message {self.origin}: {reason}" if self.origin else reason, url)
+
+    @property
+    def origin(self) -> str:
+        """``from PEER (sender ID)``, as much of it as is known."""
+        parts = [f"from {self.peer}"] if self.peer else []
+        if self.sender:
+            parts.append(f"(sender {self.sender})" if parts else f"from sender {self.sender}")
+        return " ".join(parts)
 
 
 class Batch(dict):  # type: ignore[type-arg]
@@ -144,7 +182,9 @@ def encode_batch(
 
     ``tensors`` maps names to an array (or torch tensor) whose first dimension is the batch, a
     list of arrays (ragged), or a list of ``bytes``/``None`` (a raw field). ``text`` names integer
-    tensors made from text fields; ``bfloat16`` names uint16 arrays that hold bfloat16 bits.
+    tensors made from text fields (each must be a 1-D integer array of the batch's length: a
+    label per sample); ``bfloat16`` names uint16 arrays that hold bfloat16 bits. A batch whose
+    header would be over ``MAX_HEADER`` (far too many samples, very long keys) is a ``WireError``.
 
     >>> ids = {"sender": "host:1:0", "group": "g", "rank": 0, "senders": 1}
     >>> frames = encode_batch(["a", "b"], {"x": np.arange(6, dtype=np.int32).reshape(2, 3)}, **ids, epoch=0, seq=0)
@@ -156,10 +196,16 @@ def encode_batch(
     entries: list[dict[str, Any]] = []
     frames: list[Any] = []
     text, bfloat16 = set(text), set(bfloat16)
+    for name in sorted((text | bfloat16) - set(tensors)):
+        raise WireError(f"{'text' if name in text else 'bfloat16'} names {name!r}, which is not a tensor of the batch")
     for name, value in tensors.items():
+        if name in text and (isinstance(value, list) or name in bfloat16):
+            raise WireError(f"tensor {name!r} can't be text: only a 1-D integer tensor can (a label per sample)")
         if isinstance(value, list) and all(v is None or isinstance(v, (bytes, bytearray, memoryview)) for v in value):
             if len(value) != n:
                 raise WireError(f"field {name!r} has {len(value)} values for {n} samples")
+            if name in bfloat16:
+                raise WireError(f"field {name!r} of bytes can't be sent as bfloat16 (needs uint16 bits)")
             entries.append({"name": name, "dtype": BYTES, "sizes": [None if v is None else len(v) for v in value]})
             frames.extend(v for v in value if v is not None)
             continue
@@ -171,19 +217,30 @@ def encode_batch(
             if len(dtypes) > 1:
                 raise WireError(f"tensor {name!r} mixes dtypes {sorted(dtypes)}")
             dtype = "bfloat16" if name in bfloat16 else (dtypes.pop() if dtypes else "uint8")
+            if name in bfloat16 and dtypes - {"uint16", "bfloat16"}:
+                raise WireError(f"tensor {name!r} of {dtypes.pop()} can't be sent as bfloat16 (needs uint16 bits)")
             entries.append({"name": name, "dtype": dtype, "shapes": [list(a.shape) for a in arrays]})
             frames.extend(_frame(a) for a in arrays)
             continue
         array = _as_array(value)
         if array.ndim == 0 or array.shape[0] != n:
             raise WireError(f"tensor {name!r} of shape {array.shape} is not a batch of {n}")
-        entry: dict[str, Any] = {"name": name, "dtype": "bfloat16" if name in bfloat16 else wire_dtype(array),
+        dtype = wire_dtype(array)
+        if name in bfloat16 and dtype not in ("uint16", "bfloat16"):
+            raise WireError(f"tensor {name!r} of {dtype} can't be sent as bfloat16 (needs uint16 bits)")
+        entry: dict[str, Any] = {"name": name, "dtype": "bfloat16" if name in bfloat16 else dtype,
                                  "shape": list(array.shape)}
         if name in text:
+            if dtype not in _INTEGERS or array.ndim != 1:
+                raise WireError(f"tensor {name!r} ({dtype}, shape {list(array.shape)}) can't be text: "
+                                "only a 1-D integer tensor can (a label per sample)")
             entry["text"] = True
         entries.append(entry)
         frames.append(_frame(array))
     header = _header("batch", {**fields, "n": n, "keys": list(keys), "tensors": entries})
+    if len(header) > MAX_HEADER:
+        raise WireError(f"the header of a batch of {n} samples would be {len(header)} bytes, over the "
+                        f"wire format's limit of {MAX_HEADER}: send smaller batches")
     return [header, *frames]
 
 
@@ -191,83 +248,156 @@ def _buffer(frame: Any) -> memoryview:
     return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
 
 
+def _show(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters: error messages quote what a peer sent, which
+    may be a megabyte-long string or a list of a million items."""
+    if isinstance(value, (list, dict)) and len(value) > limit:
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def peer_address(frame: Any) -> str | None:
+    """Where a received ``zmq.Frame`` came from, as ZMQ knows it: the sender's IP address over TCP,
+    ``process PID (uid UID)`` over ipc; None when unknown (bytes, an inproc socket)."""
+    try:
+        address = frame.get("Peer-Address")
+    except Exception:  # noqa: BLE001 - not a zmq.Frame, an old libzmq, a transport without one
+        return None
+    if not isinstance(address, str) or not address:
+        return None
+    parts = address.split(":")
+    if len(parts) == 4 and parts[0] == "localhost" and all(p.isdigit() for p in parts[1:]):
+        return f"process {parts[3]} (uid {parts[1]})"  # ipc: the peer's credentials
+    return address
+
+
+class _TooManyContainers(Exception):
+    pass
+
+
+def _unpack_header(head: memoryview) -> Any:
+    """msgpack's own limits bound each list, map and string; ``MAX_CONTAINERS`` bounds how many
+    lists and maps there are in all (each costs 56+ bytes of Python object for a byte of header)."""
+    budget = MAX_CONTAINERS
+
+    def count(container: Any) -> Any:
+        nonlocal budget
+        budget -= 1
+        if budget < 0:
+            raise _TooManyContainers
+        return container
+
+    return msgpack.unpackb(head, raw=False, strict_map_key=True, max_array_len=MAX_SAMPLES,
+                           max_map_len=MAX_MAP_KEYS, max_str_len=MAX_STRING, max_bin_len=MAX_STRING,
+                           max_ext_len=0, list_hook=count, object_hook=count)
+
+
 def decode(frames: Sequence[Any], url: str | None = None) -> Message:
     """Check and decode one received message (``zmq.Frame`` objects or bytes) without copying.
 
-    Anything that is not wire format v1 is a ``WireError`` saying what is wrong.
+    Anything that is not wire format v1 is a ``MessageError`` (a ``WireError``) saying what is
+    wrong and where the message came from; checking costs at most ~150 MB and a fraction of a
+    second, however the message was made.
     """
-    if not frames:
-        raise WireError("empty message", url)
-    head = _buffer(frames[0])
-    if len(head) > MAX_HEADER:
-        raise WireError(f"header of {len(head)} bytes is larger than {MAX_HEADER}", url)
+    header: Any = None
     try:
-        # limits keep garbage from costing more than its own size (a few bytes can't claim a
-        # billion-element array)
-        header = msgpack.unpackb(head, raw=False, strict_map_key=True, max_array_len=MAX_SAMPLES,
-                                 max_map_len=64, max_str_len=1 << 20, max_bin_len=1 << 20, max_ext_len=0)
+        if not frames:
+            raise WireError("empty message")
+        header = _read_header(frames[0])
+        kind = _check_header(header)
+        if kind != "batch":
+            if len(frames) != 1:
+                raise WireError(f"{kind} message with {len(frames) - 1} extra frames")
+            if kind == "eof":
+                _check_eof(header)
+            return Message(kind, header)
+        return _decode_batch(header, frames)
+    except WireError as e:
+        sender = header.get("sender") if isinstance(header, dict) else None
+        peer = peer_address(frames[0]) if frames else None
+        raise MessageError(e.message, url, peer, sender if isinstance(sender, str) and sender.isprintable()
+                           and len(sender) <= MAX_ID else None) from None
+
+
+def _read_header(frame: Any) -> dict[str, Any]:
+    head = _buffer(frame)
+    if len(head) > MAX_HEADER:
+        raise WireError(f"header of {len(head)} bytes is over the limit of {MAX_HEADER}")
+    try:
+        header = _unpack_header(head)
+    except _TooManyContainers:
+        raise WireError(f"not a wire format message (header has over {MAX_CONTAINERS} lists and maps)") from None
     except Exception as e:  # msgpack raises several unrelated types on garbage
-        raise WireError(f"not a wire format message (header is not msgpack: {type(e).__name__}: {e})",
-                        url) from None
+        detail = str(e)
+        if detail:
+            detail = ": " + (detail[:200] if detail.isprintable() else _show(detail, 200))
+        raise WireError(f"not a wire format message (header is not msgpack: {type(e).__name__}{detail})") from None
     if not isinstance(header, dict):
-        raise WireError("not a wire format message (header is not a map)", url)
+        raise WireError("not a wire format message (header is not a map)")
+    return header  # type: ignore[no-any-return]
+
+
+def _check_header(header: dict[str, Any]) -> str:
+    """The checks every message's header passes; returns its kind."""
     version = header.get("v")
     if type(version) is not int or version != VERSION:
-        raise WireError(f"unknown wire format version {version!r} (this receiver reads version {VERSION})", url)
+        raise WireError(f"unknown wire format version {_show(version)} (this receiver reads version {VERSION})")
     kind = header.get("kind")
     if kind not in KINDS:
-        raise WireError(f"unknown message kind {kind!r}", url)
-    if not isinstance(header.get("sender"), str) or not isinstance(header.get("group"), str):
-        raise WireError(f"{kind} message without a sender id and group", url)
-    rank, senders = _int(header.get("rank"), "rank", url), _int(header.get("senders"), "sender count", url)
+        raise WireError(f"unknown message kind {_show(kind)}")
+    for name in ("sender", "group"):
+        value = header.get(name)
+        if not isinstance(value, str) or not value:
+            raise WireError(f"{kind} message without a {name} id")
+        if len(value) > MAX_ID or not value.isprintable():
+            raise WireError(f"{kind} message with a bad {name} id {_show(value)}")
+    rank, senders = _int(header.get("rank"), "rank"), _int(header.get("senders"), "sender count")
     if not rank < senders:
-        raise WireError(f"rank {rank} of {senders} senders", url)
+        raise WireError(f"rank {rank} of {senders} senders")
     for name in ("dest", "seq"):
         if name in header:
-            _int(header[name], name, url)
-    if kind != "batch":
-        if len(frames) != 1:
-            raise WireError(f"{kind} message with {len(frames) - 1} extra frames", url)
-        if kind == "eof":
-            _check_eof(header, url)
-        return Message(kind, header)
-    return _decode_batch(header, frames, url)
+            _int(header[name], name)
+    return kind  # type: ignore[no-any-return]
 
 
-def _check_eof(header: dict[str, Any], url: str | None) -> None:
+def _check_eof(header: dict[str, Any]) -> None:
     aborted = header.get("aborted", False)
     if type(aborted) is not bool or type(header.get("final")) is not bool:
-        raise WireError("eof message: 'final' and 'aborted' must be true or false", url)
+        raise WireError("eof message: 'final' and 'aborted' must be true or false")
     if not aborted:
         for name in ("epoch", "batches", "samples"):
-            _int(header.get(name), name, url)
+            _int(header.get(name), name)
+    reason = header.get("reason")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > 200 or not reason.isprintable()):
+        raise WireError(f"eof message with a bad reason {_show(reason)}")
 
 
-def _int(value: Any, what: str, url: str | None) -> int:
+def _int(value: Any, what: str) -> int:
     if type(value) is not int or value < 0:
-        raise WireError(f"bad {what} {value!r} in header", url)
+        raise WireError(f"bad {what} {_show(value)} in header")
     return value
 
 
-def _shape(value: Any, url: str | None) -> tuple[int, ...]:
+def _shape(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list) or len(value) > 32:
-        raise WireError(f"bad shape {str(value)[:80]} in batch header", url)
-    shape = tuple(_int(d, "dimension", url) for d in value)
+        raise WireError(f"bad shape {_show(value)} in batch header")
+    shape = tuple(_int(d, "dimension") for d in value)
     if any(d > MAX_DIMENSION for d in shape):  # even an empty array can't have such a dimension
-        raise WireError(f"shape {list(shape)} has a dimension over {MAX_DIMENSION}", url)
+        raise WireError(f"shape {_show(list(shape))} has a dimension over {MAX_DIMENSION}")
     return shape
 
 
-def _decode_batch(header: dict[str, Any], frames: Sequence[Any], url: str | None) -> Message:
-    n = _int(header.get("n"), "sample count", url)
+def _decode_batch(header: dict[str, Any], frames: Sequence[Any]) -> Message:
+    n = _int(header.get("n"), "sample count")
     for name in ("epoch", "seq"):
-        _int(header.get(name), name, url)
+        _int(header.get(name), name)
     keys = header.get("keys")
     if not isinstance(keys, list) or len(keys) != n or not all(isinstance(k, str) for k in keys):
-        raise WireError(f"batch header needs {n} string keys", url)
+        raise WireError(f"batch header needs {n} string keys")
     entries = header.get("tensors")
     if not isinstance(entries, list):
-        raise WireError("batch header without a tensor list", url)
+        raise WireError("batch header without a tensor list")
     tensors: dict[str, Any] = {}
     next_frame = 1
     nbytes = 0
@@ -275,44 +405,62 @@ def _decode_batch(header: dict[str, Any], frames: Sequence[Any], url: str | None
     def take(size: int, what: str) -> memoryview:
         nonlocal next_frame, nbytes
         if next_frame >= len(frames):
-            raise WireError(f"{what}: message has only {len(frames) - 1} data frames", url)
+            raise WireError(f"{what}: message has only {len(frames) - 1} data frames")
         buffer = _buffer(frames[next_frame])
         if len(buffer) != size:
-            raise WireError(f"{what}: frame of {len(buffer)} bytes, header says {size}", url)
+            raise WireError(f"{what}: frame of {len(buffer)} bytes, header says {size}")
         next_frame += 1
         nbytes += size
         return buffer
 
     for entry in entries:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
-            raise WireError(f"bad tensor entry {entry!r}", url)
+            raise WireError(f"bad tensor entry {_show(entry)}")
         name, dtype = entry["name"], entry.get("dtype")
-        if name in tensors or name == "__key__":
-            raise WireError(f"tensor {name!r} twice in one batch", url)
+        what = f"{'field' if dtype == BYTES else 'tensor'} {_show(name)}"
+        if name in tensors:
+            raise WireError(f"{what} twice in one batch")
+        if name == "__key__":
+            raise WireError(f"{what}: __key__ is the keys' name")
+        text = entry.get("text", False)
+        if type(text) is not bool:
+            raise WireError(f"{what}: 'text' must be true or false, not {_show(text)}")
+        if text and not (dtype in _INTEGERS and "shapes" not in entry and isinstance(entry.get("shape"), list)
+                         and len(entry["shape"]) == 1):
+            raise WireError(f"{what} ({_layout(entry)}) is marked text: only a 1-D integer tensor can be "
+                            "(a label per sample)")
         if dtype == BYTES:
             sizes = entry.get("sizes")
             if not isinstance(sizes, list) or len(sizes) != n:
-                raise WireError(f"field {name!r}: needs {n} sizes", url)
-            tensors[name] = [None if s is None else bytes(take(_int(s, "size", url), f"field {name!r}"))
-                             for s in sizes]
+                raise WireError(f"{what}: needs {n} sizes")
+            tensors[name] = [None if s is None else bytes(take(_int(s, "size"), what)) for s in sizes]
             continue
         if dtype not in DTYPES:
-            raise WireError(f"tensor {name!r}: unknown dtype {dtype!r}", url)
+            raise WireError(f"{what}: unknown dtype {_show(dtype)}")
         np_dtype = bfloat16_dtype() if dtype == "bfloat16" else np.dtype(dtype)
         if "shapes" in entry:
             shapes = entry["shapes"]
             if not isinstance(shapes, list) or len(shapes) != n:
-                raise WireError(f"tensor {name!r}: needs {n} shapes", url)
-            tensors[name] = [_array(take(math.prod(s) * _ITEMSIZE[dtype], f"tensor {name!r}"), np_dtype, s)
-                             for s in (_shape(s, url) for s in shapes)]
+                raise WireError(f"{what}: needs {n} shapes")
+            tensors[name] = [_array(take(math.prod(s) * _ITEMSIZE[dtype], what), np_dtype, s)
+                             for s in (_shape(s) for s in shapes)]
             continue
-        shape = _shape(entry.get("shape"), url)
+        shape = _shape(entry.get("shape"))
         if not shape or shape[0] != n:
-            raise WireError(f"tensor {name!r}: shape {list(shape)} is not a batch of {n}", url)
-        tensors[name] = _array(take(math.prod(shape) * _ITEMSIZE[dtype], f"tensor {name!r}"), np_dtype, shape)
+            raise WireError(f"{what}: shape {_show(list(shape))} is not a batch of {n}")
+        tensors[name] = _array(take(math.prod(shape) * _ITEMSIZE[dtype], what), np_dtype, shape)
     if next_frame != len(frames):
-        raise WireError(f"{len(frames) - next_frame} data frames more than the header describes", url)
+        raise WireError(f"{len(frames) - next_frame} data frames more than the header describes")
     return Message("batch", header, tensors, nbytes)
+
+
+def _layout(entry: dict[str, Any]) -> str:
+    """What an entry says it is, for a message: ``float32 of shape [2, 3]``, ``ragged int64``, ``bytes``."""
+    dtype = entry.get("dtype")
+    if dtype == BYTES:
+        return "bytes"
+    name = dtype if dtype in DTYPES else _show(dtype)
+    return f"ragged {name}" if "shapes" in entry else f"{name} of shape {_show(entry.get('shape'), 30)}"
 
 
 def _array(buffer: memoryview, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
@@ -321,7 +469,7 @@ def _array(buffer: memoryview, dtype: np.dtype[Any], shape: tuple[int, ...]) -> 
     try:
         return np.empty(shape, dtype)
     except ValueError:  # numpy's own limits on the dimensions of an empty array
-        raise WireError(f"empty tensor of shape {list(shape)} is too big for numpy") from None
+        raise WireError(f"empty tensor of shape {_show(list(shape))} is too big for numpy") from None
 
 
 def to_batch(message: Message) -> Batch:
@@ -333,5 +481,5 @@ def to_batch(message: Message) -> Batch:
     batch.seq = header["seq"]
     batch.nbytes = message.nbytes
     batch.dtypes = {e["name"]: e["dtype"] for e in header["tensors"]}
-    batch.text = {e["name"] for e in header["tensors"] if e.get("text")}
+    batch.text = {e["name"] for e in header["tensors"] if e.get("text") is True}
     return batch

@@ -186,13 +186,21 @@ def test_curve_keys_from_the_command_line(cli, tmp_path) -> None:  # type: ignor
     assert again.exit_code == 1 and "use --force" in again.stderr
     src = cli.write_tar(tmp_path / "in.tar", shard_samples(0, 10))
     port = free_port()
+    # a receiver without the keys: both sides say so, at once (they used to wait for their timeouts)
     outsider = start("tarrecv", f"zpull://:{port}", "--wait", 3, "-o", tmp_path / "stolen.tar")
-    sender = start("tarserve", "--raw", src, "--to", f"zpush://127.0.0.1:{port}", "--curve-keys", keys,
-                   "--send-timeout", 4, "-q")
+    sender = start("tarserve", "--raw", src, "--to", f"zpush://127.0.0.1:{port}", "--curve-keys", keys, "-q")
+    started = time.monotonic()
     code, _, err = finish(outsider)
-    assert code == 1 and "no sender for 3 s" in err and not (tmp_path / "stolen.tar").exists()
+    assert code == 1 and not (tmp_path / "stolen.tar").exists()
+    # the receiver found out first, or the sender did and hung up (a listening receiver can't tell
+    # that from a port scan: it says so, and waits on)
+    assert (err.strip() == f"tarrecv: error: a sender connected to zpull://:{port} uses CURVE and this receiver "
+                           "does not: give it --curve-keys"
+            or ("hung up during the handshake: a sender using CURVE" in err and "no sender for 3 s" in err)), err
     code, _, err = finish(sender)
-    assert code == 1 and "no receiver took" in err
+    assert code == 1 and time.monotonic() - started < 10
+    assert (f"the receiver at zpush://127.0.0.1:{port} does not use CURVE" in err
+            or f"the receiver at zpush://127.0.0.1:{port} hung up during the CURVE handshake" in err), err
     receiver = start("tarrecv", f"zpull://:{port}", "--curve-keys", keys, "-o", tmp_path / "out.tar")
     sender = start("tarserve", "--raw", src, "--to", f"zpush://127.0.0.1:{port}", "--curve-keys", keys, "-q")
     assert finish(sender)[0] == 0
@@ -209,8 +217,8 @@ def test_monitor_mode_prints_rates_to_stdout(cli, tmp_path) -> None:  # type: ig
     assert finish(sender)[0] == 0
     code, out, err = finish(receiver)
     assert code == 0, err
-    assert "batches/s" in out and "samples/s" in out and "MB/s" in out
-    assert "received 8 batches, 30 samples" in out.splitlines()[-1] and err == ""
+    # rate lines come only for transfers longer than 0.1 s (test_tarrecv_messages.py)
+    assert out.splitlines()[-1].startswith("received 8 batches, 30 samples") and err == ""
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -173,11 +174,112 @@ def header(**fields):
                          "epoch": [1], "final": True, "batches": 1, "samples": 1})], "bad epoch"),
         ([msgpack.packb({"v": 1, "kind": "eof", "sender": "s", "group": "g", "rank": 0, "senders": 1,
                          "epoch": 0, "final": "no", "batches": 1, "samples": 1})], "true or false"),
+        # "text" is for a label per sample: a 1-D integer tensor, nothing else
+        ([header(tensors=[{"name": "x", "dtype": "float32", "shape": [1, 2], "text": True}]), bytes(8)],
+         r"tensor 'x' \(float32 of shape \[1, 2\]\) is marked text: only a 1-D integer tensor can be"),
+        ([header(tensors=[{"name": "x", "dtype": "float32", "shape": [1], "text": True}]), bytes(4)],
+         r"tensor 'x' \(float32 of shape \[1\]\) is marked text"),
+        ([header(tensors=[{"name": "x", "dtype": "int64", "shape": [1, 1], "text": True}]), bytes(8)],
+         r"tensor 'x' \(int64 of shape \[1, 1\]\) is marked text"),
+        ([header(tensors=[{"name": "x", "dtype": "int64", "shapes": [[2]], "text": True}]), bytes(16)],
+         r"tensor 'x' \(ragged int64\) is marked text"),
+        ([header(tensors=[{"name": "x", "dtype": "bytes", "sizes": [1], "text": True}]), b"1"],
+         r"field 'x' \(bytes\) is marked text"),
+        ([header(tensors=[{"name": "x", "dtype": "bool", "shape": [1], "text": True}]), b"\x01"], "is marked text"),
+        ([header(tensors=[{"name": "x", "dtype": "int64", "shape": [1], "text": 1}]), bytes(8)],
+         "'text' must be true or false, not 1"),
+        # what a peer sent is quoted short, on one line
+        ([header(v="x" * 100_000), b"1234"], r"version 'x{56}\.\.\. \(this receiver"),
+        ([header(kind=list(range(1000))), b"1234"], "unknown message kind <list of 1000 items>$"),
+        ([header(sender="a\nb"), b"1234"], r"bad sender id 'a\\nb'"),
+        ([header(group="g" * 1000), b"1234"], "bad group id"),
+        # limits on what a header may cost
+        ([msgpack.packb({"v": 1, "x": "y" * (4 << 20)})], r"header of 4194\d{3} bytes is over the limit of 4194304"),
+        ([msgpack.packb([[[]] * 100_000] * 3)], "header has over 262144 lists and maps"),
+        ([msgpack.packb([{}] * 300_000)], "header has over 262144 lists and maps"),
     ],
 )
 def test_malformed_messages_are_wire_errors(frames, message):
     with pytest.raises(WireError, match=message):
         decode(frames)
+
+
+def test_a_header_that_is_all_right_is_decoded_with_its_text_tensor():
+    message = decode([header(tensors=[{"name": "cls", "dtype": "uint8", "shape": [1], "text": True}]), b"\x07"])
+    batch = to_batch(message)
+    assert batch.text == {"cls"} and batch["cls"].tolist() == [7]
+
+
+@pytest.mark.parametrize(
+    "tensors, text, bfloat16, message",
+    [
+        ({"x": np.zeros((2, 3), np.float32)}, ["x"], [], r"tensor 'x' \(float32, shape \[2, 3\]\) can't be text"),
+        ({"x": np.zeros(2, np.float32)}, ["x"], [], r"tensor 'x' \(float32, shape \[2\]\) can't be text"),
+        ({"x": np.zeros((2, 1), np.int64)}, ["x"], [], r"tensor 'x' \(int64, shape \[2, 1\]\) can't be text"),
+        ({"x": [np.zeros(1, np.int64), np.zeros(2, np.int64)]}, ["x"], [], "tensor 'x' can't be text"),
+        ({"x": [b"1", b"2"]}, ["x"], [], "tensor 'x' can't be text"),
+        ({"x": np.zeros(2, np.int64)}, ["y"], [], "text names 'y', which is not a tensor of the batch"),
+        ({"x": np.zeros(2, np.float32)}, [], ["x"], "tensor 'x' of float32 can't be sent as bfloat16"),
+        ({"x": [np.zeros(1, np.float32)] * 2}, [], ["x"], "tensor 'x' of float32 can't be sent as bfloat16"),
+        ({"x": [b"1", b"2"]}, [], ["x"], "field 'x' of bytes can't be sent as bfloat16"),
+        ({"x": np.zeros(2, np.uint16)}, ["x"], ["x"], "tensor 'x' can't be text"),
+    ],
+)
+def test_the_sender_refuses_what_receivers_would_reject(tensors, text, bfloat16, message):
+    with pytest.raises(WireError, match=message):
+        encode_batch(["a", "b"], tensors, text=text, bfloat16=bfloat16, **IDS, epoch=0, seq=0)
+
+
+def test_a_batch_header_over_the_limit_is_refused_by_the_sender():
+    keys = [f"{i:07d}" + "k" * 100 for i in range(40_000)]  # 4.3 MB of keys
+    with pytest.raises(WireError, match=r"the header of a batch of 40000 samples would be \d+ bytes, over the "
+                                        "wire format's limit of 4194304: send smaller batches"):
+        encode_batch(keys, {"x": np.zeros(40_000, np.uint8)}, **IDS, epoch=0, seq=0)
+    # a big batch of ordinary keys is well inside it
+    keys = [f"shard-{i // 1000:06d}/sample-{i:08d}" for i in range(65_536)]
+    frames = encode_batch(keys, {"x": np.zeros(65_536, np.uint8), "json": [b"{}"] * 65_536}, **IDS, epoch=0, seq=0)
+    assert len(frames[0]) < 3 << 20 and decode(frames).header["n"] == 65_536
+
+
+def test_a_rejected_message_names_its_peer_and_sender():
+    port = free_port()
+    warnings = []
+    context = zmq.Context()
+    stray = context.socket(zmq.PUSH)
+    with Receiver(f"zpull://127.0.0.1:{port}", wait=0.5, warn=warnings.append) as receiver:
+        stray.connect(f"tcp://127.0.0.1:{port}")
+        stray.send_multipart([header(sender="stray:9:0", tensors=[{"name": "x", "dtype": "uint8", "shape": [1, 4],
+                                                                  "text": True}]), b"1234"])
+        stray.send(b"\xc1")
+        with pytest.raises(TransportError, match="no sender"):
+            list(receiver)
+    stray.close(0)
+    context.term()
+    assert warnings == [
+        f"rejected a message from 127.0.0.1 (sender stray:9:0) on zpull://127.0.0.1:{port}: tensor 'x' (uint8 of "
+        "shape [1, 4]) is marked text: only a 1-D integer tensor can be (a label per sample)",
+        f"rejected a message from 127.0.0.1 on zpull://127.0.0.1:{port}: not a wire format message (header is not "
+        "msgpack: FormatError)"], warnings
+    assert receiver.stats.rejected == 2
+
+
+def test_a_message_error_knows_where_the_message_came_from(tmp_path):
+    context = zmq.Context()
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    pull.bind(ipc(tmp_path))
+    push.connect(ipc(tmp_path))
+    push.send_multipart([header(v=3), b"1234"])
+    frames = pull.recv_multipart(copy=False)
+    with pytest.raises(WireError) as e:
+        decode(frames, "zpull+ipc://x")
+    import os
+
+    assert e.value.peer == f"process {os.getpid()} (uid {os.getuid()})" and e.value.sender == "s"
+    assert e.value.reason == "unknown wire format version 3 (this receiver reads version 1)"
+    assert str(e.value) == f"zpull+ipc://x: message from {e.value.peer} (sender s): {e.value.reason}"
+    for sock in (pull, push):
+        sock.close(0)
+    context.term()
 
 
 def test_control_messages_carry_no_frames():
@@ -320,6 +422,74 @@ def test_an_interrupted_sender_is_reported(tmp_path):
         with pytest.raises(TransportError, match="stopped before the end of its stream"):
             list(receiver)
     thread.join()
+
+
+def test_closing_a_sender_ends_the_stream(tmp_path):
+    """No final end_epoch: leaving the with-block ends the epoch of the last batch, finally."""
+    url = ipc(tmp_path)
+
+    def send():
+        with Sender(f"zpush+{url}", heartbeat=0.1) as sender:
+            for i in range(3):
+                sender.send([f"k{i}"], {"x": np.zeros((1, 1), np.uint8)}, epoch=4)
+
+    started = time.monotonic()
+    with Receiver(f"zpull+{url}") as receiver:  # timeout 30 s: it used to end with "silent for 30 s"
+        thread = in_thread(send)
+        events = list(receiver.events())
+    thread.join()
+    assert time.monotonic() - started < 5
+    assert [e["__key__"] for e in events[:3]] == [["k0"], ["k1"], ["k2"]] and events[3:] == [EpochEnd(4, 3, 3)]
+
+
+@pytest.mark.parametrize("then", ["end_epoch", "nothing sent"])
+def test_closing_a_sender_after_an_end_of_epoch_ends_the_stream(tmp_path, then):
+    url = ipc(tmp_path)
+
+    def send():
+        with Sender(f"zpush+{url}", heartbeat=0.1) as sender:
+            if then == "end_epoch":
+                sender.send(["a"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+                sender.end_epoch(0)  # not final
+
+    started = time.monotonic()
+    with Receiver(f"zpull+{url}") as receiver:
+        thread = in_thread(send)
+        events = list(receiver.events())
+    thread.join()
+    assert time.monotonic() - started < 5
+    # the end of epoch 0 is said again, final: the receiver counts it once
+    expected = [EpochEnd(0, 1, 1)] if then == "end_epoch" else [EpochEnd(0, 0, 0)]
+    assert [e for e in events if isinstance(e, EpochEnd)] == expected
+
+
+@pytest.mark.parametrize("error, reason", [(RuntimeError, "failed"), (KeyboardInterrupt, "interrupted")])
+def test_an_exception_in_the_with_block_is_not_an_end(tmp_path, error, reason):
+    """The receiver must not take a partial stream for a whole one: it raises, saying why."""
+    url = ipc(tmp_path)
+
+    def send():
+        with pytest.raises(error), Sender(f"zpush+{url}", heartbeat=0.1) as sender:
+            sender.send(["a"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+            raise error("stop")
+
+    with Receiver(f"zpull+{url}", timeout=5) as receiver:
+        thread = in_thread(send)
+        with pytest.raises(TransportError, match=rf"sender \S+ stopped before the end of its stream \({reason}\)"):
+            list(receiver)
+    thread.join()
+
+
+def test_rates_count_what_came_after_the_first_batch():
+    from tarproc.transport import ReceiveStats
+
+    stats = ReceiveStats(batches=1, samples=4, bytes=100, first=10.0, last=10.0, first_samples=4, first_bytes=100)
+    assert not stats.rated and stats.seconds == 0.0
+    stats = ReceiveStats(batches=2, samples=8, bytes=200, first=10.0, last=10.05, first_samples=4, first_bytes=100)
+    assert not stats.rated  # 50 ms
+    stats = ReceiveStats(batches=5, samples=20, bytes=2_000_100, first=10.0, last=12.0, first_samples=4,
+                         first_bytes=100)
+    assert stats.rated and stats.rates() == {"batches/s": 2.0, "samples/s": 8.0, "MB/s": 1.0}
 
 
 def test_garbage_is_rejected_and_the_receiver_keeps_running(tmp_path):
@@ -478,32 +648,106 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
-def test_curve_keys_let_the_right_client_in_and_no_one_else(tmp_path):
+needs_curve = pytest.mark.skipif(not zmq.has("curve") or zmq.zmq_version_info() < (4, 3),
+                                 reason="libzmq without CURVE or handshake events")
+
+
+@needs_curve
+def test_curve_keys_let_the_right_client_in(tmp_path):
     generate_keys(tmp_path / "keys")
-    generate_keys(tmp_path / "other")
     port = free_port()
-    refused = []
-
-    def send_refused():
-        with pytest.raises(TransportError, match="no receiver took") as e:
-            send_epochs(f"zpush://127.0.0.1:{port}", curve=tmp_path / "keys", send_timeout=2)
-        refused.append(e.value)
-
-    # a receiver with another key pair, then one with no keys at all: no handshake, nothing arrives
-    for keys in (tmp_path / "other", None):
-        with Receiver(f"zpull://127.0.0.1:{port}", curve=keys, wait=1.5) as intruder:
-            thread = in_thread(send_refused)
-            with pytest.raises(TransportError, match="no sender"):
-                list(intruder)
-            assert intruder.stats.batches == 0
-        thread.join()
-    assert len(refused) == 2
-    # the right keys
     with Receiver(f"zpull://127.0.0.1:{port}", curve=tmp_path / "keys", timeout=5) as client:
         thread = in_thread(send_epochs, f"zpush://127.0.0.1:{port}", curve=tmp_path / "keys")
         assert sum(len(b["__key__"]) for b in client) == 10
     thread.join()
+
+
+def curve_dirs(tmp_path):
+    """keys: the sender's; other: another tarkeys run; stranger: the right server key, but a client
+    key the sender has not authorized; None: no CURVE."""
+    import shutil
+
+    generate_keys(tmp_path / "keys")
+    generate_keys(tmp_path / "other")
+    (tmp_path / "stranger").mkdir()
+    shutil.copy(tmp_path / "keys" / "server.key", tmp_path / "stranger")
+    shutil.copy(tmp_path / "other" / "client.key_secret", tmp_path / "stranger")
+    return tmp_path / "keys", tmp_path / "other", tmp_path / "stranger"
+
+
+@needs_curve
+@pytest.mark.parametrize("receiver_binds", [True, False])
+@pytest.mark.parametrize(
+    "sender_keys, receiver_keys, receiver_says, sender_says",
+    [
+        ("keys", "other", "hung up during the CURVE handshake: it has other keys",
+         "CURVE handshake with .* failed: it has other keys"),
+        ("keys", "stranger", "refused this receiver's CURVE key", "is not authorized"),
+        ("keys", None, "uses CURVE and this receiver does not", "does not use CURVE"),
+        (None, "keys", "does not use CURVE", "uses CURVE and this sender does not"),
+    ],
+)
+def test_mismatched_curve_keys_are_said_within_seconds(tmp_path, receiver_binds, sender_keys, receiver_keys,
+                                                       receiver_says, sender_says):
+    """Both sides stop with the reason, not a silent wait (for ever, with the receiver's defaults)."""
+    dirs = dict(zip(("keys", "other", "stranger"), curve_dirs(tmp_path), strict=True))
+    port = free_port()
+    pull, push = ("zpull", "zpush") if receiver_binds else ("zrpull", "zrpush")
+    failures = {}
+
+    def send():
+        started = time.monotonic()
+        with pytest.raises(TransportError) as e:
+            # a connecting sender knows its peer: it says what is wrong at once (its send timeout is
+            # 120 s); a listening one can't tell a receiver that hung up from a port scan: it says
+            # so when its send timeout comes
+            send_epochs(f"{push}://127.0.0.1:{port}", curve=dirs.get(sender_keys),
+                        **({"send_timeout": 3} if not receiver_binds else {}))
+        failures["sender"] = (str(e.value), time.monotonic() - started)
+
+    started = time.monotonic()
+    warnings = []
+    with Receiver(f"{pull}://127.0.0.1:{port}", curve=dirs.get(receiver_keys), warn=warnings.append,
+                  wait=4) as receiver:
+        thread = in_thread(send)
+        with pytest.raises(TransportError) as e:
+            list(receiver)
+    assert time.monotonic() - started < 6
+    if "no sender for 4 s" in str(e.value):
+        # a plain receiver that listens can't tell a sender that found out first and hung up from
+        # a port scan: it says so, and waits on
+        assert receiver_keys is None and receiver_binds and len(warnings) == 1
+        assert re.search(f"a sender connected to {pull}://127.0.0.1:{port} hung up during the handshake: "
+                         "a sender using CURVE", warnings[0]), warnings
+    else:
+        # the receiver says what is wrong, or that the sender, having found out first, hung up
+        assert re.search(f"{receiver_says}|hung up during the (CURVE )?handshake", str(e.value)), str(e.value)
+        assert time.monotonic() - started < 5 and f"127.0.0.1:{port}" in str(e.value)
+    thread.join(20)
+    message, seconds = failures["sender"]
+    # the sender says why, or, when the receiver found out first and hung up, that it did
+    assert seconds < 5 and re.search(f"{sender_says}|hung up during the (CURVE )?handshake", message), message
+
+
+@needs_curve
+def test_a_failed_handshake_after_a_good_one_does_not_stop_the_stream(tmp_path):
+    """A stray client with other keys can't stop a receiver that has a sender: it is warned about."""
+    keys, other, _ = curve_dirs(tmp_path)
+    port = free_port()
+    warnings = []
+    with Receiver(f"zpull://127.0.0.1:{port}", curve=keys, timeout=5, warn=warnings.append) as receiver:
+
+        def send():
+            with Sender(f"zpush://127.0.0.1:{port}", curve=keys, heartbeat=0.1) as sender:
+                time.sleep(0.5)
+                with pytest.raises(TransportError, match="other keys"):
+                    send_epochs(f"zpush://127.0.0.1:{port}", curve=other)
+                sender.send(["a"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+
+        thread = in_thread(send)
+        assert [b["__key__"] for b in receiver] == [["a"]]
+    thread.join()
+    assert any("hung up during the CURVE handshake" in w for w in warnings), warnings
 
 
 def test_keys_are_not_overwritten_without_force(tmp_path):
