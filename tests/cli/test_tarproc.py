@@ -225,6 +225,9 @@ def test_signal_kills_commands_and_removes_directories(data, tmp_path, sig, stat
     deadline = time.monotonic() + 20
     while len([d for d in os.listdir(private) if d.startswith("tarproc-")]) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
+    # the directories come first, then bash, then the command: wait for the command itself
+    while not live_processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert live_processes_with(marker), "the commands did not start"
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=20)
