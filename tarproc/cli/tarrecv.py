@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
+import numpy as np
 
 from ..errors import TransportError
 from ..samples import Sample
@@ -124,6 +125,8 @@ def batch_samples(batch: Batch) -> Iterator[Sample]:
             elif name in batch.text:
                 sample[name] = str(int(item)).encode()
             else:
+                if batch.dtypes.get(name) == "bfloat16":  # .npy has no bfloat16 (ml_dtypes'): its bits
+                    item = np.asarray(item).view(np.uint16)
                 sample[name if name.endswith("npy") else f"{name}.npy"] = npy_bytes(item)
         yield sample
 

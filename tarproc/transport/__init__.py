@@ -6,9 +6,9 @@ See ``docs/wire.md`` for the message format; ``Receiver`` is the trainer's side.
 from .receiver import EpochEnd, Receiver, ReceiveStats
 from .sender import Sender, SendStats
 from .urls import Endpoint, is_zmq_url, parse_endpoints
-from .wire import Batch, decode, encode_batch
+from .wire import Batch, MessageError, decode, encode_batch
 
 __all__ = [
-    "Batch", "Endpoint", "EpochEnd", "ReceiveStats", "Receiver", "SendStats", "Sender",
+    "Batch", "Endpoint", "EpochEnd", "MessageError", "ReceiveStats", "Receiver", "SendStats", "Sender",
     "decode", "encode_batch", "is_zmq_url", "parse_endpoints",
 ]

@@ -196,8 +196,10 @@ def encode_batch(
     entries: list[dict[str, Any]] = []
     frames: list[Any] = []
     text, bfloat16 = set(text), set(bfloat16)
-    for name in sorted((text | bfloat16) - set(tensors)):
-        raise WireError(f"{'text' if name in text else 'bfloat16'} names {name!r}, which is not a tensor of the batch")
+    unknown = sorted((text | bfloat16) - set(tensors))
+    if unknown:
+        option = "text" if unknown[0] in text else "bfloat16"
+        raise WireError(f"{option} names {unknown[0]!r}, which is not a tensor of the batch")
     for name, value in tensors.items():
         if name in text and (isinstance(value, list) or name in bfloat16):
             raise WireError(f"tensor {name!r} can't be text: only a 1-D integer tensor can (a label per sample)")

@@ -20,7 +20,7 @@ from tarproc.errors import WireError
 from tarproc.transport.wire import MessageError, control, decode, encode_batch, to_batch
 
 SEED = 1414
-ROUNDS = 4000  # about 2 s; the time cap below only guards a slow machine
+ROUNDS = 30_000  # about 2 s; the time cap below only guards a slow machine
 TIME_CAP = 8.0
 IDS = {"sender": "host:1:0", "group": "g", "rank": 0, "senders": 1}
 
