@@ -189,32 +189,21 @@ def index_stream(
     """Index a plain tar stream (see ``build_index``); the size is the bytes the stream held."""
     counter = _CountingReader(stream)
     misplaced: set[int] = set()  # data offsets of members whose bytes aren't stored there
-    elsewhere: set[int] = set()  # header offsets of the members the reader says aren't stored in place
 
     def record(name: str, header: int, data_offset: int | None, data: Any) -> None:
-        if data_offset is None:  # a followed link (its target's bytes), a sparse file (expanded)
-            elsewhere.add(header)
+        if data_offset is None:  # the reader says: a followed link (its target's bytes), a sparse file
+            misplaced.add(header + BLOCK)
 
     def members() -> Iterator[tuple[str | None, str, Any, int]]:  # a _Member where read_samples has data
         prev_end = 0
-        prev: _Member | None = None
         # only sizes are needed: on a local file, data the reader hasn't buffered is skipped
         for name, data, offset in _read_members(counter, url, max_member_size=max_member_size, stats=stats,
                                                 keyed=False, links=links, ignore_zeros=ignore_zeros, skip_data=True,
                                                 record=record):
-            if offset in elsewhere:
-                misplaced.add(offset + BLOCK)
-            # also by the layout: bytes that don't lie at [data_offset, size) show where the next
-            # header comes before that range ends
-            if prev is not None and offset < prev_end:
-                misplaced.add(prev.data_offset)
             size = len(data)
             key, field = split_key(name)
-            prev = _Member(name, offset + BLOCK, size, prev_end)
-            yield key, field, prev, offset
+            yield key, field, _Member(name, offset + BLOCK, size, prev_end), offset
             prev_end = offset + BLOCK + _padded(size)
-        if prev is not None and prev_end + BLOCK > counter.bytes:  # an end-of-archive block follows
-            misplaced.add(prev.data_offset)
 
     # the same grouping as read_samples: key rule, metadata, duplicates
     samples = group_keyed(members(), url, dup=dup, stats=stats, warn=warn)

@@ -32,7 +32,7 @@ from typing import Any
 
 from .errors import TarprocError
 from .samples import field_names, is_metadata_name
-from .sniff import escape_text, sniff_type
+from .sniff import escape_surrogates, escape_text, sniff_type
 from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
 
 DEFAULT_WIDTH = 60
@@ -46,7 +46,6 @@ _JSON_PARSE_LIMIT = 1 << 16  # bigger JSON is previewed as text rather than pars
 TEXT_TYPES = ("text", "json", "empty")
 IMAGE_TYPES = ("jpeg", "png", "gif", "bmp", "tiff", "webp", "jpeg2000", "avif", "heic", "heif")
 ELLIPSIS = "…"
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class LintError(TarprocError):
@@ -70,7 +69,7 @@ def json_text(doc: Any) -> str:
     '{"name": "café \\\\udce9"}'
     """
     # surrogates can only be inside JSON strings, where \uXXXX means the same code point
-    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(doc, ensure_ascii=False))
+    return escape_surrogates(json.dumps(doc, ensure_ascii=False))
 
 
 # ---------------------------------------------------------------------------------------------

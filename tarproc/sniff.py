@@ -17,6 +17,8 @@ format found by its magic bytes, ``"json"`` or ``"text"`` for text-like data, ``
 
 from __future__ import annotations
 
+import re
+
 # (offset, magic, name), checked in order; the first match wins
 _MAGIC: tuple[tuple[int, bytes, str], ...] = (
     (0, b"\xff\xd8\xff", "jpeg"),
@@ -89,6 +91,22 @@ def is_text(data: bytes | bytearray | memoryview, complete: bool = True) -> bool
 
 
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def escape_surrogates(json_text: str) -> str:
+    """JSON text (from ``json.dumps(..., ensure_ascii=False)``) made valid UTF-8: each lone
+    surrogate -- a byte 0xNN of a name that is not UTF-8, read with surrogateescape -- written as
+    the JSON escape ``\\udcNN``, which ``json.loads`` turns back into the same character.
+
+    >>> escape_surrogates('"caf\xe9 ' + chr(0xDCE9) + '"')
+    '"café \\\\udce9"'
+    """
+    if not _SURROGATE.search(json_text):
+        return json_text
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json_text)
 
 
 def escape_text(text: str) -> str:

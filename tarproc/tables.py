@@ -41,7 +41,7 @@ from typing import Any
 
 from .errors import OptionError, PlanError, SampleError
 from .samples import Sample, field_names
-from .sniff import sniff_type
+from .sniff import escape_surrogates, sniff_type
 from .stages import check_key_format
 from .tario import check_key
 
@@ -51,13 +51,6 @@ KEY_COLUMN = "__key__"
 _META_COLUMNS = ("__key__", "__url__")
 _CHUNK = 1 << 20
 _MAX_CSV_CELL = (1 << 31) - 1  # the largest limit the csv module accepts on every platform
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _escape_surrogate(match: re.Match[str]) -> str:
-    return f"\\u{ord(match.group()):04x}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,7 +395,7 @@ def format_table(rows: Iterable[list[Any]], names: list[str], fmt: str, header: 
             # a name that is not UTF-8 holds lone surrogates (surrogateescape): JSON escapes
             # (\udcNN for byte 0xNN) keep the line valid UTF-8, as tarshow --json does
             line = dumps(dict(zip(names, row, strict=True)))
-            yield (_SURROGATE.sub(_escape_surrogate, line) if _SURROGATE.search(line) else line) + "\n"
+            yield escape_surrogates(line) + "\n"
     else:
         raise OptionError(f"bad table format {fmt!r}; use one of {', '.join(TABLE_FORMATS)}")
 

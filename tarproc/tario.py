@@ -288,15 +288,6 @@ def _decimal(text: str, url: str | None, offset: int, what: str, member: str | N
     return int(text)
 
 
-def _valid_header(block: bytes) -> bool:
-    """Whether a 512-byte block has a tar header's checksum (unsigned or signed sum)."""
-    stored = _parse_number(block[148:156])
-    if stored is None:
-        return False
-    sums = _block_sum(block) - _short_sum(block[148:156]) + 256
-    return stored == sums or stored == _signed_sum(block) - _signed_sum(block[148:156]) + 256
-
-
 def _sparse_regions(entries: bytes, count: int, url: str | None, offset: int, name: str | None) -> Iterator[tuple[int, int]]:
     """The (offset, numbytes) pairs of an old GNU sparse map: ``count`` 24-byte octal entries, the
     first one whose offset is empty ending the list."""
