@@ -33,6 +33,7 @@ Examples:
   tarcat http://host/train-{0000..0009}.tar --shuffle 5000 --seed 1 | tarsplit -n 10000 -o mixed
   tar -cf - --sort=name -C /data train | tarcat -f 'image:jpg,jpeg,png cls' --rekey %09d > train.tar
   tarcat --stats -o /dev/null shards/*.tar      # check shards: counts, damage, duplicates
+  cat a.tar b.tar | tarcat -i --links skip > ab.tar   # concatenated archives; links left out
 
 Samples are selected in this order: --skip, --slice, -f, --shuffle, -c, --rekey.
 """

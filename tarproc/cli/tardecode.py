@@ -36,6 +36,7 @@ Examples:
   tardecode --device dali-cpu --resize 256 -b 128 shard.tar -o small.tar
   tardecode shard.tar --size 224 --random-crop --rotate 10 --jitter 0.4,0.4,0.4,0.1 | tarshow -c 2
   tardecode --on-error skip --stats -o /dev/null shards/*.tar     # find undecodable images
+  tardecode --max-pixels 40000000 --size 224 photos.tar > small.tar  # refuse images over 40 Mpx
 
 \b
 Each sample's image (the first of --field it has) becomes a .npy member (numpy.load reads it)
