@@ -523,7 +523,7 @@ def _seconds_or_forever(value: float) -> float | None:
 def transport_options(sending: bool) -> Callable[[F], F]:
     """--hwm, --curve-keys and the timeouts of tarserve (``sending``) and tarrecv; the command
     gets ``transport``, the keyword arguments of ``ServeConfig`` or ``Receiver``."""
-    from ..transport.receiver import DEFAULT_TIMEOUT
+    from ..transport.receiver import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_TIMEOUT
     from ..transport.sender import DEFAULT_HEARTBEAT, DEFAULT_HWM, DEFAULT_SEND_TIMEOUT
 
     def options() -> list[Callable[[Any], Any]]:
@@ -541,6 +541,9 @@ def transport_options(sending: bool) -> Callable[[F], F]:
                              help="Give up when no receiver takes a batch for this long (0 = wait for ever)."),
                 click.option("--heartbeat", type=click.FloatRange(min=0.01), default=DEFAULT_HEARTBEAT,
                              show_default=True, metavar="SECONDS", help="Tell receivers we're alive this often."),
+                click.option("--no-ack", "no_ack", is_flag=True,
+                             help="Fire and forget: don't wait for receivers to acknowledge batches (what a "
+                                  "receiver that dies holds is lost, and nobody is told)."),
             ]
         return both + [
             click.option("--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT, show_default=True,
@@ -548,16 +551,28 @@ def transport_options(sending: bool) -> Callable[[F], F]:
                                                  "(0 = wait for ever)."),
             click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
                          help="Give up when no sender has appeared after this long (0 = wait for ever)."),
+            click.option("--max-message-size", type=SIZE, default=_binary_size(DEFAULT_MAX_MESSAGE_SIZE), show_default=True,
+                         metavar="BYTES", help="The largest frame (a batch's tensor, a sample's raw field) to "
+                                               "accept; a sender that sends a bigger one is cut off (0 = no limit)."),
         ]
 
     def collect(v: dict[str, Any]) -> dict[str, Any]:
         if sending:
             return {"transport": {"hwm": v["hwm"], "curve": v["curve"], "heartbeat": v["heartbeat"],
-                                  "send_timeout": _seconds_or_forever(v["send_timeout"])}}
+                                  "send_timeout": _seconds_or_forever(v["send_timeout"]), "ack": not v["no_ack"]}}
         return {"transport": {"hwm": v["hwm"], "curve": v["curve"], "timeout": _seconds_or_forever(v["timeout"]),
-                              "wait": _seconds_or_forever(v["wait"])}}
+                              "wait": _seconds_or_forever(v["wait"]),
+                              "max_message_size": int(v["max_message_size"]) or None}}
 
     return _bundle(options, collect)  # type: ignore[no-any-return]
+
+
+def _binary_size(n: int) -> str:
+    """``1GiB`` for 2**30: a default as people write it."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
 
 
 def inputs_or_stdin(inputs: tuple[str, ...], list_files: tuple[str, ...]) -> list[str]:

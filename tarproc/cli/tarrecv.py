@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import TransportError
 from ..samples import Sample
 from ..transport import Receiver
+from ..transport.collect import write_received
 from ..transport.receiver import MIN_RATE_SECONDS
 from ..transport.wire import Batch
 from .common import (
@@ -22,7 +23,6 @@ from .common import (
     say,
     transport_options,
     warn,
-    write_tar,
     writer_options,
 )
 
@@ -32,6 +32,7 @@ Examples:
   tarrecv zpull://:7880 -o received.tar --stats
   tarserve --raw 'shard-{00..07}.tar' -p 2 --to zpush://:7880 & tarrecv zpull://:7880 -o - | tarshow -c 3
   tarrecv 'zsub://feeder:78{80..83}' --count 1000 -q      # a subscriber: reports batches PUB dropped
+  tarrecv zpull://:7880 -o copy.tar     # killed? run it again: copy.tar.part resumes, nothing twice
 
 \b
 Without -o it prints one line per --interval to stdout: batches/s, samples/s and MB/s over the
@@ -39,8 +40,16 @@ interval, then a summary. With -o it writes the samples it receives as a tar (th
 stderr): raw fields as they were sent (tarserve --raw round-trips byte for byte with -p 1),
 --label tensors as decimal text, arrays as .npy members (field NAME.npy). It ends when every
 sender has finished (end of stream), after --count batches, or with an error when a sender goes
-silent for --timeout seconds. Batches a sender numbered that never arrived are reported; with -o
-they are an error, and nothing is left under the output name.
+silent for --timeout seconds.
+
+\b
+Each batch is acknowledged to its sender once it is taken (with -o: once written), and the
+sender gives what a receiver held unacknowledged when it died to another receiver or to its
+replacement, marked as sent again. With -o NAME.tar (a local file) the tar grows as NAME.tar.part
+with its state in NAME.tar.part.json, renamed NAME.tar at the end of the stream: a receiver
+killed mid-stream and started again with the same -o goes on where it was, and the tar comes
+out whole, each sample once. PUB/SUB is best effort: batches a subscriber missed are reported
+as lost; with -o that is an error, and nothing is left under the output name.
 """
 
 
@@ -73,7 +82,8 @@ def main(
     URL... are ZMQ endpoints to receive on: zpull://:PORT binds (tarserve connects with zpush),
     zrpull://host:port connects to a tarserve that binds, zsub://host:port subscribes.
     """
-    receiver = Receiver(list(urls), senders=senders, warn=warn, **transport)
+    receiver = Receiver(list(urls), senders=senders, warn=warn, ack="auto" if output is None else "manual",
+                        **transport)
     monitor = Monitor(receiver, interval, quiet, to=sys.stderr if output is not None else sys.stdout)
     try:
         batches = _batches(receiver, count, monitor)
@@ -81,7 +91,8 @@ def main(
             for _ in batches:
                 pass
         else:
-            write_tar(_samples(batches, receiver), output, writing)
+            write_received(receiver, batches, output, batch_samples, tar=writing.tar, force=writing.force,
+                           say=lambda line: say(f"tarrecv: {line}"), check=lambda: _check_lost(receiver))
     finally:
         receiver.close()
     if output is None or show_stats:
@@ -99,10 +110,8 @@ def _batches(receiver: Receiver, count: int | None, monitor: Monitor) -> Iterato
     monitor.tick(force=True)
 
 
-def _samples(batches: Iterator[Batch], receiver: Receiver) -> Iterator[Sample]:
-    """The samples of the batches, for the tar writer; a loss is an error (the writer then aborts)."""
-    for batch in batches:
-        yield from batch_samples(batch)
+def _check_lost(receiver: Receiver) -> None:
+    """A loss (PUB/SUB) is an error: the tar would be incomplete (the writer then aborts)."""
     if receiver.stats.lost:
         raise TransportError(f"{receiver.stats.lost} batches lost on the way: the tar would be incomplete")
 
@@ -172,7 +181,8 @@ class Monitor:
             rates = stats.rates()
             line += (f": {_rate(rates['batches/s'])} batches/s, {_rate(rates['samples/s'])} samples/s, "
                      f"{_rate(rates['MB/s'])} MB/s")
-        line += f"; {stats.epochs} epoch(s) ended; lost {stats.lost}, rejected {stats.rejected}"
+        line += (f"; {stats.epochs} epoch(s) ended; lost {stats.lost}, rejected {stats.rejected}, "
+                 f"sent again {stats.redelivered}, dropped as taken before {stats.duplicates}")
         if self.to is sys.stdout:
             self._print(line)
         else:

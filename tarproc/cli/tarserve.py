@@ -70,6 +70,8 @@ epoch ends with an end-of-epoch message from each sender; receivers end when all
               help="Send this text field (e.g. cls) as an int64 tensor; repeatable.")
 @click.option("-f", "--fields", metavar="NAMES",
               help="Other fields to send as bytes, comma/space separated [default: all]; '' sends none.")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Save what receivers acknowledged in FILE; if FILE exists, resume where it says.")
 @transport_options(sending=True)
 @stats_option("batches, samples and bytes sent")
 @server_decode_options
@@ -93,6 +95,7 @@ def main(
     fields: str | None,
     transport: dict[str, object],
     show_stats: bool,
+    checkpoint: str | None,
 ) -> None:
     """Send the samples of tar shards as batches over ZeroMQ, decoded and augmented or raw.
 
@@ -113,7 +116,7 @@ def main(
         spec=decoding.spec, device=decoding.device, threads=decoding.processes, image_field=field,
         output_field=output_field, labels=list(labels),
         fields=None if fields is None else fields.replace(",", " ").split(),
-        last_batch=last_batch, senders=senders, on_error=on_error,
+        last_batch=last_batch, senders=senders, on_error=on_error, checkpoint=checkpoint,
         reading={"on_error": reading.on_error, "dup": reading.dup, **reading.tar},
         **transport,  # type: ignore[arg-type]
     )
@@ -123,9 +126,11 @@ def main(
                   wrap=lambda samples: progress(samples, quiet or senders > 1, "tarserve"))
     if show_stats:
         rate = stats.bytes / stats.seconds / 1e6 if stats.seconds else 0.0
+        resumed = f" (resumed from {checkpoint})" if stats.resumed else ""
         say(f"tarserve: sent {stats.batches} batches, {stats.samples} samples, {stats.bytes / 1e6:.1f} MB "
             f"of tensors in {stats.epochs} epoch(s) from {senders} sender(s) in {stats.seconds:.1f} s "
-            f"({rate:.1f} MB/s); skipped {stats.skipped} bad images")
+            f"({rate:.1f} MB/s){resumed}; sent again {stats.redelivered} batches that receivers which went away "
+            f"held; skipped {stats.skipped} bad images")
 
 
 if __name__ == "__main__":  # pragma: no cover

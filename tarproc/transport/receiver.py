@@ -7,15 +7,24 @@ sent its final end-of-epoch message. A sender that goes silent for ``timeout`` s
 and no heartbeat) is a ``TransportError``, not an endless hang; so is a sender that stopped early
 (an interrupted or failed tarserve says so before it goes), and a failed CURVE handshake (keys
 that don't match) on a socket no sender has got through on yet. A message that is not wire
-format v1 (a stray client, garbage) is reported through ``warn``, naming where it came from,
-counted, and skipped.
+format v2 (a stray client, garbage, an older tarproc) is reported through ``warn``, naming where
+it came from, counted, and skipped.
+
+On PUSH-style endpoints (``zpull``, ``zrpull``) the receiver grants each sender credit for
+``hwm`` batches and acknowledges each batch once its consumer has taken it: with
+``ack="auto"``, when the consumer asks for the next batch; with ``ack="manual"``, when the
+consumer calls ``ack(batch)`` (after writing it somewhere safe, say). A batch sent again
+because an earlier receiver died before acknowledging it arrives with ``redelivered`` set; one
+this receiver already took (its acknowledgement was lost with a connection) is dropped.
 """
 
 from __future__ import annotations
 
 import os
+import socket as socketlib
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +34,17 @@ from .curve import Handshakes, handshake_events
 from .sender import DEFAULT_HWM
 from .urls import parse_endpoints
 from .wire import Batch, MessageError, decode, to_batch
+from .wire import ack as ack_message
 
 DEFAULT_TIMEOUT = 30.0
+# The largest frame (one tensor of a batch, or one sample's raw field) a receiver accepts: ZMQ
+# drops a connection that sends a bigger one before allocating it. A 256 x 3 x 224 x 224 float32
+# batch is 154 MB; 256 RGB photos of 2048 x 1536 as uint8 are 2.4 GB and need a higher limit.
+DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
+CLOSE_LINGER_MS = 2000
+TAKEN_MEMORY = 1 << 16  # batch numbers per sender remembered as taken, to drop a second copy
+_CONNECTION_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
+_ACCEPTED, _DISCONNECTED = 0x0020, 0x0200
 MIN_RATE_SECONDS = 0.1  # a rate measured over less time than this is noise
 _malloc_tuned: bool | None = None
 
@@ -73,8 +91,10 @@ class ReceiveStats:
     batches: int = 0
     samples: int = 0
     bytes: int = 0
-    rejected: int = 0  # messages that were not wire format v1
-    lost: int = 0  # batches a sender numbered but that never arrived (PUB drops, a receiver restart)
+    rejected: int = 0  # messages that were not wire format v2
+    lost: int = 0  # batches a sender numbered but that never arrived (PUB drops)
+    redelivered: int = 0  # batches sent again after an earlier receiver died holding them
+    duplicates: int = 0  # second copies of batches this receiver had taken, dropped
     epochs: int = 0
     senders: int = 0
     first: float | None = None
@@ -103,7 +123,8 @@ class ReceiveStats:
 
 @dataclass
 class _Sender:
-    """What a receiver knows of one sender; ``sockets`` are the receiver's sockets it was seen on."""
+    """What a receiver knows of one sender (a group's rank: a sender restarted from a checkpoint
+    is the same one); ``sockets`` are the receiver's sockets it was seen on."""
 
     id: str
     group: str
@@ -114,6 +135,19 @@ class _Sender:
     eofs: dict[int, tuple[int, int]] = field(default_factory=dict)  # epoch -> (batches, samples)
     eof_sockets: dict[int, set[int]] = field(default_factory=dict)  # epoch -> sockets its eof came on
     final_sockets: set[int] = field(default_factory=set)
+    taken: set[int] = field(default_factory=set)  # batch numbers the consumer took (the latest ones)
+    taken_order: deque[int] = field(default_factory=deque)
+    position: dict[str, Any] | None = None  # of the last batch taken
+
+    def take(self, seq: int) -> bool:
+        """Remember batch ``seq`` as taken; False if it was already."""
+        if seq in self.taken:
+            return False
+        self.taken.add(seq)
+        self.taken_order.append(seq)
+        if len(self.taken_order) > TAKEN_MEMORY:
+            self.taken.discard(self.taken_order.popleft())
+        return True
 
     def ended(self, epoch: int) -> bool:
         """Its eof for ``epoch`` came on every socket it was seen on (each socket is in order)."""
@@ -134,6 +168,10 @@ class Receiver:
     to wait for the first message (``None``: for ever); ``senders``: end only after this many
     sender processes have finished (by default, all those of every group heard from).
     ``reuse_memory``: tune glibc's malloc so message buffers are reused (see ``tune_malloc``).
+    ``ack``: ``"auto"`` acknowledges a batch when the consumer asks for the next one,
+    ``"manual"`` when it calls ``ack(batch)``. ``max_message_size``: the largest frame accepted
+    (bytes; ``None``: no limit); ZMQ drops a connection that sends a bigger one, and a tarproc
+    sender told the limit refuses to send it.
     """
 
     def __init__(
@@ -148,9 +186,15 @@ class Receiver:
         warn: Callable[[str], None] | None = None,
         context: Any = None,
         reuse_memory: bool = True,
+        ack: str = "auto",
+        max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         if hwm < 1:
             raise OptionError(f"bad high-water mark {hwm}; must be >= 1")
+        if ack not in ("auto", "manual"):
+            raise OptionError(f"bad acknowledgement mode {ack!r}; use auto or manual")
+        if max_message_size is not None and max_message_size < 1:
+            raise OptionError(f"bad maximum message size {max_message_size}; must be >= 1")
         self.endpoints = parse_endpoints(list(urls) if not isinstance(urls, str) else urls, sending=False)
         if reuse_memory:
             tune_malloc()
@@ -161,7 +205,20 @@ class Receiver:
         self.expected = senders
         self.stats = ReceiveStats()
         self.warn = warn or (lambda message: print(message, file=sys.stderr, flush=True))
-        self._senders: dict[str, _Sender] = {}
+        self.hwm = hwm
+        self.ack_mode = ack
+        self.max_message_size = max_message_size
+        self.id = f"{socketlib.gethostname()}:{os.getpid()}"
+        self._senders: dict[tuple[str, int], _Sender] = {}  # by (group, rank)
+        self._connections: dict[tuple[int, bytes], str] = {}  # (socket, routing id) -> the sender id that said hello
+        self._greeted: list[bool] = []  # DEALER sockets: the greeting went out on this connection
+        self._routers: list[bool] = []
+        self._acks: dict[tuple[int, bytes], list[int]] = {}  # acknowledgements to send, by connection
+        self._peers_by_fd: dict[int, str] = {}  # accepted connections' addresses, for messages
+        self._drops: list[int] = []  # connections closed, per socket (see _check_drops)
+        self._finals: list[int] = []  # final ends of stream, per socket
+        self._dropped_peers: dict[int, list[str]] = {}
+        self._preloaded: dict[tuple[str, int], list[int]] = {}  # see taken()
         self._groups: dict[str, int] = {}  # group -> number of senders in it
         self._group_seen: dict[str, float] = {}  # group -> when its first message came
         self._epochs_done: set[int] = set()
@@ -181,19 +238,29 @@ class Receiver:
 
                 keys = client_keys(curve)
             for endpoint in self.endpoints:
-                sock = self._context.socket(zmq.PULL if endpoint.kind == "pull" else zmq.SUB)
+                router = endpoint.kind == "pull" and endpoint.bind
+                kind = (zmq.ROUTER if router else zmq.DEALER) if endpoint.kind == "pull" else zmq.SUB
+                sock = self._context.socket(kind)
                 sock.setsockopt(zmq.RCVHWM, hwm)
                 sock.setsockopt(zmq.LINGER, 0)
+                if max_message_size is not None:
+                    sock.setsockopt(zmq.MAXMSGSIZE, max_message_size)
                 if endpoint.kind == "sub":
                     sock.setsockopt(zmq.SUBSCRIBE, b"")
+                else:
+                    sock.setsockopt(zmq.SNDHWM, 0)  # acknowledgements are never dropped
+                self._routers.append(router)
+                self._greeted.append(False)
+                self._drops.append(0)
+                self._finals.append(0)
                 if keys is not None:
                     from .curve import make_client
 
                     make_client(sock, keys)
                 self._sockets.append(sock)
-                # before bind/connect, so that no handshake goes unseen
-                events = handshake_events()
-                self._monitors.append(sock.get_monitor_socket(events) if events else None)
+                # before bind/connect, so that no handshake or connection goes unseen
+                events = handshake_events() | _CONNECTION_EVENTS
+                self._monitors.append(sock.get_monitor_socket(events))
                 self._handshakes.append(Handshakes("receiver", keys is not None, endpoint.url, endpoint.bind))
                 try:
                     sock.bind(endpoint.address) if endpoint.bind else sock.connect(endpoint.address)
@@ -230,6 +297,8 @@ class Receiver:
                 kind, header = message.kind, message.header
                 if kind == "batch":
                     batch = to_batch(message)
+                    if not self._first_copy(batch, message):
+                        continue
                     now = time.monotonic()
                     stats = self.stats
                     if stats.first is None:
@@ -238,7 +307,11 @@ class Receiver:
                     stats.batches += 1
                     stats.samples += len(header["keys"])
                     stats.bytes += message.nbytes
+                    if batch.redelivered:
+                        stats.redelivered += 1
                     yield batch
+                    if self.ack_mode == "auto":  # the consumer asked for more: it took this one
+                        self.ack(batch)
                 elif kind == "eof":
                     pending.add(header["epoch"])
                 for epoch in sorted(pending):
@@ -295,8 +368,68 @@ class Receiver:
 
     # -- internals --------------------------------------------------------------------------------
 
+    def ack(self, batch: Batch) -> None:
+        """Acknowledge ``batch``: its sender may forget it, and send one more. (With
+        ``ack="auto"`` the receiver does this itself when the consumer asks for the next batch.)
+        It goes out the next time the receiver reads, or when it is closed."""
+        connection = getattr(batch, "connection", None)
+        if connection is not None and batch.acked:
+            self._acks.setdefault(connection, []).append(batch.seq)
+
+    def taken(self, group: str, rank: int, seqs: list[int]) -> None:
+        """Say that batches ``seqs`` of sender ``rank`` of ``group`` were taken before (by an
+        earlier run of this consumer, which kept them): if they come again, they are dropped."""
+        self._preloaded.setdefault((group, rank), []).extend(seqs)
+
+    def _send_acks(self) -> None:
+        import zmq
+
+        for (index, rid), seqs in self._acks.items():
+            to = self._connections.get((index, rid))
+            if to is None:
+                continue  # its connection closed: the sender sends these again, and they are dropped here
+            message = ack_message(self.id, to=to, credit=len(seqs), seqs=seqs)
+            try:
+                self._sockets[index].send_multipart([rid, *message] if self._routers[index] else message,
+                                                    flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # that sender's connection is gone: it sends the batch again, and it is dropped here
+        self._acks.clear()
+
+    def _greet(self, index: int, rid: bytes) -> bool:
+        """Give a sender credit for ``hwm`` batches, and say the largest frame we take."""
+        import zmq
+
+        message = ack_message(self.id, credit=self.hwm, max_frame=self.max_message_size)
+        try:
+            self._sockets[index].send_multipart([rid, *message] if self._routers[index] else message,
+                                                flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:  # a DEALER not connected yet; a sender gone
+            return False
+
+    def _first_copy(self, batch: Batch, message: Any) -> bool:
+        """Note where ``batch`` came from, and whether the consumer took it before (then it is
+        dropped, and acknowledged again)."""
+        state = self._senders[(message.header["group"], message.header["rank"])]
+        batch.connection = message.connection  # type: ignore[attr-defined]
+        batch.acked = message.header.get("acked", False)  # type: ignore[attr-defined]
+        if not batch.acked:
+            return True
+        if not state.take(batch.seq):
+            self.stats.duplicates += 1
+            self.ack(batch)
+            return False
+        state.position = batch.position
+        return True
+
     def _receive(self) -> Any:
         """One decoded message, or None after a poll interval without one (silence is checked)."""
+        if self._acks:
+            self._send_acks()
+        for index, router in enumerate(self._routers):
+            if not router and not self._greeted[index] and self.endpoints[index].kind == "pull":
+                self._greeted[index] = self._greet(index, b"")
         ready = dict(self._poller.poll(timeout=250))
         if any(m in ready for m in self._monitors if m is not None):
             self._check_handshakes()
@@ -304,6 +437,7 @@ class Receiver:
             # only when nothing is queued: a consumer slower than its senders finds their messages
             # waiting, and they, not the wall clock, say who is alive
             self._check_silence()
+            self._check_drops()
             return None
         count = len(self._sockets)
         for turn in range(count):
@@ -313,10 +447,16 @@ class Receiver:
                 continue
             self._next = index + 1
             frames = sock.recv_multipart(copy=False)
+            rid = b""
+            if self._routers[index]:
+                rid, frames = frames[0].bytes, frames[1:]
             url = self.endpoints[index].url
             try:
                 message = decode(frames, url)
-                self._track(message.kind, message.header, index, url)
+                message.connection = (index, rid)
+                if not self._announced(message, index, rid):
+                    continue
+                self._track(message.kind, message.header, index, url, rid)
             except WireError as e:
                 self.stats.rejected += 1
                 if isinstance(e, MessageError):
@@ -328,19 +468,41 @@ class Receiver:
             return message
         return None
 
-    def _track(self, kind: str, header: dict[str, Any], index: int, url: str) -> None:
+    def _announced(self, message: Any, index: int, rid: bytes) -> bool:
+        """Whether a message comes on a connection whose sender said hello (PUSH-style sockets).
+
+        A hello is answered with credit. A batch on a connection that said no hello was sent
+        before its sender knew its old receiver here had gone: it is dropped unacknowledged,
+        and comes again, after a hello.
+        """
+        if self.endpoints[index].kind != "pull":
+            return True
+        if message.kind == "hello":
+            self._connections[(index, rid)] = message.header["sender"]
+            if self._routers[index]:
+                self._greet(index, rid)
+            return True
+        return (index, rid) in self._connections or message.kind == "heartbeat"
+
+    def _track(self, kind: str, header: dict[str, Any], index: int, url: str, rid: bytes = b"") -> None:
         sender_id, group = header["sender"], header["group"]
-        state = self._senders.get(sender_id)
+        key = (group, header["rank"])
+        state = self._senders.get(key)
         now = time.monotonic()
         if state is None:
-            state = self._senders[sender_id] = _Sender(sender_id, group, header["rank"], now)
+            state = self._senders[key] = _Sender(sender_id, group, header["rank"], now)
+            for taken in self._preloaded.pop(key, ()):
+                state.take(taken)
             self._groups[group] = max(header["senders"], self._groups.get(group, 0))
             self._group_seen.setdefault(group, now)
             self.stats.senders = len(self._senders)
+        state.id = sender_id  # a restarted sender has a new process id
         state.last_heard = now
         state.sockets.add(index)
         dest, seq = header.get("dest"), header.get("seq")
-        if kind in ("batch", "eof") and dest is not None and seq is not None:
+        # numbers have gaps only on a PUB socket: PUSH-style batches are numbered per sender, and
+        # spread over receivers (what one that died held is sent again, acknowledged)
+        if kind in ("batch", "eof") and dest is not None and seq is not None and self.endpoints[index].kind == "sub":
             expected = state.next_seq.get(dest)
             if expected is not None and seq > expected:
                 self.stats.lost += seq - expected
@@ -355,7 +517,36 @@ class Receiver:
             state.eofs[epoch] = (header["batches"], header["samples"])
             state.eof_sockets.setdefault(epoch, set()).add(index)
             if header["final"]:
+                if index not in state.final_sockets:
+                    self._finals[index] += 1
                 state.final_sockets.add(index)
+                if self.endpoints[index].kind == "pull":  # the sender may go once we have heard it end
+                    self._ack_end(index, rid, epoch)
+
+    def _ack_end(self, index: int, rid: bytes, epoch: int) -> None:
+        import zmq
+
+        to = self._connections.get((index, rid))
+        if to is None:
+            return
+        message = ack_message(self.id, to=to, eof=epoch, final=True)
+        try:
+            self._sockets[index].send_multipart([rid, *message] if self._routers[index] else message, flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # gone already
+
+    def _check_drops(self) -> None:
+        """Warn of connections closed by senders that had not ended their stream: they died, or
+        ZMQ dropped them for a frame over ``max_message_size``. Judged only when nothing waits
+        on the socket, so a sender's last messages (its end of stream) are read first."""
+        for index, drops in enumerate(self._drops):
+            if drops > self._finals[index] and not self._sockets[index].poll(0):
+                self._finals[index] = drops  # said once
+                peers = self._dropped_peers.pop(index, []) or ["a peer"]
+                limit = (f", or sent a frame over --max-message-size ({self.max_message_size} bytes)"
+                         if self.max_message_size is not None else "")
+                self.warn(f"{', '.join(peers)} on {self.endpoints[index].url} hung up before the end of its "
+                          f"stream: it died or was stopped{limit}; receiving goes on")
 
     def _nothing_unseen(self) -> bool:
         """No message waits on a socket some sender was never seen on (it may hold that sender's
@@ -388,6 +579,9 @@ class Receiver:
             while monitor is not None and monitor.poll(0):
                 event = recv_monitor_message(monitor)
                 handshakes = self._handshakes[index]
+                if event["event"] & _CONNECTION_EVENTS:
+                    self._connection_event(index, event["event"], event["value"])
+                    continue
                 reason = handshakes.failure(event["event"], event["value"])
                 if reason is None:
                     if handshakes.doubt and not handshakes.succeeded and handshakes.doubt not in self._handshake_warned:
@@ -399,6 +593,29 @@ class Receiver:
                 if reason not in self._handshake_warned:
                     self._handshake_warned.add(reason)
                     self.warn(reason)
+
+    def _connection_event(self, index: int, event: int, fd: int) -> None:
+        if event == _ACCEPTED:
+            self._peers_by_fd[fd] = _peer_of(fd)
+            return
+        if event != _DISCONNECTED:
+            return
+        peer = self._peers_by_fd.pop(fd, None)
+        handshakes = self._handshakes[index]
+        if not handshakes.succeeded:
+            doubt = (f"{peer or 'a peer'} on {handshakes.url} hung up during the handshake: a tarproc that speaks "
+                     "wire format v1 (PUSH/PULL sockets; run the same version on both sides), one with other "
+                     "CURVE keys, or not a ZMQ peer")
+            if handshakes.doubt is None:
+                handshakes.doubt = doubt
+                self.warn(doubt)
+            return
+        if not self._routers[index] and self.endpoints[index].kind == "pull":
+            self._greeted[index] = False  # greet whoever the DEALER connects to next
+            self._connections.pop((index, b""), None)
+        self._drops[index] += 1
+        if peer is not None:
+            self._dropped_peers.setdefault(index, []).append(peer)
 
     def _check_silence(self) -> None:
         now = time.monotonic()
@@ -424,8 +641,11 @@ class Receiver:
         if self._closed:
             return
         self._closed = True
-        for sock in self._sockets:
-            sock.close(0)
+        if self._acks and self._sockets:  # what the consumer took is acknowledged on the way out
+            self._send_acks()
+        for index, sock in enumerate(self._sockets):
+            # acknowledgements (the end of the stream's too) get a moment to reach their senders
+            sock.close(CLOSE_LINGER_MS if self.endpoints[index].kind == "pull" else 0)
         for monitor in self._monitors:
             if monitor is not None:
                 monitor.close(0)
@@ -437,3 +657,18 @@ class Receiver:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _peer_of(fd: int) -> str:
+    """The address of the peer of an accepted connection (``127.0.0.1:52614``), by its descriptor."""
+    try:
+        sock = socketlib.socket(fileno=os.dup(fd))
+    except OSError:
+        return "a peer"
+    try:
+        address = sock.getpeername()
+        return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else "a local process"
+    except OSError:
+        return "a peer"
+    finally:
+        sock.close()

@@ -1,10 +1,14 @@
 """The sending side: batches out over ZMQ with bounded memory, sequence numbers and heartbeats.
 
-One socket per endpoint, so every receiver gets its own end-of-epoch messages and its own
-sequence numbers (gaps are losses a receiver can report). A batch goes to the next socket in
-turn that can take it; a socket can take one when its peer's queue is below the high-water
-mark, so a slow receiver slows the sender and never makes it buffer more (PUSH). PUB never
-waits: a subscriber that can't keep up loses batches, and its receiver reports the gaps.
+PUSH-style endpoints (``zpush``, ``zrpush``, ``tcp://``, ``ipc://``) deliver with
+acknowledgements (``delivery.Delivery``): receivers grant credit and say which batches their
+consumers took, and the batches a receiver held when it died go to another receiver, or to
+its replacement. ``ack=False`` sends without waiting for credit (fire and forget: what a
+receiver that dies holds is lost, and reported as lost by nobody).
+
+PUB endpoints never wait: a subscriber that can't keep up loses batches, and its receiver
+reports the gaps in the sequence numbers of its socket. One socket per endpoint, so every
+subscriber gets its own end-of-epoch messages and its own sequence numbers.
 
 A background thread owns the sockets: it sends what ``send`` queues (at most ``queue`` batches
 wait) and, whenever it has had nothing to send for ``heartbeat`` seconds, tells every receiver
@@ -26,12 +30,13 @@ import socket as socketlib
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OptionError, TransportError
 from .curve import Handshakes, handshake_events
+from .delivery import EMPTY, Delivery, Item, Progress
 from .urls import Endpoint, parse_endpoints
 from .wire import control, encode_batch
 
@@ -52,6 +57,7 @@ class SendStats:
     samples: int = 0
     bytes: int = 0
     epochs: int = 0
+    redelivered: int = 0  # batches sent again because the receiver that had them went away
 
 
 class Sender:
@@ -66,6 +72,11 @@ class Sender:
     ``rank``/``senders`` say which of several cooperating sender processes this is (receivers
     wait for all of them); ``group`` names the run they belong to. ``send_timeout`` (seconds,
     ``None`` = wait for ever) bounds the wait for a receiver to take a batch.
+
+    PUSH-style endpoints wait for receivers' acknowledgements (``ack=False``: they don't).
+    Batches are numbered from ``start_seq``; numbers in ``skip`` are counted but not sent
+    (they were acknowledged before a restart); ``progress`` is called with a
+    ``delivery.Progress`` as acknowledgements come in (from the socket thread).
     """
 
     def __init__(
@@ -81,6 +92,10 @@ class Sender:
         group: str | None = None,
         queue_size: int = 2,
         context: Any = None,
+        ack: bool = True,
+        start_seq: int = 0,
+        skip: Iterable[int] = (),
+        progress: Callable[[Progress], None] | None = None,
     ) -> None:
         import zmq
 
@@ -115,6 +130,9 @@ class Sender:
         self._closed = False
         self._abort = threading.Event()
         self._abort_reason = "interrupted"
+        self._next_seq = start_seq  # the number of the next batch (acknowledged delivery)
+        self._skip = set(skip)
+        self._delivery: Delivery | None = None
         try:
             keys = None
             if curve is not None:
@@ -122,10 +140,16 @@ class Sender:
 
                 keys = server_keys(curve)
                 self._auth = Authenticator(self._context, keys[2])
-            for endpoint in self.endpoints:
-                self._sockets.append(self._open(endpoint, hwm, heartbeat, keys))
-                self._seq.append(0)
-                self._greeted.append(False)
+            if self.endpoints[0].kind == "push":
+                self._delivery = Delivery(self._context, self.endpoints, hwm=hwm, heartbeat=heartbeat,
+                                          send_timeout=send_timeout, common=self.common, keys=keys, acked=ack,
+                                          start_seq=start_seq, progress=progress)
+                self._delivery.sent = self._count  # type: ignore[method-assign]
+            else:
+                for endpoint in self.endpoints:
+                    self._sockets.append(self._open(endpoint, hwm, heartbeat, keys))
+                    self._seq.append(0)
+                    self._greeted.append(False)
         except BaseException:
             self._shutdown(linger=0)
             raise
@@ -174,12 +198,25 @@ class Sender:
     # -- the caller's side ------------------------------------------------------------------------
 
     def send(self, keys: list[str], tensors: dict[str, Any], *, epoch: int, text: Iterable[str] = (),
-             bfloat16: Iterable[str] = ()) -> None:
-        """Queue one batch (see ``wire.encode_batch`` for what ``tensors`` may hold)."""
-        self._put(("batch", keys, tensors, epoch, tuple(text), tuple(bfloat16)))
+             bfloat16: Iterable[str] = (), pos: dict[str, Any] | None = None) -> None:
+        """Queue one batch (see ``wire.encode_batch`` for what ``tensors`` may hold); ``pos``
+        says where the stream is after it (``epoch``, ``batch`` and ``sample`` of the epoch, the
+        ``shard`` and ``index`` of its last sample) for receivers and checkpoints."""
+        if self._delivery is not None:
+            seq = self._next_seq
+            self._next_seq += 1
+            if seq not in self._skip:
+                self._put(("batch", Item(seq, keys, tensors, epoch, tuple(text), tuple(bfloat16), pos)))
+        else:
+            self._put(("batch", keys, tensors, epoch, tuple(text), tuple(bfloat16)))
         self._epoch_counts[0] += 1
         self._epoch_counts[1] += len(keys)
         self._epoch, self._epoch_open = epoch, True
+
+    def start_epoch(self, batches: int = 0, samples: int = 0) -> None:
+        """Start counting an epoch's batches and samples at these (a resumed epoch's, acknowledged
+        before a restart)."""
+        self._epoch_counts = [batches, samples]
 
     def end_epoch(self, epoch: int, *, final: bool = False) -> None:
         """Tell every receiver this sender has sent all of ``epoch`` (``final``: and everything)."""
@@ -214,13 +251,14 @@ class Sender:
             if not abort and self._error is None:
                 self._put(None)
                 self._thread.join()
-                if self._error is None:
+                if self._error is None and self._delivery is None:
                     self._wait_for_receivers(None)
             else:
                 self._abort.set()
                 self._thread.join(timeout=2 * self.heartbeat + 1)
-                with contextlib.suppress(TransportError):  # a receiver that reads sees "interrupted"
-                    self._wait_for_receivers(ABORT_WAIT)
+                if self._delivery is None:
+                    with contextlib.suppress(TransportError):  # a receiver that reads sees "interrupted"
+                        self._wait_for_receivers(ABORT_WAIT)
         finally:
             # closing waits (up to the send timeout) until the queued messages are delivered
             clean = not abort and self._error is None
@@ -300,6 +338,10 @@ class Sender:
             time.sleep(0.02)
 
     def _shutdown(self, linger: int) -> None:
+        if self._delivery is not None:
+            # acknowledged: what matters has arrived (the end of the stream too), and what is left
+            # queued (heartbeats, for a receiver that went) would hold the context for the linger
+            self._delivery.shutdown(1000 if self._abort.is_set() else 0)
         for sock in self._sockets:
             sock.close(linger)
         for monitor in self._monitors:
@@ -312,7 +354,29 @@ class Sender:
 
     # -- the socket thread ------------------------------------------------------------------------
 
+    def _count(self, item: Item, frames: list[Any]) -> None:
+        if item.redelivered:
+            self.stats.redelivered += 1
+            return
+        self.stats.batches += 1
+        self.stats.samples += len(item.keys)
+        self.stats.bytes += sum(len(memoryview(f)) for f in frames[1:])
+
+    def _take(self, timeout: float) -> Any:
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return EMPTY
+
     def _run(self) -> None:
+        if self._delivery is not None:
+            try:
+                delivery = self._delivery
+                delivery.run(self._take, self._abort.is_set,
+                             lambda: delivery.say_aborted(self._abort_reason, ABORT_WAIT / 2))
+            except BaseException as e:  # reported to the caller by the next send/close
+                self._error = e
+            return
         try:
             while True:
                 if self._abort.is_set():

@@ -3,6 +3,11 @@
 Each epoch, sender ``rank`` of ``N`` reads every N-th shard of the (optionally shuffled) shard
 list, so the senders together read every shard once per epoch; each ends each epoch with an eof
 message carrying its counts.
+
+Every batch says where its sender's stream is after it (``pos``: epoch, batch and input sample
+of the epoch, shard and index in the shard of its last sample). With a checkpoint file, the
+positions that receivers acknowledged are saved as they come in, and a restart with the same
+file resumes there (``checkpoint``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from ..errors import OptionError, SampleError, TarprocError, TransportError
 from ..samples import Sample, field_names, read_samples
 from ..stages import chunked, shuffle
 from ..tario import ReadStats
+from . import checkpoint as checkpoints
+from .delivery import Progress
 from .sender import DEFAULT_HEARTBEAT, DEFAULT_HWM, DEFAULT_SEND_TIMEOUT, Sender, SendStats
 from .urls import parse_endpoints
 
@@ -55,6 +62,16 @@ class ServeConfig:
     send_timeout: float | None = DEFAULT_SEND_TIMEOUT
     heartbeat: float = DEFAULT_HEARTBEAT
     curve: str | None = None
+    ack: bool = True  # PUSH-style endpoints: wait for receivers' acknowledgements
+    checkpoint: str | None = None  # a file to save acknowledged positions in, and resume from
+
+    def stream(self, inputs: list[str]) -> dict[str, Any]:
+        """What shapes the stream of batches (a checkpoint is only good for the same)."""
+        return {"inputs": list(inputs), "batch_size": self.batch_size, "epochs": self.epochs,
+                "shuffle_shards": self.shuffle_shards, "shuffle": self.shuffle, "seed": self.seed, "raw": self.raw,
+                "spec": None if self.raw else repr(self.spec), "image_field": self.image_field,
+                "output_field": self.output_field, "labels": list(self.labels), "fields": self.fields,
+                "last_batch": self.last_batch, "senders": self.senders, "on_error": self.on_error}
 
 
 @dataclass
@@ -63,8 +80,10 @@ class ServeStats(SendStats):
 
     skipped: int = 0
     seconds: float = 0.0
+    resumed: bool = False  # from a checkpoint
 
     def add(self, sent: SendStats, skipped: int) -> None:
+        self.redelivered += sent.redelivered
         self.batches += sent.batches
         self.samples += sent.samples
         self.bytes += sent.bytes
@@ -93,6 +112,11 @@ def check_config(inputs: list[str], config: ServeConfig) -> None:
         raise OptionError("decoding needs an augmentation spec (or send raw fields)")
     if config.output_field in config.labels:
         raise OptionError(f"--label {config.output_field} is also the image tensor's name")
+    if config.checkpoint is not None:
+        if "-" in inputs:
+            raise OptionError("a checkpoint needs inputs that can be read again: give shard paths or URLs, not stdin")
+        if endpoints[0].kind == "pub" or not config.ack:
+            raise OptionError("a checkpoint needs acknowledged delivery (PUSH-style endpoints, without --no-ack)")
 
 
 def serve(
@@ -112,13 +136,33 @@ def serve(
     if config.senders > len(inputs):  # a sender with no shard would only send empty epochs
         config = replace(config, senders=len(inputs))
     started = time.monotonic()
-    group = uuid.uuid4().hex
+    saved = None
+    if config.checkpoint is not None:
+        stream = config.stream(inputs)
+        saved = checkpoints.load(config.checkpoint, stream)
+        if saved is not None and saved.done:
+            raise OptionError(f"{config.checkpoint}: the checkpoint says the whole stream was delivered; "
+                              "remove it to send again")
+        if saved is None:
+            saved = checkpoints.Checkpoint(config.checkpoint, uuid.uuid4().hex, stream)
+            saved.save()  # now: a restart after a crash before the first acknowledgement is the same stream
+    group = saved.group if saved is not None else uuid.uuid4().hex
+    states = saved.ranks if saved is not None else {}
+    stats = ServeStats(resumed=any(s.next or s.above for s in states.values()))
     if config.senders == 1:
-        stats = ServeStats()
-        sent, skipped = _send_share(inputs, config, 0, group, warn, wrap, report)
+        def progress(p: Progress) -> None:
+            if saved is not None:
+                saved.ranks[0] = checkpoints.RankState(p.next, p.above, p.pos)
+                saved.save()
+
+        sent, skipped = _send_share(inputs, config, 0, group, warn, wrap, report,
+                                    resume=states.get(0), progress=progress if saved is not None else None)
         stats.add(sent, skipped)
     else:
-        stats = _serve_in_processes(inputs, config, group, warn, report)
+        _serve_in_processes(inputs, config, group, warn, report, stats, saved)
+    if saved is not None:
+        saved.done = True
+        saved.save()
     stats.seconds = time.monotonic() - started
     return stats
 
@@ -126,8 +170,12 @@ def serve(
 def _send_share(
     inputs: list[str], config: ServeConfig, rank: int, group: str, warn: Callable[[str], None],
     wrap: Callable[[Iterator[Sample]], Iterator[Sample]] | None = None, report: Callable[[str], None] | None = None,
+    resume: checkpoints.RankState | None = None, progress: Callable[[Progress], None] | None = None,
 ) -> tuple[SendStats, int]:
-    """One sender process's work: its share of the shards, every epoch."""
+    """One sender process's work: its share of the shards, every epoch (from ``resume`` on:
+    the batches it says were acknowledged are left out)."""
+    resume = resume or checkpoints.RankState()
+    start = resume.pos or {}
     endpoints = parse_endpoints(config.urls, sending=True)
     urls = [e.url for e in endpoints]
     if any(e.bind for e in endpoints) and config.senders > 1:
@@ -143,9 +191,10 @@ def _send_share(
             report(decoder.describe())
     try:
         sender = Sender(urls, hwm=config.hwm, send_timeout=config.send_timeout, heartbeat=config.heartbeat,
-                        curve=config.curve, rank=rank, senders=config.senders, group=group)
+                        curve=config.curve, rank=rank, senders=config.senders, group=group, ack=config.ack,
+                        start_seq=resume.next, skip=resume.above, progress=progress)
         with sender:
-            epoch = 0
+            epoch = start.get("epoch", 0)
             while config.epochs is None or epoch < config.epochs:
                 shards = list(inputs)
                 if config.shuffle_shards:
@@ -153,13 +202,21 @@ def _send_share(
                 mine = shards[rank::config.senders]  # a sender with no shard still ends its epochs
                 samples: Iterator[Sample] = (read_samples(mine, stats=ReadStats(), warn=warn, **config.reading)
                                              if mine else _no_samples())
+                samples = _indexed(samples)
                 if config.shuffle:
                     samples = shuffle(samples, config.shuffle, seed=random.Random(f"{config.seed}:{epoch}:{rank}").getrandbits(63))
+                here = start if start.get("epoch") == epoch else {}  # the acknowledged part of this epoch
+                samples = _numbered(samples, skip=here.get("sample", 0))
                 if wrap is not None:
                     samples = wrap(samples)
+                batch, sent = here.get("batch", 0), here.get("sent", 0)
+                sender.start_epoch(batch, sent)
                 with contextlib.closing(samples):  # type: ignore[type-var]
-                    for keys, tensors, text in _batches(samples, config, decoder, decode_stats, epoch, warn):
-                        sender.send(keys, tensors, epoch=epoch, text=text)
+                    for keys, tensors, text, last in _batches(samples, config, decoder, decode_stats, epoch, warn):
+                        batch, sent = batch + 1, sent + len(keys)
+                        pos = {"epoch": epoch, "batch": batch, "sample": last["__input__"] + 1, "sent": sent,
+                               "shard": str(last.get("__url__", "")), "index": last["__index__"]}
+                        sender.send(keys, tensors, epoch=epoch, text=text, pos=pos)
                 sender.end_epoch(epoch, final=config.epochs is not None and epoch == config.epochs - 1)
                 epoch += 1
         return sender.stats, decode_stats.skipped if decode_stats is not None else 0
@@ -172,10 +229,31 @@ def _no_samples() -> Iterator[Sample]:
     yield from ()
 
 
+def _indexed(samples: Iterator[Sample]) -> Iterator[Sample]:
+    """Samples with ``__index__``, their number in their shard (for positions people can read)."""
+    counts: dict[Any, int] = {}
+    for sample in samples:
+        url = sample.get("__url__")
+        index = counts.get(url, 0)
+        counts[url] = index + 1
+        sample["__index__"] = index
+        yield sample
+
+
+def _numbered(samples: Iterator[Sample], skip: int) -> Iterator[Sample]:
+    """Samples with ``__input__``, their number in this sender's epoch, from ``skip`` on (the
+    ones before were acknowledged before a restart: they are read again, and not decoded)."""
+    for number, sample in enumerate(samples):
+        if number >= skip:
+            sample["__input__"] = number
+            yield sample
+
+
 def _batches(
     samples: Iterator[Sample], config: ServeConfig, decoder: Any, stats: Any, epoch: int, warn: Callable[[str], None]
-) -> Iterator[tuple[list[str], dict[str, Any], list[str]]]:
-    """(keys, tensors, text tensor names) of each batch to send; ``stats`` counts skipped images."""
+) -> Iterator[tuple[list[str], dict[str, Any], list[str], Sample]]:
+    """(keys, tensors, text tensor names, last sample) of each batch to send; ``stats`` counts
+    skipped images."""
     if decoder is not None:
         from ..decode import decoded_batches
 
@@ -187,7 +265,7 @@ def _batches(
     for chunk in chunked(samples, config.batch_size):
         if len(chunk) < config.batch_size and config.last_batch == "drop":
             break
-        yield _tensors(chunk, config, image=decoder is not None)
+        yield (*_tensors(chunk, config, image=decoder is not None), chunk[-1])
 
 
 def _tensors(chunk: list[Sample], config: ServeConfig, image: bool) -> tuple[list[str], dict[str, Any], list[str]]:
@@ -233,12 +311,18 @@ def _label(sample: Sample, name: str) -> int:
 
 
 def _child(inputs: list[str], config: ServeConfig, rank: int, group: str, conn: Any, parent: int,
-           warn: Callable[[str], None], report: Callable[[str], None] | None) -> None:
+           warn: Callable[[str], None], report: Callable[[str], None] | None,
+           resume: checkpoints.RankState | None) -> None:
     from ..process import end_with_parent
 
     end_with_parent(parent)
+
+    def progress(p: Progress) -> None:  # from the sender's socket thread; the parent saves it
+        conn.send(("progress", checkpoints.RankState(p.next, p.above, p.pos), 0))
+
     try:
-        sent, skipped = _send_share(inputs, config, rank, group, warn, report=report)
+        sent, skipped = _send_share(inputs, config, rank, group, warn, report=report, resume=resume,
+                                    progress=progress if config.checkpoint is not None else None)
         conn.send(("ok", sent, skipped))
     except KeyboardInterrupt:
         conn.send(("interrupted", None, 0))
@@ -252,27 +336,30 @@ def _child(inputs: list[str], config: ServeConfig, rank: int, group: str, conn: 
 
 def _serve_in_processes(
     inputs: list[str], config: ServeConfig, group: str, warn: Callable[[str], None],
-    report: Callable[[str], None] | None,
-) -> ServeStats:
+    report: Callable[[str], None] | None, stats: ServeStats, saved: checkpoints.Checkpoint | None,
+) -> None:
     from multiprocessing.connection import wait
 
     method = "fork" if os.uname().sysname == "Linux" else "spawn"
     context: Any = multiprocessing.get_context(method)
-    stats = ServeStats()
     children = []
     pending: dict[Any, Any] = {}
+    ranks: dict[Any, int] = {}
     try:
         for rank in range(config.senders):
             receive, send = context.Pipe(duplex=False)
+            resume = saved.ranks.get(rank) if saved is not None else None
             process = context.Process(target=_child, name=f"tarserve-sender-{rank}",
-                                      args=(inputs, replace(config), rank, group, send, os.getpid(), warn, report))
+                                      args=(inputs, replace(config), rank, group, send, os.getpid(), warn, report,
+                                            resume))
             process.start()
             send.close()
             children.append(process)
             pending[receive] = process
+            ranks[receive] = rank
         while pending:
             for conn in wait(list(pending)):
-                process = pending.pop(conn)
+                process = pending[conn]
                 try:
                     reply: tuple[str, Any, Any] = conn.recv()  # type: ignore[union-attr,call-arg,assignment]
                 except EOFError:
@@ -280,12 +367,17 @@ def _serve_in_processes(
                     raise TransportError(f"sender process {process.name} died (exit status {process.exitcode})") \
                         from None
                 status, first, second = reply
+                if status == "progress":
+                    if saved is not None:
+                        saved.ranks[ranks[conn]] = first
+                        saved.save()
+                    continue
+                del pending[conn]
                 if status == "error":
                     raise OptionError(first) if second else TarprocError(first)
                 if status == "interrupted":
                     raise KeyboardInterrupt
                 stats.add(first, second)
-        return stats
     finally:
         for process in children:
             if process.is_alive():

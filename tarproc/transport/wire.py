@@ -1,8 +1,8 @@
-"""Wire format v1: one ZMQ multipart message per batch, a msgpack header and one raw frame per tensor.
+"""Wire format v2: one ZMQ multipart message per batch, a msgpack header and one raw frame per tensor.
 
 Frame 0 is a msgpack map::
 
-    {"v": 1, "kind": "batch", "sender": "host:pid:rank", "group": "…", "rank": 0, "senders": 2,
+    {"v": 2, "kind": "batch", "sender": "host:pid:rank", "group": "…", "rank": 0, "senders": 2,
      "epoch": 0, "seq": 17, "n": 256, "keys": ["k0", …],
      "tensors": [{"name": "image", "dtype": "uint8", "shape": [256, 224, 224, 3]},
                  {"name": "cls", "dtype": "int64", "shape": [256], "text": true},
@@ -12,7 +12,8 @@ followed by the tensors' frames in order: a stacked tensor (``shape``) is one fr
 little-endian C-order bytes; a ragged one (``shapes``, one shape per sample) is one frame per
 sample; a ``bytes`` field is one frame per sample that has it (``sizes`` gives each length,
 ``null`` where the sample lacks the field). ``kind`` is also ``hello``, ``eof`` (an epoch's end,
-with counts) or ``heartbeat``, which carry no frames. No pickle anywhere: a receiver never runs
+with counts) or ``heartbeat``, which carry no frames; and ``ack``, the one message a receiver
+sends back (credit for more batches, the batches its consumer took: see docs/wire.md). No pickle anywhere: a receiver never runs
 code from the network, and checks every size before it touches a frame.
 
 What decoding a header may cost is bounded: a header is at most ``MAX_HEADER`` bytes and holds
@@ -32,8 +33,10 @@ import numpy as np
 
 from ..errors import WireError
 
-VERSION = 1
-KINDS = ("hello", "batch", "eof", "heartbeat")
+VERSION = 2
+KINDS = ("hello", "batch", "eof", "heartbeat")  # sender -> receiver
+ACK = "ack"  # receiver -> sender
+MAX_ACKS = 1 << 16  # batch numbers in one ack
 DTYPES = (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "bfloat16",
@@ -73,10 +76,11 @@ class Message:
     header: dict[str, Any]
     tensors: dict[str, Any] = field(default_factory=dict)
     nbytes: int = 0
+    connection: tuple[int, bytes] | None = None  # the receiving socket's number, and the peer's routing id
 
 
 class MessageError(WireError):
-    """A received message that is not wire format v1, and where it came from.
+    """A received message that is not wire format v2, and where it came from.
 
     ``reason`` says what is wrong; ``url`` is the receiving endpoint; ``peer`` is the connection's
     origin as ZMQ knows it (the sender's IP address over TCP, its process over ipc), and ``sender``
@@ -110,11 +114,17 @@ class Batch(dict):  # type: ignore[type-arg]
     """
 
     sender: str
+    group: str
+    rank: int
     epoch: int
     seq: int
     nbytes: int
     dtypes: dict[str, str]
     text: set[str]
+    redelivered: bool  # sent before to a receiver that died before its consumer took it
+    acked: bool  # its sender waits for an acknowledgement
+    connection: tuple[int, bytes] | None  # where it came from, to acknowledge it
+    position: dict[str, Any] | None  # where the sender's stream is after this batch (see docs/wire.md)
 
     @property
     def size(self) -> int:
@@ -134,10 +144,10 @@ def control(kind: str, **fields: Any) -> list[bytes]:
 
 
 def wire_dtype(array: np.ndarray) -> str:
-    """The wire name of an array's dtype; a dtype outside v1 is a ``WireError``."""
+    """The wire name of an array's dtype; a dtype outside the wire format is a ``WireError``."""
     name = array.dtype.name
     if name not in DTYPES:
-        raise WireError(f"dtype {array.dtype} can't be sent (wire format v1 has {', '.join(DTYPES)} and bytes)")
+        raise WireError(f"dtype {array.dtype} can't be sent (wire format v{VERSION} has {', '.join(DTYPES)} and bytes)")
     return name
 
 
@@ -298,7 +308,7 @@ def _unpack_header(head: memoryview) -> Any:
 def decode(frames: Sequence[Any], url: str | None = None) -> Message:
     """Check and decode one received message (``zmq.Frame`` objects or bytes) without copying.
 
-    Anything that is not wire format v1 is a ``MessageError`` (a ``WireError``) saying what is
+    Anything that is not wire format v2 is a ``MessageError`` (a ``WireError``) saying what is
     wrong and where the message came from; checking costs at most ~150 MB and a fraction of a
     second, however the message was made.
     """
@@ -342,9 +352,7 @@ def _read_header(frame: Any) -> dict[str, Any]:
 
 def _check_header(header: dict[str, Any]) -> str:
     """The checks every message's header passes; returns its kind."""
-    version = header.get("v")
-    if type(version) is not int or version != VERSION:
-        raise WireError(f"unknown wire format version {_show(version)} (this receiver reads version {VERSION})")
+    _check_version(header)
     kind = header.get("kind")
     if kind not in KINDS:
         raise WireError(f"unknown message kind {_show(kind)}")
@@ -361,6 +369,15 @@ def _check_header(header: dict[str, Any]) -> str:
         if name in header:
             _int(header[name], name)
     return kind  # type: ignore[no-any-return]
+
+
+def _check_version(header: dict[str, Any]) -> None:
+    version = header.get("v")
+    if type(version) is int and version == 1:
+        raise WireError(f"wire format version 1, from an older tarproc: this one speaks version {VERSION} "
+                        "(docs/wire.md); run the same tarproc version on both sides")
+    if type(version) is not int or version != VERSION:
+        raise WireError(f"unknown wire format version {_show(version)} (this side speaks version {VERSION})")
 
 
 def _check_eof(header: dict[str, Any]) -> None:
@@ -394,6 +411,11 @@ def _decode_batch(header: dict[str, Any], frames: Sequence[Any]) -> Message:
     n = _int(header.get("n"), "sample count")
     for name in ("epoch", "seq"):
         _int(header.get(name), name)
+    for name in ("acked", "redelivered"):
+        if type(header.get(name, False)) is not bool:
+            raise WireError(f"batch header: {name!r} must be true or false, not {_show(header.get(name))}")
+    if "pos" in header:
+        _check_position(header["pos"])
     keys = header.get("keys")
     if not isinstance(keys, list) or len(keys) != n or not all(isinstance(k, str) for k in keys):
         raise WireError(f"batch header needs {n} string keys")
@@ -456,6 +478,76 @@ def _decode_batch(header: dict[str, Any], frames: Sequence[Any]) -> Message:
     return Message("batch", header, tensors, nbytes)
 
 
+POSITION_INTS = ("epoch", "batch", "sample", "sent", "index")
+
+
+def _check_position(pos: Any) -> None:
+    """A batch's ``pos``: ints ``epoch``, ``batch``, ``sample`` (and ``sent``, ``index``), a ``shard`` string."""
+    if not isinstance(pos, dict) or not all(k in pos for k in POSITION_INTS[:3]):
+        raise WireError(f"batch header: bad position {_show(pos)}")
+    for name, value in pos.items():
+        if name == "shard":
+            if not isinstance(value, str):
+                raise WireError(f"batch header: bad shard {_show(value)} in its position")
+        elif name in POSITION_INTS:
+            _int(value, f"position {name}")
+        else:
+            raise WireError(f"batch header: unknown position field {_show(name)}")
+
+
+def ack(receiver: str, *, to: str | None = None, credit: int = 0, seqs: Sequence[int] = (), eof: int | None = None,
+        final: bool = False, max_frame: int | None = None) -> list[bytes]:
+    """A receiver's one message to a sender (one frame): ``credit`` more batches it may send,
+    the batch numbers (``seq``) the receiver's consumer took, the end of epoch ``eof`` it got
+    (``final``: the end of the stream), and ``max_frame``, the largest frame it accepts. ``to``
+    is the sender id it answers (a greeting, sent before the sender is known, has none)."""
+    fields: dict[str, Any] = {"receiver": receiver, "credit": credit, "seqs": list(seqs)}
+    if to is not None:
+        fields["to"] = to
+    if eof is not None:
+        fields.update(eof=eof, final=final)
+    if max_frame is not None:
+        fields["max_frame"] = max_frame
+    return [msgpack.packb({"v": VERSION, "kind": ACK, **fields}, use_bin_type=True)]
+
+
+def decode_ack(frames: Sequence[Any], url: str | None = None) -> dict[str, Any]:
+    """Check an ack a receiver sent (see ``ack``); anything else is a ``MessageError``."""
+    header: Any = None
+    try:
+        if len(frames) != 1:
+            raise WireError(f"a message of {len(frames)} frames where an ack (one frame) was expected")
+        if len(_buffer(frames[0])) > MAX_HEADER:
+            raise WireError("an ack over the header size limit")
+        header = _read_header(frames[0])
+        _check_version(header)
+        if header.get("kind") != ACK:
+            raise WireError(f"a {_show(header.get('kind'))} message where an ack was expected")
+        receiver = header.get("receiver")
+        if not isinstance(receiver, str) or not receiver or len(receiver) > MAX_ID or not receiver.isprintable():
+            raise WireError(f"ack with a bad receiver id {_show(receiver)}")
+        _int(header.get("credit"), "credit")
+        if "to" in header and not (isinstance(header["to"], str) and len(header["to"]) <= MAX_ID):
+            raise WireError(f"ack to a bad sender id {_show(header['to'])}")
+        seqs = header.get("seqs")
+        if not isinstance(seqs, list) or len(seqs) > MAX_ACKS:
+            raise WireError(f"ack with a bad list of batch numbers {_show(seqs)}")
+        for seq in seqs:
+            _int(seq, "batch number")
+        if "eof" in header:
+            _int(header["eof"], "epoch")
+            if type(header.get("final")) is not bool:
+                raise WireError("ack: 'final' must be true or false")
+        if "max_frame" in header:
+            _int(header["max_frame"], "frame size limit")
+        return header  # type: ignore[no-any-return]
+    except WireError as e:
+        peer = peer_address(frames[0]) if frames else None
+        receiver = header.get("receiver") if isinstance(header, dict) else None
+        raise MessageError(e.message, url, peer, receiver if isinstance(receiver, str) and receiver.isprintable()
+                           and len(receiver) <= MAX_ID else None) from None
+
+
 def _layout(entry: dict[str, Any]) -> str:
     """What an entry says it is, for a message: ``float32 of shape [2, 3]``, ``ragged int64``, ``bytes``."""
     dtype = entry.get("dtype")
@@ -484,4 +576,7 @@ def to_batch(message: Message) -> Batch:
     batch.nbytes = message.nbytes
     batch.dtypes = {e["name"]: e["dtype"] for e in header["tensors"]}
     batch.text = {e["name"] for e in header["tensors"] if e.get("text") is True}
+    batch.group, batch.rank = header["group"], header["rank"]
+    batch.redelivered = header.get("redelivered", False)
+    batch.position = header.get("pos")
     return batch

@@ -40,7 +40,7 @@ def finish(process: subprocess.Popen, timeout: float = TIMEOUT) -> tuple[int, st
 
 def batch_message(keys: list[str], entries: list[dict], frames: list[bytes], **header: object) -> list[bytes]:
     """A batch message made by hand: any header, whatever encode_batch would refuse."""
-    head = {"v": 1, "kind": "batch", **IDS, "epoch": 0, "seq": 0, "n": len(keys), "keys": keys, "tensors": entries}
+    head = {"v": 2, "kind": "batch", **IDS, "epoch": 0, "seq": 0, "n": len(keys), "keys": keys, "tensors": entries}
     return [msgpack.packb({**head, **header}), *frames]
 
 
@@ -107,7 +107,7 @@ def test_a_text_flag_on_a_float_matrix_is_rejected_naming_the_sender(tmp_path) -
     feed = f"ipc://{tmp_path}/feed"
     receiver = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "out.tar", "--stats")
     context = zmq.Context()
-    stray = context.socket(zmq.PUSH)
+    stray = context.socket(zmq.DEALER)  # a wire v2 peer's socket type
     stray.connect(feed)
     bad = batch_message(["a", "b"], [{"name": "x", "dtype": "float32", "shape": [2, 3], "text": True}],
                         [bytes(24)], sender="stray:1:0", group="other")

@@ -165,7 +165,7 @@ def test_garbage_on_the_port_is_rejected_and_reception_goes_on(cli, tmp_path) ->
     feed = f"ipc://{tmp_path}/feed"
     receiver = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "out.tar", "--stats")
     context = zmq.Context()
-    stray = context.socket(zmq.PUSH)
+    stray = context.socket(zmq.DEALER)  # a wire v2 peer's socket type
     stray.connect(feed)
     stray.send_multipart([b"GET / HTTP/1.1", b"\r\n"])
     time.sleep(0.5)

@@ -137,7 +137,7 @@ def test_a_dtype_outside_v1_is_refused():
 
 
 def header(**fields):
-    base = {"v": 1, "kind": "batch", "sender": "s", "group": "g", "rank": 0, "senders": 1, "epoch": 0, "seq": 0,
+    base = {"v": 2, "kind": "batch", "sender": "s", "group": "g", "rank": 0, "senders": 1, "epoch": 0, "seq": 0,
             "n": 1, "keys": ["a"],
             "tensors": [{"name": "x", "dtype": "uint8", "shape": [1, 4]}]}
     base.update(fields)
@@ -150,7 +150,8 @@ def header(**fields):
         ([], "empty message"),
         ([b"\xc1garbage"], "not msgpack"),
         ([msgpack.packb([1, 2])], "not a map"),
-        ([header(v=2), b"1234"], "unknown wire format version 2"),
+        ([header(v=3), b"1234"], "unknown wire format version 3"),
+        ([header(v=1), b"1234"], "wire format version 1, from an older tarproc: this one speaks version 2"),
         ([header(kind="pickle"), b"1234"], "unknown message kind"),
         ([header(sender=None), b"1234"], "without a sender"),
         ([header(), b"123"], "frame of 3 bytes, header says 4"),
@@ -168,11 +169,11 @@ def header(**fields):
         ([header(n=0, keys=[], tensors=[{"name": "x", "dtype": "uint8", "shape": [0] + [2**39] * 30}]), b""],
          "too big for numpy"),
         ([msgpack.packb([[]] * 2_000_000)], "exceeds max_array_len"),
-        ([msgpack.packb({"v": 1, "kind": "eof", "sender": "s", "group": "g", "rank": 0, "senders": 1,
+        ([msgpack.packb({"v": 2, "kind": "eof", "sender": "s", "group": "g", "rank": 0, "senders": 1,
                          "epoch": 0, "final": True, "batches": "x", "samples": 1})], "bad batches 'x'"),
-        ([msgpack.packb({"v": 1, "kind": "eof", "sender": "s", "group": "g", "rank": 0, "senders": 1,
+        ([msgpack.packb({"v": 2, "kind": "eof", "sender": "s", "group": "g", "rank": 0, "senders": 1,
                          "epoch": [1], "final": True, "batches": 1, "samples": 1})], "bad epoch"),
-        ([msgpack.packb({"v": 1, "kind": "eof", "sender": "s", "group": "g", "rank": 0, "senders": 1,
+        ([msgpack.packb({"v": 2, "kind": "eof", "sender": "s", "group": "g", "rank": 0, "senders": 1,
                          "epoch": 0, "final": "no", "batches": 1, "samples": 1})], "true or false"),
         # "text" is for a label per sample: a 1-D integer tensor, nothing else
         ([header(tensors=[{"name": "x", "dtype": "float32", "shape": [1, 2], "text": True}]), bytes(8)],
@@ -189,7 +190,7 @@ def header(**fields):
         ([header(tensors=[{"name": "x", "dtype": "int64", "shape": [1], "text": 1}]), bytes(8)],
          "'text' must be true or false, not 1"),
         # what a peer sent is quoted short, on one line
-        ([header(v="x" * 100_000), b"1234"], r"version 'x{56}\.\.\. \(this receiver"),
+        ([header(v="x" * 100_000), b"1234"], r"version 'x{56}\.\.\. \(this side"),
         ([header(kind=list(range(1000))), b"1234"], "unknown message kind <list of 1000 items>$"),
         ([header(sender="a\nb"), b"1234"], r"bad sender id 'a\\nb'"),
         ([header(group="g" * 1000), b"1234"], "bad group id"),
@@ -245,7 +246,7 @@ def test_a_rejected_message_names_its_peer_and_sender():
     port = free_port()
     warnings = []
     context = zmq.Context()
-    stray = context.socket(zmq.PUSH)
+    stray = context.socket(zmq.DEALER)  # a wire v2 peer's socket type
     with Receiver(f"zpull://127.0.0.1:{port}", wait=0.5, warn=warnings.append) as receiver:
         stray.connect(f"tcp://127.0.0.1:{port}")
         stray.send_multipart([header(sender="stray:9:0", tensors=[{"name": "x", "dtype": "uint8", "shape": [1, 4],
@@ -265,7 +266,7 @@ def test_a_rejected_message_names_its_peer_and_sender():
 
 def test_a_message_error_knows_where_the_message_came_from(tmp_path):
     context = zmq.Context()
-    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)  # raw ZMQ: decode() alone
     pull.bind(ipc(tmp_path))
     push.connect(ipc(tmp_path))
     push.send_multipart([header(v=3), b"1234"])
@@ -275,7 +276,7 @@ def test_a_message_error_knows_where_the_message_came_from(tmp_path):
     import os
 
     assert e.value.peer == f"process {os.getpid()} (uid {os.getuid()})" and e.value.sender == "s"
-    assert e.value.reason == "unknown wire format version 3 (this receiver reads version 1)"
+    assert e.value.reason == "unknown wire format version 3 (this side speaks version 2)"
     assert str(e.value) == f"zpull+ipc://x: message from {e.value.peer} (sender s): {e.value.reason}"
     for sock in (pull, push):
         sock.close(0)
@@ -378,9 +379,10 @@ def test_a_silent_sender_is_an_error_not_a_hang(tmp_path):
     """A sender that sent a batch and then nothing (killed: no eof, no heartbeats)."""
     url = ipc(tmp_path)
     context = zmq.Context()
-    dead = context.socket(zmq.PUSH)
+    dead = context.socket(zmq.DEALER)
     dead.connect(url)
     with Receiver(f"zpull+{url}", timeout=1.0) as receiver:
+        dead.send_multipart(control("hello", sender="h:1:0", group="g", rank=0, senders=1))
         dead.send_multipart(encode_batch(["a"], {"x": np.zeros((1, 1), np.uint8)}, sender="h:1:0", group="g",
                                          rank=0, senders=1, epoch=0, seq=0))
         events = receiver.events()
@@ -496,7 +498,7 @@ def test_garbage_is_rejected_and_the_receiver_keeps_running(tmp_path):
     url = ipc(tmp_path)
     warnings = []
     context = zmq.Context()
-    stray = context.socket(zmq.PUSH)
+    stray = context.socket(zmq.DEALER)  # a wire v2 peer's socket type
     with Receiver(f"zpull+{url}", timeout=5, warn=warnings.append) as receiver:
         stray.connect(url)
         stray.send_multipart([b"\x00\xffnot msgpack", b"x"])
@@ -621,22 +623,24 @@ def test_a_sender_that_finishes_early_waits_for_the_others(tmp_path):
     assert len(keys) == 16
 
 
-def test_two_receivers_on_one_bound_push_endpoint_are_refused(tmp_path):
+def test_two_receivers_on_one_bound_push_endpoint_share_the_batches(tmp_path):
+    """A bound sender (zrpush) knows each receiver that connects, and tells each the end."""
     url = ipc(tmp_path)
-    sender = Sender(f"zrpush+{url}", heartbeat=0.1)
-    context = zmq.Context()
-    pulls = [context.socket(zmq.PULL) for _ in range(2)]
-    for pull in pulls:
-        pull.connect(url)
+    keys: list[list[str]] = [[], []]
+
+    def receive(i):
+        with Receiver(f"zrpull+{url}", timeout=5) as receiver:
+            for batch in receiver:
+                keys[i].extend(batch["__key__"])
+                time.sleep(0.01)
+
+    threads = [in_thread(receive, i) for i in range(2)]
     time.sleep(0.3)
-    with pytest.raises(TransportError, match="2 receivers connected to one bound PUSH endpoint"):
-        for _ in range(20):
-            sender.send(["a"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
-            time.sleep(0.05)
-    sender.close(abort=True)
-    for pull in pulls:
-        pull.close(0)
-    context.term()
+    send_epochs(f"zrpush+{url}", batches=20, n=1)
+    for t in threads:
+        t.join()
+    assert sorted(keys[0] + keys[1]) == sorted(f"e0-b{b}-0" for b in range(20)), keys
+    assert keys[0] and keys[1]
 
 
 # -- CURVE --------------------------------------------------------------------------------------

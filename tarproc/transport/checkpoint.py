@@ -1,0 +1,117 @@
+"""tarserve's checkpoint file: where each sender's stream is, as its receivers acknowledged it.
+
+A restarted tarserve given the same file (``--checkpoint``) goes on where the last one was:
+the same group and ranks (so receivers take it for the same senders), each rank from the first
+batch not acknowledged, leaving out the later ones that were. The stream is regenerated exactly
+(shard order, shuffles and batches come from the seed), so the batches keep their numbers, and
+a receiver drops any it had already taken. The file says which options made the stream: a
+restart with other options is refused.
+
+The file is JSON, replaced atomically (written aside, then renamed) as acknowledgements come in::
+
+    {"format": "tarserve-checkpoint", "version": 1, "group": "…", "done": false,
+     "stream": {options that shape the stream},
+     "ranks": {"0": {"next": 17, "above": [19], "pos": {"epoch": 0, "batch": 17, "sample": 1088,
+                                                          "sent": 1088, "shard": "a.tar", "index": 63}}}}
+
+``next``: every batch before it is acknowledged; ``above``: later ones that are too; ``pos``:
+where the stream is after batch ``next - 1`` (``null``: at the start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import OptionError, TarprocError
+
+FORMAT = "tarserve-checkpoint"
+VERSION = 1
+
+
+class CheckpointError(TarprocError):
+    """A checkpoint file that can't be read, or doesn't belong to this stream."""
+
+
+@dataclass
+class RankState:
+    """Where one sender (rank) resumes."""
+
+    next: int = 0
+    above: set[int] = field(default_factory=set)
+    pos: dict[str, Any] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"next": self.next, "above": sorted(self.above), "pos": self.pos}
+
+
+@dataclass
+class Checkpoint:
+    path: str
+    group: str
+    stream: dict[str, Any]
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    done: bool = False
+
+    def save(self) -> None:
+        """Replace the file atomically: a reader (or a restart) sees the old one or the new one."""
+        data = {"format": FORMAT, "version": VERSION, "group": self.group, "done": self.done,
+                "stream": self.stream, "ranks": {str(r): s.as_json() for r, s in sorted(self.ranks.items())}}
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1)
+                f.write("\n")
+            os.replace(temp, self.path)
+        except BaseException:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+            raise
+
+
+def load(path: str, stream: dict[str, Any]) -> Checkpoint | None:
+    """The checkpoint in ``path`` (None when there is no file), checked against this ``stream``."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise CheckpointError(f"cannot read the checkpoint: {e.strerror}", path) from None
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError("not a tarserve checkpoint")
+        if data.get("version") != VERSION:
+            raise ValueError(f"checkpoint version {data.get('version')!r} (this tarserve reads version {VERSION})")
+        group = data["group"]
+        if not isinstance(group, str) or not group or len(group) > 200 or not group.isprintable():
+            raise ValueError("bad group id")
+        ranks: dict[int, RankState] = {}
+        for rank, state in data["ranks"].items():
+            above = state["above"]
+            pos = state["pos"]
+            if (not _count(state["next"]) or not isinstance(above, list) or not all(_count(a) for a in above)
+                    or not (pos is None or isinstance(pos, dict))):
+                raise ValueError(f"bad state of rank {rank}")
+            ranks[int(rank)] = RankState(state["next"], set(above), pos)
+        saved_stream = data["stream"]
+        done = data["done"] is True
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        detail = str(e) if isinstance(e, ValueError) and not isinstance(e, json.JSONDecodeError) else "malformed"
+        raise CheckpointError(f"not a usable tarserve checkpoint ({detail}); remove it to start over", path) from None
+    if saved_stream != stream:
+        changed = sorted(k for k in set(saved_stream) | set(stream) if saved_stream.get(k) != stream.get(k))
+        raise OptionError(f"{path}: the checkpoint is of a stream made with other options ({', '.join(changed)}); "
+                          "give the same inputs and options, or remove it to start over")
+    return Checkpoint(path, group, stream, ranks, done)
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0

@@ -1,0 +1,454 @@
+"""Acknowledged delivery: the sender's side of the credit protocol (PUSH-style endpoints).
+
+Each receiver grants credit (how many batches it may be sent) and acknowledges, by batch
+number, what its consumer has taken. A batch goes only to a receiver that has credit for it,
+and the sender keeps every batch it sent until it is acknowledged. When a receiver goes away
+(its connection closes: the process died, was stopped, or ZMTP heartbeats found the host
+gone), the batches it held and had not acknowledged go, marked ``redelivered``, to the next
+receiver with credit: another one, or the same one restarted. So nothing is lost as long as a
+receiver is there or comes back within the send timeout, and a batch is sent twice only when
+its first receiver died before acknowledging it.
+
+An epoch's end goes out once every batch of the epoch is acknowledged, so no redelivered batch
+can follow it; a sender finishes when every receiver it knows has acknowledged the end of the
+stream.
+
+Sockets: a sender that connects (``zpush``) uses a DEALER per endpoint (one receiver each, which
+binds a ROUTER); a sender that binds (``zrpush``) uses a ROUTER, to which any number of receivers
+connect with a DEALER. A DEALER says ``hello`` first (a ROUTER can't address a peer it has not
+heard from); receivers that connect greet first with an ``ack`` carrying their credit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import TransportError, WireError
+from .curve import Handshakes, handshake_events
+from .urls import Endpoint
+from .wire import control, decode_ack, encode_batch
+
+_CONNECTION_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
+_DISCONNECTED = 0x0200
+_HANDSHAKE_SUCCEEDED = 0x1000
+PROBE_SECONDS = 2.0  # after a disconnect, how long a bound socket keeps probing its receivers
+PROGRESS_SECONDS = 0.2  # at most this often, the progress callback hears of acknowledged batches
+IDLE_SECONDS = 0.02  # with nothing queued, how long the socket thread waits before reading acks again
+_DEALER_PEER = b""  # the routing id of a DEALER socket's one peer
+EMPTY = object()  # what the ``take`` of ``Delivery.run`` returns when nothing is queued
+
+
+@dataclass
+class Item:
+    """One batch on its way: what to send, and where the stream is after it."""
+
+    seq: int
+    keys: list[str]
+    tensors: dict[str, Any]
+    epoch: int
+    text: tuple[str, ...]
+    bfloat16: tuple[str, ...]
+    pos: dict[str, Any] | None
+    redelivered: bool = False
+    largest: int = -1  # bytes in its largest frame, once encoded
+
+
+@dataclass
+class Peer:
+    """A receiver this sender knows: on socket ``index``, with ZMQ routing id ``rid``."""
+
+    index: int
+    rid: bytes
+    receiver: str = "?"
+    credit: int = 0
+    max_frame: int | None = None
+    unacked: dict[int, Item] = field(default_factory=dict)
+    final_acked: bool = False
+
+
+@dataclass
+class Progress:
+    """What every receiver together acknowledged: all batches below ``next`` and those in
+    ``above``; ``pos`` is the stream's position after batch ``next - 1``."""
+
+    next: int
+    above: set[int]
+    pos: dict[str, Any] | None
+
+
+class Delivery:
+    """The sockets and the socket thread of an acknowledging sender (see the module's text).
+
+    ``common`` are the header fields of every message (sender id, group, rank, senders).
+    ``progress`` (optional) is called from the socket thread with a ``Progress`` as
+    acknowledgements come in (at most every ``PROGRESS_SECONDS``) and once at the end.
+    """
+
+    def __init__(self, context: Any, endpoints: list[Endpoint], *, hwm: int, heartbeat: float,
+                 send_timeout: float | None, common: dict[str, Any], keys: Any, acked: bool,
+                 start_seq: int = 0, progress: Callable[[Progress], None] | None = None) -> None:
+        import zmq
+
+        self.endpoints = endpoints
+        self.heartbeat = heartbeat
+        self.send_timeout = send_timeout
+        self.common = common
+        self.acked = acked
+        self.hwm = hwm
+        self._context = context
+        self._sockets: list[Any] = []
+        self._monitors: list[Any] = []
+        self._handshakes: list[Handshakes] = []
+        self._routers: list[bool] = []
+        self._hello_sent: list[bool] = []  # DEALER sockets: said hello on the current connection
+        self._probe_until: list[float] = []  # ROUTER sockets: probing receivers after a disconnect
+        self._probed: list[float] = []  # when they last did
+        self.peers: dict[tuple[int, bytes], Peer] = {}
+        self._turn = 0
+        self.redeliver: deque[Item] = deque()
+        self.final_eof: dict[str, Any] | None = None
+        self._final_told = False  # a receiver acknowledged the end of the stream
+        self._progress = progress
+        self._next_ack = start_seq  # every batch below this one is acknowledged
+        self._above: set[int] = set()
+        self._positions: dict[int, dict[str, Any] | None] = {}
+        self._pos: dict[str, Any] | None = None
+        self._progress_told = 0.0
+        self._last_beat = time.monotonic()
+        try:
+            for endpoint in endpoints:
+                self._open(endpoint, hwm, heartbeat, keys)
+        except BaseException:
+            self.shutdown(linger=0)
+            raise
+        self._poller = zmq.Poller()
+        for sock in self._sockets:
+            self._poller.register(sock, zmq.POLLIN)
+        for monitor in self._monitors:
+            self._poller.register(monitor, zmq.POLLIN)
+
+    def _open(self, endpoint: Endpoint, hwm: int, heartbeat: float, keys: Any) -> None:
+        import zmq
+
+        router = endpoint.bind
+        sock = self._context.socket(zmq.ROUTER if router else zmq.DEALER)
+        # credit bounds the batches in flight; the high-water mark leaves room for control messages
+        sock.setsockopt(zmq.SNDHWM, hwm + 16 if self.acked else hwm)
+        sock.setsockopt(zmq.RCVHWM, 0)  # acks are small, and must never be refused
+        sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat * 1000)))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat * 10_000)))
+        if router:
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a receiver that is gone is an error, not a drop
+        # no IMMEDIATE on a DEALER: with it, ZMQ throws away what a connection had received and
+        # not yet been read when it closes (a receiver's last acknowledgements). Without it, what
+        # was queued for a receiver that went away goes to the next one, before our hello: that
+        # receiver drops it, and it is sent again (credit, not the queue, says what may be sent)
+        if keys is not None:
+            from .curve import make_server
+
+            make_server(sock, keys)
+        monitor = sock.get_monitor_socket(_CONNECTION_EVENTS | handshake_events())
+        try:
+            if endpoint.bind:
+                sock.bind(endpoint.address)
+            else:
+                sock.connect(endpoint.address)
+        except zmq.ZMQError as e:
+            sock.close(0)
+            monitor.close(0)
+            verb = "bind" if endpoint.bind else "connect to"
+            raise TransportError(f"cannot {verb} {endpoint.address}: {e}", endpoint.url) from None
+        self._sockets.append(sock)
+        self._monitors.append(monitor)
+        self._handshakes.append(Handshakes("sender", keys is not None, endpoint.url, endpoint.bind))
+        self._routers.append(router)
+        self._hello_sent.append(False)
+        self._probe_until.append(0.0)
+        self._probed.append(0.0)
+
+    # -- the socket thread's loop -----------------------------------------------------------------
+
+    def run(self, take: Callable[[float], Any], aborted: Callable[[], bool], say_aborted: Callable[[], None]) -> None:
+        """Send what ``take(timeout)`` hands out (``("batch", Item)``, ``("eof", counts)``, None at
+        the end) until the end of the stream is acknowledged, or ``aborted()``."""
+        item: Any = None
+        have_item = False
+        stuck_since: float | None = None  # something to send, and no receiver to take it
+        while True:
+            self._service()
+            if aborted():
+                say_aborted()
+                return
+            sent = False
+            while self.redeliver and self._send_batch(self.redeliver[0]):
+                self.redeliver.popleft()
+                sent = True
+            if not have_item and not self.redeliver:
+                item, have_item = take(IDLE_SECONDS), True  # waits only while nothing is queued
+                if item is EMPTY:
+                    item, have_item = None, False
+            waiting = bool(self.redeliver)
+            if have_item and not self.redeliver:
+                if item is None:  # the end of the stream: wait until it is acknowledged
+                    if self._finished():
+                        self._report(force=True)
+                        return
+                    waiting = True
+                elif item[0] == "batch":
+                    if self._send_batch(item[1]):
+                        have_item, sent = False, True
+                    else:
+                        waiting = True
+                elif self._in_flight() == 0:  # an epoch ends only when all of it is acknowledged
+                    self._send_eof(item[1])
+                    have_item, sent = False, True
+                else:
+                    waiting = True
+            now = time.monotonic()
+            if sent or not waiting:
+                stuck_since = None
+            elif stuck_since is None:
+                stuck_since = now
+            elif self.send_timeout is not None and now - stuck_since > self.send_timeout:
+                raise TransportError(self._stuck(item if have_item else None))
+            if waiting and not sent:  # until an ack or an event comes in
+                self._poller.poll(timeout=250)
+
+    def _service(self) -> None:
+        """Read what came in (acks, monitor events), greet, probe, and send heartbeats."""
+        import zmq
+
+        for index, monitor in enumerate(self._monitors):
+            while monitor.poll(0):
+                from zmq.utils.monitor import recv_monitor_message
+
+                message = recv_monitor_message(monitor, zmq.NOBLOCK)
+                self._connection_event(index, message["event"], message["value"])
+        for index, sock in enumerate(self._sockets):
+            while sock.poll(0):
+                frames = sock.recv_multipart(copy=False)
+                rid = _DEALER_PEER
+                if self._routers[index]:
+                    rid, frames = frames[0].bytes, frames[1:]
+                self._incoming(index, rid, frames)
+        now = time.monotonic()
+        for index in range(len(self._sockets)):
+            if not self._routers[index] and not self._hello_sent[index]:
+                self._hello(index, _DEALER_PEER)
+            elif self._routers[index] and now < self._probe_until[index] and now - self._probed[index] >= 0.05:
+                self._probed[index] = now
+                self._beat(index)
+        if now - self._last_beat >= self.heartbeat:
+            self._last_beat = now
+            for index in range(len(self._sockets)):
+                self._beat(index)
+        self._report()
+
+    def _connection_event(self, index: int, event: int, value: int) -> None:
+        handshakes = self._handshakes[index]
+        if event == _DISCONNECTED:
+            if not handshakes.succeeded and handshakes.doubt is None:
+                role = "a receiver connected to" if handshakes.bound else "the receiver at"
+                handshakes.doubt = (f"{role} {handshakes.url} hung up during the handshake: a tarproc that speaks "
+                                    "wire format v1 (PUSH/PULL sockets; run the same version on both sides), "
+                                    "a receiver with other CURVE keys, or not a ZMQ peer")
+            if self._routers[index]:
+                self._probe_until[index] = time.monotonic() + PROBE_SECONDS  # which one went is found by probing
+            else:  # a DEALER's one receiver is gone: hello again to whoever comes next
+                self._hello_sent[index] = False
+                self._lost(index, _DEALER_PEER)
+            return
+        if event & _CONNECTION_EVENTS:
+            return
+        reason = handshakes.failure(event, value)
+        if reason is not None and not handshakes.succeeded:
+            raise TransportError(reason)
+
+    def _incoming(self, index: int, rid: bytes, frames: list[Any]) -> None:
+        url = self.endpoints[index].url
+        try:
+            ack = decode_ack(frames, url)
+        except WireError:
+            return  # not from a receiver of ours: nothing to act on (the receiver side reports garbage)
+        key = (index, rid)
+        peer = self.peers.get(key)
+        if peer is None:
+            if self._routers[index]:  # a receiver that connected to us greets first
+                self._hello(index, rid)
+            if self.final_eof is not None and ack.get("final") is not True:  # a latecomer: the stream ended
+                self._send(index, rid, control("eof", **self.common, **self.final_eof, seq=0, dest=index))
+            peer = self.peers[key] = Peer(index, rid)
+        if ack.get("to", self.common["sender"]) != self.common["sender"]:
+            return  # meant for an earlier sender on this endpoint (queued while it was gone)
+        peer.receiver = ack["receiver"]
+        peer.credit += ack["credit"]
+        if "max_frame" in ack:
+            peer.max_frame = ack["max_frame"]
+        for seq in ack["seqs"]:
+            item = peer.unacked.pop(seq, None)
+            if item is not None:
+                self._acknowledged(item)
+            else:  # acknowledged late, after its receiver was taken for gone: don't send it again
+                for waiting in list(self.redeliver):
+                    if waiting.seq == seq:
+                        self.redeliver.remove(waiting)
+                        self._acknowledged(waiting)
+        if ack.get("final") is True:
+            peer.final_acked = True
+            self._final_told = True
+
+    def _lost(self, index: int, rid: bytes) -> None:
+        """A receiver went away: what it held and had not acknowledged is sent again, first."""
+        peer = self.peers.pop((index, rid), None)
+        if peer is None:
+            return
+        items = sorted(peer.unacked.values(), key=lambda item: item.seq)
+        for item in items:
+            item.redelivered = True
+        self.redeliver.extendleft(reversed(items))  # in their order, before anything new
+
+    def _acknowledged(self, item: Item) -> None:
+        self._positions[item.seq] = item.pos
+        self._above.add(item.seq)
+        while self._next_ack in self._above:
+            self._above.discard(self._next_ack)
+            self._pos = self._positions.pop(self._next_ack)
+            self._next_ack += 1
+
+    def _report(self, force: bool = False) -> None:
+        if self._progress is None:
+            return
+        now = time.monotonic()
+        if force or now - self._progress_told >= PROGRESS_SECONDS:
+            self._progress_told = now
+            self._progress(Progress(self._next_ack, set(self._above), self._pos))
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    def _send(self, index: int, rid: bytes, frames: list[Any], copy: bool = True) -> bool:
+        """One message to one receiver, without waiting: False when it can't take it now; a
+        receiver found gone (a bound socket says so) is taken for lost."""
+        import zmq
+
+        sock = self._sockets[index]
+        try:
+            if self._routers[index]:
+                sock.send_multipart([rid, *frames], copy=copy, flags=zmq.NOBLOCK)
+            else:
+                sock.send_multipart(frames, copy=copy, flags=zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                self._lost(index, rid)
+                return False
+            raise
+
+    def _hello(self, index: int, rid: bytes) -> None:
+        import os
+        import socket as socketlib
+
+        hello = control("hello", **self.common, host=socketlib.gethostname(), pid=os.getpid(),
+                        pattern="push", dest=index, acked=self.acked)
+        if self._send(index, rid, hello) and not self._routers[index]:
+            self._hello_sent[index] = True
+
+    def _beat(self, index: int) -> None:
+        beat = control("heartbeat", **self.common)
+        for peer in [p for p in self.peers.values() if p.index == index]:
+            self._send(index, peer.rid, beat)
+
+    def _send_batch(self, item: Item) -> bool:
+        """Give ``item`` to the next receiver (in turn) with credit for it; False if none can take it now."""
+        peers = list(self.peers.values())
+        if not peers:
+            return False
+        fitting = [p for p in peers if p.max_frame is None or item.largest < 0 or item.largest <= p.max_frame]
+        if not fitting:
+            limits = ", ".join(sorted({f"{p.receiver} ({p.max_frame} bytes)" for p in peers}))
+            raise TransportError(f"batch {item.seq} (keys {item.keys[0]!r}...) has a frame of {item.largest} "
+                                 f"bytes, over what the receivers accept: {limits}; raise their --max-message-size "
+                                 "or send smaller batches")
+        for turn in range(len(peers)):
+            peer = peers[(self._turn + turn) % len(peers)]
+            if self.acked and peer.credit <= 0:
+                continue
+            frames = encode_batch(item.keys, item.tensors, text=item.text, bfloat16=item.bfloat16, **self.common,
+                                  epoch=item.epoch, seq=item.seq, dest=peer.index, acked=self.acked,
+                                  redelivered=item.redelivered, **({"pos": item.pos} if item.pos else {}))
+            if item.largest < 0:
+                item.largest = max((len(memoryview(f)) for f in frames[1:]), default=0)
+                if peer.max_frame is not None and item.largest > peer.max_frame:
+                    return self._send_batch(item)  # now that its size is known, pick a receiver that fits
+            if peer.max_frame is not None and item.largest > peer.max_frame:
+                continue
+            if not self._send(peer.index, peer.rid, frames, copy=False):
+                continue
+            self._turn = (self._turn + turn + 1) % max(1, len(peers))
+            if self.acked:
+                peer.credit -= 1
+                peer.unacked[item.seq] = item
+            else:
+                self._acknowledged(item)
+            self.sent(item, frames)
+            return True
+        return False
+
+    def sent(self, item: Item, frames: list[Any]) -> None:
+        """Counted by the owner (``Sender``) for its stats."""
+
+    def _send_eof(self, counts: dict[str, Any]) -> None:
+        if counts.get("final"):
+            self.final_eof = counts
+        for peer in list(self.peers.values()):
+            self._send(peer.index, peer.rid, control("eof", **self.common, **counts, seq=0, dest=peer.index))
+
+    def _in_flight(self) -> int:
+        return len(self.redeliver) + sum(len(p.unacked) for p in self.peers.values())
+
+    def _finished(self) -> bool:
+        """The end of the stream went out, and every receiver still here has acknowledged it (and
+        at least one has: a stream nobody heard end is not over)."""
+        if self.final_eof is None:
+            return True  # nothing was ever sent: no stream to end (closing before the first epoch)
+        return self._final_told and all(p.final_acked for p in self.peers.values())
+
+    def _stuck(self, item: Any) -> str:
+        where = ", ".join(e.url for e in self.endpoints)
+        held = self._in_flight()
+        what = ("the end of the stream" if item is None else "a batch" if item[0] == "batch" else "the end of an epoch")
+        doubts = "".join(f"; {h.doubt}" for h in self._handshakes if h.doubt and not h.succeeded)
+        if not self.peers:
+            lost = f"; {held} batch(es) sent to receivers that went away are not delivered" if held else ""
+            return f"no receiver took {what} for {self.send_timeout:g} s on {where}: none is there{lost}{doubts}"
+        if item is None and held == 0:
+            return (f"no receiver acknowledged the end of the stream for {self.send_timeout:g} s on {where} "
+                    "(every batch was delivered and acknowledged)")
+        return (f"no receiver took {what} for {self.send_timeout:g} s on {where} ({held} batch(es) sent and not yet "
+                f"acknowledged){doubts}")
+
+    def not_delivered(self) -> int:
+        """Batches sent or waiting to be sent again that no receiver acknowledged."""
+        return self._in_flight()
+
+    def say_aborted(self, reason: str, wait: float) -> None:
+        """Tell every receiver this sender stopped early, waiting up to ``wait`` s for room."""
+        message = control("eof", **self.common, aborted=True, final=True, reason=reason)
+        deadline = time.monotonic() + wait
+        todo = list(self.peers.values())
+        while todo and time.monotonic() < deadline:
+            todo = [p for p in todo if not self._send(p.index, p.rid, message)]
+            if todo:
+                time.sleep(0.05)
+
+    def shutdown(self, linger: int) -> None:
+        for sock in self._sockets:
+            sock.close(linger)
+        for monitor in self._monitors:
+            monitor.close(0)
+
