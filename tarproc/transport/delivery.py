@@ -440,11 +440,18 @@ class Delivery:
         """Tell every receiver this sender stopped early, waiting up to ``wait`` s for room."""
         message = control("eof", **self.common, aborted=True, final=True, reason=reason)
         deadline = time.monotonic() + wait
-        todo = list(self.peers.values())
-        while todo and time.monotonic() < deadline:
-            todo = [p for p in todo if not self._send(p.index, p.rid, message)]
-            if todo:
-                time.sleep(0.05)
+        told: set[tuple[int, bytes]] = set()
+        while time.monotonic() < deadline:
+            try:
+                self._service()  # a receiver whose greeting is on its way is told too
+            except TransportError:
+                pass
+            for key, peer in list(self.peers.items()):
+                if key not in told and self._send(peer.index, peer.rid, message):
+                    told.add(key)
+            if told and told >= set(self.peers):
+                return
+            time.sleep(0.02)
 
     def shutdown(self, linger: int) -> None:
         for sock in self._sockets:

@@ -215,10 +215,10 @@ class Receiver:
         self._routers: list[bool] = []
         self._acks: dict[tuple[int, bytes], list[int]] = {}  # acknowledgements to send, by connection
         self._peers_by_fd: dict[int, str] = {}  # accepted connections' addresses, for messages
-        self._drops: list[int] = []  # connections closed, per socket (see _check_drops)
         self._finals: list[int] = []  # final ends of stream, per socket
-        self._dropped_peers: dict[int, list[str]] = {}
+        self._dropped: list[list[str]] = []  # per socket: peers whose connection closed (see _check_drops)
         self._preloaded: dict[tuple[str, int], list[int]] = {}  # see taken()
+        self._instances: dict[tuple[str, int], str] = {}  # (group, rank) -> the sender id heard last
         self._groups: dict[str, int] = {}  # group -> number of senders in it
         self._group_seen: dict[str, float] = {}  # group -> when its first message came
         self._epochs_done: set[int] = set()
@@ -251,7 +251,7 @@ class Receiver:
                     sock.setsockopt(zmq.SNDHWM, 0)  # acknowledgements are never dropped
                 self._routers.append(router)
                 self._greeted.append(False)
-                self._drops.append(0)
+                self._dropped.append([])
                 self._finals.append(0)
                 if keys is not None:
                     from .curve import make_client
@@ -477,11 +477,18 @@ class Receiver:
         """
         if self.endpoints[index].kind != "pull":
             return True
+        header = message.header
+        key = (header["group"], header["rank"])
         if message.kind == "hello":
-            self._connections[(index, rid)] = message.header["sender"]
+            self._connections[(index, rid)] = header["sender"]
+            self._instances[key] = header["sender"]
             if self._routers[index]:
                 self._greet(index, rid)
             return True
+        if self._instances.get(key, header["sender"]) != header["sender"]:
+            # from a sender process that was restarted (from a checkpoint) since: the new one sends
+            # again whatever this one had not had acknowledged, in order
+            return False
         return (index, rid) in self._connections or message.kind == "heartbeat"
 
     def _track(self, kind: str, header: dict[str, Any], index: int, url: str, rid: bytes = b"") -> None:
@@ -518,7 +525,7 @@ class Receiver:
             state.eof_sockets.setdefault(epoch, set()).add(index)
             if header["final"]:
                 if index not in state.final_sockets:
-                    self._finals[index] += 1
+                    self._finals[index] += 1  # its connection may close now (see _check_drops)
                 state.final_sockets.add(index)
                 if self.endpoints[index].kind == "pull":  # the sender may go once we have heard it end
                     self._ack_end(index, rid, epoch)
@@ -537,16 +544,19 @@ class Receiver:
 
     def _check_drops(self) -> None:
         """Warn of connections closed by senders that had not ended their stream: they died, or
-        ZMQ dropped them for a frame over ``max_message_size``. Judged only when nothing waits
-        on the socket, so a sender's last messages (its end of stream) are read first."""
-        for index, drops in enumerate(self._drops):
-            if drops > self._finals[index] and not self._sockets[index].poll(0):
-                self._finals[index] = drops  # said once
-                peers = self._dropped_peers.pop(index, []) or ["a peer"]
+        ZMQ dropped them for a frame over ``max_message_size``. Each closed connection is set
+        against a sender that ended its stream on that socket; what is left over is said, once
+        nothing waits on the socket (a sender's last messages, its end, are read first)."""
+        for index, dropped in enumerate(self._dropped):
+            while dropped and self._finals[index] > 0:  # a sender that ended and went: a goodbye
+                dropped.pop(0)
+                self._finals[index] -= 1
+            if dropped and not self._sockets[index].poll(0):
                 limit = (f", or sent a frame over --max-message-size ({self.max_message_size} bytes)"
                          if self.max_message_size is not None else "")
-                self.warn(f"{', '.join(peers)} on {self.endpoints[index].url} hung up before the end of its "
+                self.warn(f"{', '.join(dropped)} on {self.endpoints[index].url} hung up before the end of its "
                           f"stream: it died or was stopped{limit}; receiving goes on")
+                dropped.clear()
 
     def _nothing_unseen(self) -> bool:
         """No message waits on a socket some sender was never seen on (it may hold that sender's
@@ -613,9 +623,7 @@ class Receiver:
         if not self._routers[index] and self.endpoints[index].kind == "pull":
             self._greeted[index] = False  # greet whoever the DEALER connects to next
             self._connections.pop((index, b""), None)
-        self._drops[index] += 1
-        if peer is not None:
-            self._dropped_peers.setdefault(index, []).append(peer)
+        self._dropped[index].append(peer or "a peer")
 
     def _check_silence(self) -> None:
         now = time.monotonic()

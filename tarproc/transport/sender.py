@@ -376,6 +376,8 @@ class Sender:
                              lambda: delivery.say_aborted(self._abort_reason, ABORT_WAIT / 2))
             except BaseException as e:  # reported to the caller by the next send/close
                 self._error = e
+                with contextlib.suppress(Exception):  # receivers must not wait for a stream that stopped
+                    self._delivery.say_aborted("failed", ABORT_WAIT / 2)
             return
         try:
             while True:

@@ -144,7 +144,7 @@ def test_one_batch_says_no_rate(tmp_path) -> None:  # type: ignore[no-untyped-de
     code, out, err = finish(receiver)
     assert code == 0, err
     assert out.strip() == ("received 1 batch, 2 samples, 6 bytes from 1 sender(s); 1 epoch(s) ended; "
-                           "lost 0, rejected 0"), out
+                           "lost 0, rejected 0, sent again 0, dropped as taken before 0"), out
 
 
 def test_rates_come_with_their_time_since_the_first_batch(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -102,35 +102,6 @@ def test_receiver_started_after_the_sender(cli, tmp_path) -> None:  # type: igno
     assert (tmp_path / "out.tar").read_bytes() == src.read_bytes()
 
 
-def test_receiver_killed_and_restarted_mid_stream(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The sender waits for a new receiver, which gets the rest, in order, nothing twice."""
-    samples = [{"__key__": f"k{i:05d}", "bin": bytes(2000)} for i in range(1000)]
-    src = cli.write_tar(tmp_path / "in.tar", samples)
-    feed = f"ipc://{tmp_path}/feed"
-    # the first receiver takes 5 batches and is SIGKILLed
-    dies = subprocess.Popen([sys.executable, "-c", (
-        "import os, signal, itertools; from tarproc.transport import Receiver\n"
-        f"batches = list(itertools.islice(Receiver('zpull+{feed}', hwm=1), 5))\n"
-        "print(' '.join(batches[0]['__key__']), flush=True)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)")], stdout=subprocess.PIPE)
-    sender = start("tarserve", "--raw", src, "--to", f"zpush+{feed}", "-b", 10, "--hwm", 1, "-q")
-    first_keys = dies.communicate(timeout=TIMEOUT)[0].decode().split()
-    assert dies.returncode == -signal.SIGKILL and first_keys == [f"k{i:05d}" for i in range(10)]
-    time.sleep(0.5)
-    assert sender.poll() is None  # waiting for a receiver, not failing and not buffering
-    second = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "out.tar")
-    code, _, err = finish(sender)
-    assert code == 0, err
-    code, _, err = finish(second)
-    assert code == 0, err
-    keys = [key for key, _ in cli.samples((tmp_path / "out.tar").read_bytes())]
-    all_keys = [s["__key__"] for s in samples]
-    start_at = all_keys.index(keys[0])
-    assert keys == all_keys[start_at:]  # a contiguous tail up to the end: no gap, no duplicate
-    # lost: at most what sat in the queues of the killed receiver (HWM 1 each side, socket buffers)
-    assert 50 <= start_at <= 50 + 20 * 10
-
-
 def test_sender_killed_is_reported_not_a_hang(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
     for s in range(2):
         cli.write_tar(tmp_path / f"in-{s}.tar", shard_samples(s, 10))
@@ -145,7 +116,10 @@ def test_sender_killed_is_reported_not_a_hang(cli, tmp_path) -> None:  # type: i
     code, out, err = finish(receiver, timeout=20)
     assert code == 1 and time.monotonic() - started < 15
     assert "silent for" in err or "never sent anything" in err  # a sender still starting when killed
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    # a warning when its connection closes, then the error
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and all("warning: " in line for line in lines[:-1]), err
+    assert "hung up before the end of its stream" in err
 
 
 def test_interrupted_sender_exits_130_and_the_receiver_says_so(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]

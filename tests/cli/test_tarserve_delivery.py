@@ -1,0 +1,249 @@
+"""Acknowledged delivery with real processes: receivers and senders SIGKILLed and restarted.
+
+Nothing may be lost: every sample arrives once (a batch comes twice only when its receiver died
+before acknowledging it, and then it is marked as sent again), and a tar received through
+crashes is byte for byte the one sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import zmq
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses Linux processes and ipc sockets")
+TIMEOUT = 90
+
+
+def command(name: str, *args: object) -> list[str]:
+    return [sys.executable, "-m", f"tarproc.cli.{name}", *map(str, args)]
+
+
+def start(name: str, *args: object) -> subprocess.Popen:
+    return subprocess.Popen(command(name, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(process: subprocess.Popen, timeout: float = TIMEOUT) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def kill(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=TIMEOUT)
+    assert process.returncode == -signal.SIGKILL
+
+
+def samples(n: int, prefix: str = "k", size: int = 300) -> list[dict[str, object]]:
+    return [{"__key__": f"{prefix}{i:05d}", "txt": f"{prefix}{i}".encode(), "bin": bytes([i % 251]) * (size + i % 17)}
+            for i in range(n)]
+
+
+CONSUMER = """
+import sys, time
+from tarproc.transport import Receiver
+url, log, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with open(log, "a") as out:
+    for batch in Receiver(url, timeout=60):
+        for key in batch["__key__"]:
+            out.write(f"{batch.epoch} {int(batch.redelivered)} {key}\\n")
+        out.flush()
+        time.sleep(delay)
+    out.write("END\\n")
+"""
+
+
+def consumer(url: str, log: Path, delay: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CONSUMER, url, str(log), str(delay)], stderr=subprocess.PIPE)
+
+
+def test_receivers_killed_and_restarted_lose_nothing(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two receivers, two sender processes, three epochs; one receiver is SIGKILLed every 1.2 s
+    and restarted. What the consumers took is every key once per epoch, and every second copy
+    came marked as sent again."""
+    keys = []
+    for shard in range(4):
+        data = samples(90, prefix=f"s{shard}-")
+        cli.write_tar(tmp_path / f"in-{shard}.tar", data)
+        keys += [s["__key__"] for s in data]
+    urls = [f"zpull+ipc://{tmp_path}/feed-{name}" for name in "ab"]
+    logs = {name: [] for name in "ab"}
+
+    def run(name: str) -> subprocess.Popen:
+        log = tmp_path / f"log-{name}-{len(logs[name])}"
+        logs[name].append(log)
+        return consumer(urls["ab".index(name)], log, 0.03)
+
+    receivers = {name: run(name) for name in "ab"}
+    sender = start("tarserve", "--raw", f"{tmp_path}/in-{{0..3}}.tar", "--to",
+                   f"zpush+ipc://{tmp_path}/feed-{{a,b}}", "-p", 2, "--epochs", 3, "-b", 3, "-q", "--stats",
+                   "--heartbeat", 0.2)
+    kills = 0
+    while sender.poll() is None and kills < 4:
+        time.sleep(1.2)
+        if sender.poll() is not None:
+            break
+        kill(receivers["a"])
+        kills += 1
+        receivers["a"] = run("a")
+    code, _, err = finish(sender)
+    assert code == 0, err
+    for process in receivers.values():
+        assert process.wait(timeout=TIMEOUT) == 0, process.stderr.read().decode() if process.stderr else ""
+    assert kills >= 2, "the stream ended before the receivers could be killed: make it longer"
+    taken: list[tuple[int, int, str]] = []
+    for log in logs["a"] + logs["b"]:
+        for line in log.read_text().splitlines():
+            if line != "END":
+                epoch, again, key = line.split()
+                taken.append((int(epoch), int(again), key))
+    for epoch in range(3):
+        counts = Counter(key for e, _, key in taken if e == epoch)
+        assert set(counts) == set(keys), f"epoch {epoch}: missing {sorted(set(keys) - set(counts))[:5]}"
+        firsts = Counter(key for e, again, key in taken if e == epoch and not again)
+        assert set(firsts.values()) == {1}, "a key came twice without being marked as sent again"
+    assert any(again for _, again, _ in taken)  # receivers died holding batches
+    assert "sent again 0 batches" not in err
+
+
+def reference(cli, path: Path) -> bytes:  # type: ignore[no-untyped-def]
+    """What tarcat makes of ``path``: the bytes a lossless transfer must reproduce."""
+    out = subprocess.run(command("tarcat", path), capture_output=True, check=True)
+    return out.stdout
+
+
+def test_tarrecv_killed_mid_stream_resumes_into_one_identical_file(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = cli.write_tar(tmp_path / "x.tar", samples(6000))
+    feed = f"ipc://{tmp_path}/feed"
+    out = tmp_path / "y.tar"
+    state = tmp_path / "y.tar.part.json"
+    receiver = start("tarrecv", f"zpull+{feed}", "-o", out)
+    sender = start("tarserve", "--raw", src, "--to", f"zpush+{feed}", "-b", 10, "-q", "--stats")
+    wait_for(lambda: state.exists() and json.loads(state.read_text())["samples"] >= 500)
+    kill(receiver)
+    assert not out.exists() and (tmp_path / "y.tar.part").exists()
+    time.sleep(0.3)
+    second = start("tarrecv", f"zpull+{feed}", "-o", out, "--stats")
+    code, _, err = finish(sender)
+    assert code == 0, err
+    sent_again = int(err.split("sent again ")[1].split()[0])
+    code, _, err = finish(second)
+    assert code == 0, err
+    assert "resuming" in err
+    assert out.read_bytes() == reference(cli, src)  # whole, in order, each sample once
+    assert not state.exists() and not (tmp_path / "y.tar.part").exists()
+    assert sent_again >= 1  # the killed receiver held batches it had not acknowledged
+
+
+def test_tarserve_killed_and_restarted_from_its_checkpoint(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Nothing repeated, nothing missing: the receiver's tar is the one sent, byte for byte."""
+    src = cli.write_tar(tmp_path / "x.tar", samples(6000))
+    feed = f"ipc://{tmp_path}/feed"
+    out = tmp_path / "y.tar"
+    checkpoint = tmp_path / "serve.ckpt"
+    receiver = start("tarrecv", f"zpull+{feed}", "-o", out, "--stats")
+    args = ("--raw", src, "--to", f"zpush+{feed}", "-b", 10, "-q", "--stats", "--checkpoint", checkpoint,
+            "--shuffle", 100, "--seed", 7)
+    sender = start("tarserve", *args)
+    wait_for(lambda: checkpoint.exists() and json.loads(checkpoint.read_text())["ranks"].get("0", {}).get("next", 0) > 50)
+    kill(sender)
+    saved = json.loads(checkpoint.read_text())
+    assert saved["done"] is False and saved["ranks"]["0"]["pos"]["epoch"] == 0
+    again = start("tarserve", *args)
+    code, _, err = finish(again)
+    assert code == 0, err
+    assert "(resumed from" in err
+    code, _, err = finish(receiver)
+    assert code == 0, err
+    # the same stream, sent without a crash
+    clean = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "clean.tar")
+    assert finish(start("tarserve", *args[:-6], "--shuffle", 100, "--seed", 7))[0] == 0 and finish(clean)[0] == 0
+    assert out.read_bytes() == (tmp_path / "clean.tar").read_bytes()
+    assert len(cli.samples(out.read_bytes())) == 6000
+    assert json.loads(checkpoint.read_text())["done"] is True
+    # the same command again: the stream was delivered, and it says so
+    code, _, err = finish(start("tarserve", *args))
+    assert code == 2 and "whole stream was delivered" in err
+
+
+def test_a_checkpoint_of_other_options_is_refused(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = cli.write_tar(tmp_path / "x.tar", samples(10))
+    checkpoint = tmp_path / "serve.ckpt"
+    checkpoint.write_text(json.dumps({"format": "tarserve-checkpoint", "version": 1, "group": "g", "done": False,
+                                      "stream": {"inputs": [str(src)]}, "ranks": {}}))
+    code, _, err = finish(start("tarserve", "--raw", src, "--to", f"zpush+ipc://{tmp_path}/feed",
+                                "--checkpoint", checkpoint))
+    assert code == 2 and "made with other options (batch_size, " in err and "Traceback" not in err
+    checkpoint.write_text("{not json")
+    code, _, err = finish(start("tarserve", "--raw", src, "--to", f"zpush+ipc://{tmp_path}/feed",
+                                "--checkpoint", checkpoint))
+    assert code == 1 and "not a usable tarserve checkpoint" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_oversized_message_is_refused_and_reception_goes_on(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = cli.write_tar(tmp_path / "x.tar", samples(20))
+    feed = f"ipc://{tmp_path}/feed"
+    receiver = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "y.tar", "--max-message-size", "1KiB", "--stats")
+    context = zmq.Context()
+    rogue = context.socket(zmq.DEALER)  # not a tarproc sender: it ignores the limit it is told
+    rogue.connect(feed)
+    rogue.send_multipart([b"\x80", bytes(1 << 20)])
+    time.sleep(0.5)
+    rogue.close(0)
+    context.term()
+    sender = start("tarserve", "--raw", src, "--to", f"zpush+{feed}", "-b", 2, "-q")
+    assert finish(sender)[0] == 0
+    code, _, err = finish(receiver)
+    assert code == 0, err
+    assert "hung up before the end of its stream" in err and "over --max-message-size (1024 bytes)" in err
+    assert (tmp_path / "y.tar").read_bytes() == reference(cli, src)
+    # a tarproc sender knows the limit: a batch over it is a one-line error that names the receiver
+    big = cli.write_tar(tmp_path / "big.tar", samples(20, size=2000))  # a sample's field is a frame
+    receiver = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "z.tar", "--max-message-size", "1KiB",
+                     "--timeout", 5)
+    sender = start("tarserve", "--raw", big, "--to", f"zpush+{feed}", "-b", 8, "-q")
+    code, _, err = finish(sender)
+    assert code == 1 and "has a frame of" in err and "over what the receivers accept" in err, err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = finish(receiver)
+    assert code == 1 and "stopped before the end of its stream (failed)" in err
+    assert not (tmp_path / "z.tar").exists()
+
+
+def test_an_older_tarproc_is_told_apart_from_garbage(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A wire v1 sender (PUSH) can't connect to a v2 receiver: the receiver says why."""
+    feed = f"ipc://{tmp_path}/feed"
+    receiver = start("tarrecv", f"zpull+{feed}", "--wait", 2)
+    context = zmq.Context()
+    old = context.socket(zmq.PUSH)
+    old.connect(feed)
+    time.sleep(0.5)
+    old.close(0)
+    context.term()
+    code, _, err = finish(receiver)
+    assert code == 1 and "wire format v1" in err and "no sender for 2 s" in err
+
+
+def test_fire_and_forget_still_delivers_to_a_live_receiver(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = cli.write_tar(tmp_path / "x.tar", samples(100))
+    feed = f"ipc://{tmp_path}/feed"
+    receiver = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "y.tar")
+    sender = start("tarserve", "--raw", src, "--to", f"zpush+{feed}", "-b", 7, "-q", "--no-ack")
+    assert finish(sender)[0] == 0 and finish(receiver)[0] == 0
+    assert (tmp_path / "y.tar").read_bytes() == reference(cli, src)
+    assert os.path.getsize(tmp_path / "y.tar") > 0
