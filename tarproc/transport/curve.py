@@ -155,7 +155,8 @@ class Handshakes:
         if event == _NO_DETAIL and self.bound and not (self.curve and self.side == "receiver"):
             # a port scan, or a peer that found out before us that the keys don't match
             hint = "with other CURVE keys" if self.curve else "using CURVE (then give --curve-keys here too)"
-            self.doubt = f"{peer} hung up during the handshake: a {role} {hint}, or not a ZMQ peer"
+            self.doubt = (f"{peer} hung up during the handshake: a {role} {hint}, a tarproc that speaks wire "
+                          "format v1 (PUSH/PULL sockets; run the same version on both sides), or not a ZMQ peer")
             return None
         if event == _NO_DETAIL:
             # the peer hung up: a CURVE server that can't open our hello (another key pair) does,

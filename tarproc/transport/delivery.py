@@ -90,7 +90,8 @@ class Delivery:
 
     def __init__(self, context: Any, endpoints: list[Endpoint], *, hwm: int, heartbeat: float,
                  send_timeout: float | None, common: dict[str, Any], keys: Any, acked: bool,
-                 start_seq: int = 0, progress: Callable[[Progress], None] | None = None) -> None:
+                 start_seq: int = 0, progress: Callable[[Progress], None] | None = None,
+                 hold: Any = None) -> None:
         import zmq
 
         self.endpoints = endpoints
@@ -113,6 +114,7 @@ class Delivery:
         self.final_eof: dict[str, Any] | None = None
         self._final_told = False  # a receiver acknowledged the end of the stream
         self._progress = progress
+        self._hold = hold  # see Sender: the senders of a group end together
         self._next_ack = start_seq  # every batch below this one is acknowledged
         self._above: set[int] = set()
         self._positions: dict[int, dict[str, Any] | None] = {}
@@ -196,7 +198,10 @@ class Delivery:
                 if item is None:  # the end of the stream: wait until it is acknowledged
                     if self._finished():
                         self._report(force=True)
-                        return
+                        if self._hold is None or self._hold.ended():
+                            return
+                        self._poller.poll(timeout=50)  # the others are not done: greet latecomers
+                        continue
                     waiting = True
                 elif item[0] == "batch":
                     if self._send_batch(item[1]):

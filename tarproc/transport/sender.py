@@ -76,7 +76,10 @@ class Sender:
     PUSH-style endpoints wait for receivers' acknowledgements (``ack=False``: they don't).
     Batches are numbered from ``start_seq``; numbers in ``skip`` are counted but not sent
     (they were acknowledged before a restart); ``progress`` is called with a
-    ``delivery.Progress`` as acknowledgements come in (from the socket thread).
+    ``delivery.Progress`` as acknowledgements come in (from the socket thread). ``hold``
+    (an object with ``ended()``, true once every sender of the group has delivered all): a
+    sender whose stream is delivered stays until then, telling receivers that connect (a
+    restarted one) that it has ended, so they don't wait for it.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class Sender:
         start_seq: int = 0,
         skip: Iterable[int] = (),
         progress: Callable[[Progress], None] | None = None,
+        hold: Any = None,
     ) -> None:
         import zmq
 
@@ -143,7 +147,7 @@ class Sender:
             if self.endpoints[0].kind == "push":
                 self._delivery = Delivery(self._context, self.endpoints, hwm=hwm, heartbeat=heartbeat,
                                           send_timeout=send_timeout, common=self.common, keys=keys, acked=ack,
-                                          start_seq=start_seq, progress=progress)
+                                          start_seq=start_seq, progress=progress, hold=hold)
                 self._delivery.sent = self._count  # type: ignore[method-assign]
             else:
                 for endpoint in self.endpoints:

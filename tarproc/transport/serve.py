@@ -171,6 +171,7 @@ def _send_share(
     inputs: list[str], config: ServeConfig, rank: int, group: str, warn: Callable[[str], None],
     wrap: Callable[[Iterator[Sample]], Iterator[Sample]] | None = None, report: Callable[[str], None] | None = None,
     resume: checkpoints.RankState | None = None, progress: Callable[[Progress], None] | None = None,
+    hold: GroupEnd | None = None,
 ) -> tuple[SendStats, int]:
     """One sender process's work: its share of the shards, every epoch (from ``resume`` on:
     the batches it says were acknowledged are left out)."""
@@ -192,7 +193,7 @@ def _send_share(
     try:
         sender = Sender(urls, hwm=config.hwm, send_timeout=config.send_timeout, heartbeat=config.heartbeat,
                         curve=config.curve, rank=rank, senders=config.senders, group=group, ack=config.ack,
-                        start_seq=resume.next, skip=resume.above, progress=progress)
+                        start_seq=resume.next, skip=resume.above, progress=progress, hold=hold)
         with sender:
             epoch = start.get("epoch", 0)
             while config.epochs is None or epoch < config.epochs:
@@ -310,9 +311,28 @@ def _label(sample: Sample, name: str) -> int:
 # -- several sender processes -------------------------------------------------------------------
 
 
+class GroupEnd:
+    """The sender processes of one tarserve end together. One that has delivered its whole stream
+    waits for the others, still telling receivers that connect (a restarted one) that it has
+    ended: else such a receiver, never hearing from it, would wait for it."""
+
+    def __init__(self, context: Any, senders: int) -> None:
+        self._count = context.Value("i", 0)
+        self._senders = senders
+        self._arrived = False
+
+    def ended(self) -> bool:
+        """Say this sender is done (once); whether every sender of the group is."""
+        if not self._arrived:
+            with self._count.get_lock():
+                self._count.value += 1
+            self._arrived = True
+        return self._count.value >= self._senders  # type: ignore[no-any-return]
+
+
 def _child(inputs: list[str], config: ServeConfig, rank: int, group: str, conn: Any, parent: int,
            warn: Callable[[str], None], report: Callable[[str], None] | None,
-           resume: checkpoints.RankState | None) -> None:
+           resume: checkpoints.RankState | None, hold: GroupEnd) -> None:
     from ..process import end_with_parent
 
     end_with_parent(parent)
@@ -322,7 +342,7 @@ def _child(inputs: list[str], config: ServeConfig, rank: int, group: str, conn: 
 
     try:
         sent, skipped = _send_share(inputs, config, rank, group, warn, report=report, resume=resume,
-                                    progress=progress if config.checkpoint is not None else None)
+                                    progress=progress if config.checkpoint is not None else None, hold=hold)
         conn.send(("ok", sent, skipped))
     except KeyboardInterrupt:
         conn.send(("interrupted", None, 0))
@@ -345,13 +365,14 @@ def _serve_in_processes(
     children = []
     pending: dict[Any, Any] = {}
     ranks: dict[Any, int] = {}
+    hold = GroupEnd(context, config.senders)
     try:
         for rank in range(config.senders):
             receive, send = context.Pipe(duplex=False)
             resume = saved.ranks.get(rank) if saved is not None else None
             process = context.Process(target=_child, name=f"tarserve-sender-{rank}",
                                       args=(inputs, replace(config), rank, group, send, os.getpid(), warn, report,
-                                            resume))
+                                            resume, hold))
             process.start()
             send.close()
             children.append(process)
