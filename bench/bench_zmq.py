@@ -1,7 +1,9 @@
 """The ZMQ transport (tarserve -> Receiver) against raw pyzmq, tensorcom's figure and the decode stage.
 
-Rows: loopback GB/s of 38.5 MB uint8 batches through ``tarproc.transport`` against raw pyzmq
-PUSH/PULL sending the same buffer without copies (target ≥ 0.90×); the same with 77 MB float16
+Rows: loopback GB/s of 38.5 MB uint8 batches through ``tarproc.transport`` (acknowledged
+delivery, the default) against raw pyzmq PUSH/PULL sending the same buffer without copies
+(target ≥ 0.90×) and against the same transport without acknowledgements (``--no-ack``, fire
+and forget: target within 10 %); the same with 77 MB float16
 batches against tensorcom's published 1.26 GB/s (target ≥ 1.7×; raw pyzmq float16 in a note);
 ``tarserve --device cpu`` end to end (shards -> decoded batches at a Receiver) against
 ``tardecode`` alone (target ≥ 0.85×); ``--device gpu`` when a GPU is present.
@@ -32,9 +34,9 @@ BATCH = 256
 SHAPE = (BATCH, 3, 224, 224)  # 38.5 MB in uint8, 77 MB in float16
 TENSORCOM_GBS = 1.26  # PRIOR_ART §4: tensorcom's loopback PUSH/PULL figure, 77 MB messages
 
-# The sending side, a child process: ``mode`` is "tarproc" (tarproc.transport.Sender) or "raw"
-# (pyzmq PUSH, the same buffer sent without copies); both send ``n`` batches of the same
-# preallocated array, then the end of the stream.
+# The sending side, a child process: ``mode`` is "tarproc" (tarproc.transport.Sender, acknowledged),
+# "noack" (the same, fire and forget) or "raw" (pyzmq PUSH, the same buffer sent without copies);
+# all send ``n`` batches of the same preallocated array, then the end of the stream.
 SENDER_CHILD = """
 import sys
 import numpy as np
@@ -46,10 +48,10 @@ if dtype == "uint8":
     array = rng.integers(0, 256, shape, dtype=np.uint8)
 else:
     array = rng.random(shape, dtype=np.float32).astype(dtype)
-if mode == "tarproc":
+if mode in ("tarproc", "noack"):
     from tarproc.transport import Sender
     keys = [f"k{i:06d}" for i in range(shape[0])]
-    with Sender(f"zpush://127.0.0.1:{port}", hwm=hwm) as s:
+    with Sender(f"zpush://127.0.0.1:{port}", hwm=hwm, ack=mode == "tarproc") as s:
         for _ in range(n):
             s.send(keys, {"image": array}, epoch=0)
         s.end_epoch(0, final=True)
@@ -91,15 +93,16 @@ def finish(proc: subprocess.Popen[bytes], what: str) -> None:
         raise RuntimeError(f"{what}: the sender exited with status {rc}")
 
 
-def receive_tarproc(dtype: str, n: int) -> tuple[float, int]:
-    """Batches from a tarproc Sender into a Receiver; (seconds from the first batch to the last, batches)."""
+def receive_tarproc(dtype: str, n: int, mode: str = "tarproc") -> tuple[float, int]:
+    """Batches from a tarproc Sender (``mode``: "tarproc", acknowledged, or "noack") into a
+    Receiver; (seconds from the first batch to the last, batches)."""
     from tarproc.transport import Receiver
 
     port = free_port()
     count = 0
     first = last = 0.0
     with Receiver(f"zpull://127.0.0.1:{port}", hwm=HWM) as receiver:
-        proc = start_sender("tarproc", dtype, port, n)
+        proc = start_sender(mode, dtype, port, n)
         try:
             for batch in receiver:
                 _ = batch["image"][0, 0, 0, 0]  # touch it, as a consumer would
@@ -231,17 +234,26 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
     for dtype in ("uint8", "float16"):
         log(f"zmq: {n} batches of {'x'.join(map(str, SHAPE))} {dtype} over tcp://127.0.0.1: tarproc, raw pyzmq "
             "with the same malloc settings, raw pyzmq as it comes (each receiver in a fresh process)")
-        ta, tt, tb = alternate_many(reps, [
+        sides = [
             ("tarproc", lambda d=dtype: isolated(receive_tarproc, d, n)),  # type: ignore[misc]
             ("raw-tuned", lambda d=dtype: isolated(receive_raw, d, n, True)),  # type: ignore[misc]
             ("raw", lambda d=dtype: isolated(receive_raw, d, n, False)),  # type: ignore[misc]
-        ], n, dtype)
+        ]
+        if dtype == "uint8":
+            sides.append(("no-ack", lambda d=dtype: isolated(receive_tarproc, d, n, "noack")))  # type: ignore[misc]
+        times = alternate_many(reps, sides, n, dtype)
+        ta, tt, tb = times[:3]
         a, t, b = gbs(ta, dtype), gbs(tt, dtype), gbs(tb, dtype)
         if dtype == "uint8":
             rows.append(Row(f"loopback, batches of {BATCH}×3×224×224 uint8 (38.5 MB): `Sender` → `Receiver`, "
-                            "separate processes", a, "GB/s",
+                            "separate processes, acknowledged delivery", a, "GB/s",
                             f"raw pyzmq PUSH/PULL, zero copy, HWM {HWM}, same malloc settings", t, "≥ 0.90×",
                             yes_no(a >= 0.9 * t)))
+            f = gbs(times[3], dtype)
+            rows.append(Row("the same, acknowledged delivery", a, "GB/s",
+                            "the same without acknowledgements (`--no-ack`, fire and forget)", f, "≥ 0.90×",
+                            yes_no(a >= 0.9 * f)))
+            notes.append(f"uint8 transfer without acknowledgements: {spread(times[3])} ({f:.2f} GB/s)")
             rows.append(Row("the same, against raw pyzmq with glibc's default malloc (what a hand-written "
                             "pyzmq receiver gets)", a, "GB/s", "raw pyzmq PUSH/PULL, zero copy, default malloc", b,
                             "report", "—"))

@@ -129,7 +129,7 @@ class TransportError(TarprocError):
 
 
 class WireError(TarprocError):
-    """A message received is not wire format v1: bad header, unknown version, frames that don't fit.
+    """A message received is not wire format v2: bad header, unknown version, frames that don't fit.
 
     ``url`` is the endpoint it arrived on; a receiver reports it and keeps running.
     """

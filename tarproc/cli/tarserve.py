@@ -29,22 +29,32 @@ Examples:
   tarserve --decode gpu -b 256 'train-{0000..0147}.tar' zpush://trainer:7880
   tarcat 's3://b/val-{00..15}.tar' | tarserve --raw -b 64 --to 'zpush://gpu{1..4}:7880'
   tarserve --raw shard.tar --to zpush://:7880 & tarrecv zpull://:7880 -o copy.tar   # byte for byte
+  tarserve 'train-{0000..0147}.tar' --to zpush://trainer:7880 --checkpoint feed.ckpt --epochs 90 ...
+                                       # killed? the same command resumes where the receivers were
 
 \b
 Destinations (--to, or arguments that are ZMQ URLs) use tensorcom's grammar: zpush://host:port
-connects a PUSH socket to a receiver that binds (tarrecv zpull://:port); zrpush binds instead
-(one receiver per endpoint); zpub/zrpub publish to subscribers (they DROP batches a slow
+connects to a receiver that binds (tarrecv zpull://:port); zrpush binds instead (receivers
+connect with zrpull); zpub/zrpub publish to subscribers (they DROP batches a slow
 subscriber can't take: the receiver reports the gaps); +ipc uses a Unix socket
 (zpush+ipc:///tmp/feed); a brace list gives several endpoints, which take batches in turn. A bind
 with no host listens on 127.0.0.1 only.
 
 \b
 Each batch is one message: a msgpack header (keys, and name, dtype and shape of each tensor) and
-one raw frame per tensor, sent without copying (wire format v1, docs/wire.md). Decoded images are
+one raw frame per tensor, sent without copying (wire format v2, docs/wire.md). Decoded images are
 the tensor --output-field; --label fields become int64 tensors; the other fields (or --fields)
 travel as bytes. --raw decodes nothing: the receiver gets the encoded fields (e.g. to decode on
-its own GPU). At most --hwm batches wait per receiver: a slow receiver slows tarserve down. Every
-epoch ends with an end-of-epoch message from each sender; receivers end when all have finished.
+its own GPU). Every epoch ends with an end-of-epoch message from each sender; receivers end when
+all have finished.
+
+\b
+Delivery is acknowledged: a receiver grants credit for --hwm batches and acknowledges each one
+its consumer takes, so a slow receiver slows tarserve down, and the batches a receiver held when
+it died go to another receiver or to its replacement, marked as sent again: nothing is lost while
+a receiver is there or comes back within --send-timeout. --no-ack sends without waiting (fire and
+forget). --checkpoint FILE saves what was acknowledged; the same command with the same FILE
+resumes there (the stream is the same: shuffles and batches come from --seed).
 """
 
 

@@ -1,4 +1,4 @@
-"""The ZMQ tensor transport: tarserve's sender, the receiver, wire format v1 and CURVE keys.
+"""The ZMQ tensor transport: tarserve's sender, the receiver, wire format v2 and CURVE keys.
 
 See ``docs/wire.md`` for the message format; ``Receiver`` is the trainer's side.
 """

@@ -514,7 +514,7 @@ class Receiver:
             if expected is not None and seq > expected:
                 self.stats.lost += seq - expected
                 self.warn(f"lost {seq - expected} batches from sender {sender_id} "
-                          f"(numbers {expected} to {seq - 1}): a PUB/SUB drop, or a receiver restarted")
+                          f"(numbers {expected} to {seq - 1}): dropped by PUB for a subscriber that could not keep up")
             state.next_seq[dest] = seq + 1 if kind == "batch" else max(seq, expected or 0)
         if kind == "eof":
             if header.get("aborted"):

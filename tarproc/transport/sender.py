@@ -46,7 +46,6 @@ DEFAULT_SEND_TIMEOUT = 120.0
 PUB_EOF_REPEATS = 5
 _EVENTS, _POLLOUT = 15, 2  # zmq.EVENTS, zmq.POLLOUT (without importing zmq at module level)
 ABORT_WAIT = 2.0  # seconds an interrupted sender waits for its receivers to read that it stopped
-_PEER_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
 
 
 @dataclass
@@ -124,7 +123,7 @@ class Sender:
         self._context = context or zmq.Context()
         self._auth = None
         self._sockets: list[Any] = []
-        self._monitors: list[Any] = []  # connections and handshakes are watched (see _count_peers)
+        self._monitors: list[Any] = []  # PUB: handshakes are watched (see _check_handshakes)
         self._handshakes: list[Handshakes] = []
         self._seq: list[int] = []
         self._greeted: list[bool] = []
@@ -160,17 +159,16 @@ class Sender:
         self._poller = zmq.Poller()
         for sock in self._sockets:
             self._poller.register(sock, zmq.POLLOUT)
-        self._peers = [0] * len(self._sockets)
         self._thread = threading.Thread(target=self._run, name="tarproc-sender", daemon=True)
         self._thread.start()
 
     def _open(self, endpoint: Endpoint, hwm: int, heartbeat: float, keys: Any) -> Any:
+        """A PUB socket (PUSH-style endpoints are ``Delivery``'s)."""
         import zmq
 
-        sock = self._context.socket(zmq.PUSH if endpoint.kind == "push" else zmq.PUB)
+        sock = self._context.socket(zmq.PUB)
         sock.setsockopt(zmq.SNDHWM, hwm)
-        # ZMTP heartbeats: a receiver that vanished without closing (host down) is disconnected,
-        # so close(), which waits for receivers to go, can't wait on it for ever
+        # ZMTP heartbeats: a subscriber that vanished without closing (host down) is disconnected
         sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat * 1000)))
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat * 10_000)))
         if not endpoint.bind:
@@ -179,9 +177,7 @@ class Sender:
             from .curve import make_server
 
             make_server(sock, keys)
-        # before bind/connect: a connection made before the monitor starts would go uncounted; PUSH
-        # counts its connections, so close() can wait for its receivers to go
-        events = (_PEER_EVENTS if endpoint.kind == "push" else 0) | handshake_events()
+        events = handshake_events()  # before bind/connect, so that no handshake goes unseen
         self._monitors.append(sock.get_monitor_socket(events) if events else None)
         self._handshakes.append(Handshakes("sender", keys is not None, endpoint.url, endpoint.bind))
         try:
@@ -255,14 +251,9 @@ class Sender:
             if not abort and self._error is None:
                 self._put(None)
                 self._thread.join()
-                if self._error is None and self._delivery is None:
-                    self._wait_for_receivers(None)
             else:
                 self._abort.set()
                 self._thread.join(timeout=2 * self.heartbeat + 1)
-                if self._delivery is None:
-                    with contextlib.suppress(TransportError):  # a receiver that reads sees "interrupted"
-                        self._wait_for_receivers(ABORT_WAIT)
         finally:
             # closing waits (up to the send timeout) until the queued messages are delivered
             clean = not abort and self._error is None
@@ -298,48 +289,19 @@ class Sender:
             except queue.Full:
                 continue
 
-    def _count_peers(self) -> None:
-        """Count each PUSH socket's connections, and stop on a handshake that failed over keys
-        before any receiver got through on that socket (later ones: a stray client, ignored)."""
+    def _check_handshakes(self) -> None:
+        """Stop on a handshake that failed over keys before any subscriber got through on that
+        socket (later ones: a stray client, ignored)."""
         import zmq
         from zmq.utils.monitor import recv_monitor_message
 
         for index, monitor in enumerate(self._monitors):
             while monitor is not None and monitor.poll(0):
                 message = recv_monitor_message(monitor, zmq.NOBLOCK)
-                event = message["event"]
-                if event & _PEER_EVENTS:
-                    self._peers[index] += -1 if event == zmq.EVENT_DISCONNECTED else 1
-                    continue
                 handshakes = self._handshakes[index]
-                reason = handshakes.failure(event, message["value"])
+                reason = handshakes.failure(message["event"], message["value"])
                 if reason is not None and not handshakes.succeeded:
                     raise TransportError(reason)
-            if self._peers[index] > 1 and self.endpoints[index].bind:
-                raise TransportError(
-                    f"{self._peers[index]} receivers connected to one bound PUSH endpoint: ZMQ would deal "
-                    "out the end-of-stream messages among them; give each receiver its own endpoint "
-                    "(zrpush://:78{80..83}) or let the receivers bind (zpush)", self.endpoints[index].url)
-
-    def _wait_for_receivers(self, timeout: float | None) -> None:
-        """Keep the connections open until the receivers, having read the end of the stream, close them.
-
-        Closing first would lose what still sits in the kernel's socket buffers: a receiver at its
-        high-water mark has not read it yet, and ZMQ drops it when the sending side disconnects.
-        A receiver ends only when all senders have, so this can take as long as the slowest
-        sender: there is no limit (``timeout=None``), but a receiver that is gone is noticed
-        (disconnect, or ZMTP heartbeats).
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self._count_peers()
-            if not any(self._peers[i] > 0 for i, e in enumerate(self.endpoints) if e.kind == "push"):
-                return
-            if deadline is not None and time.monotonic() > deadline:
-                where = ", ".join(e.url for e, n in zip(self.endpoints, self._peers, strict=True) if n > 0)
-                raise TransportError(f"the receivers on {where} did not finish reading for "
-                                     f"{timeout:g} s after the end of the stream")
-            time.sleep(0.02)
 
     def _shutdown(self, linger: int) -> None:
         if self._delivery is not None:
@@ -392,7 +354,7 @@ class Sender:
                     item = self._queue.get(timeout=self.heartbeat)
                 except queue.Empty:
                     self._send_all(control("heartbeat", **self.common), block=False)
-                    self._count_peers()
+                    self._check_handshakes()
                     continue
                 if item is None:
                     return
@@ -405,7 +367,7 @@ class Sender:
 
     def _wait_writable(self, what: str) -> int | None:
         """The next socket (in turn) that can take a message now, waiting up to the send timeout."""
-        self._count_peers()
+        self._check_handshakes()
         if len(self._sockets) == 1 and self._sockets[0].get(_EVENTS) & _POLLOUT:
             return 0  # the common case, without a poll
         started = time.monotonic()
@@ -420,7 +382,7 @@ class Sender:
                         return index
             if self._abort.is_set():
                 return None
-            self._count_peers()  # a failed handshake is said within a poll, not after the send timeout
+            self._check_handshakes()  # a failed handshake is said within a poll, not after the send timeout
             now = time.monotonic()
             if now - last_beat >= self.heartbeat:  # the receivers we can't reach are full, or gone
                 self._send_all(control("heartbeat", **self.common), block=False)
@@ -431,7 +393,7 @@ class Sender:
 
     def _doubts(self) -> str:
         """What the handshakes saw that might explain a timeout: ``; PEER hung up during ...``."""
-        self._count_peers()
+        self._check_handshakes()
         return "".join(f"; {h.doubt}" for h in self._handshakes if h.doubt and not h.succeeded)
 
     def _greet(self, index: int) -> None:
