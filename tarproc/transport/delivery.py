@@ -90,8 +90,8 @@ class Delivery:
 
     def __init__(self, context: Any, endpoints: list[Endpoint], *, hwm: int, heartbeat: float,
                  send_timeout: float | None, common: dict[str, Any], keys: Any, acked: bool,
-                 start_seq: int = 0, progress: Callable[[Progress], None] | None = None,
-                 hold: Any = None) -> None:
+                 start_seq: int = 0, done: set[int] | None = None,
+                 progress: Callable[[Progress], None] | None = None, hold: Any = None) -> None:
         import zmq
 
         self.endpoints = endpoints
@@ -112,11 +112,12 @@ class Delivery:
         self._turn = 0
         self.redeliver: deque[Item] = deque()
         self.final_eof: dict[str, Any] | None = None
+        self._eof_told: dict[int, set[tuple[int, bytes]]] = {}  # an eof on its way: the receivers told
         self._final_told = False  # a receiver acknowledged the end of the stream
         self._progress = progress
         self._hold = hold  # see Sender: the senders of a group end together
         self._next_ack = start_seq  # every batch below this one is acknowledged
-        self._above: set[int] = set()
+        self._above: set[int] = set(done or ())  # acknowledged before a restart: not sent again
         self._positions: dict[int, dict[str, Any] | None] = {}
         self._pos: dict[str, Any] | None = None
         self._progress_told = 0.0
@@ -208,8 +209,7 @@ class Delivery:
                         have_item, sent = False, True
                     else:
                         waiting = True
-                elif self._in_flight() == 0:  # an epoch ends only when all of it is acknowledged
-                    self._send_eof(item[1])
+                elif self._in_flight() == 0 and self._send_eof(item[1]):  # when all of the epoch is acknowledged
                     have_item, sent = False, True
                 else:
                     waiting = True
@@ -321,7 +321,7 @@ class Delivery:
         self._above.add(item.seq)
         while self._next_ack in self._above:
             self._above.discard(self._next_ack)
-            self._pos = self._positions.pop(self._next_ack)
+            self._pos = self._positions.pop(self._next_ack, self._pos)  # none: acknowledged before a restart
             self._next_ack += 1
 
     def _report(self, force: bool = False) -> None:
@@ -407,11 +407,20 @@ class Delivery:
     def sent(self, item: Item, frames: list[Any]) -> None:
         """Counted by the owner (``Sender``) for its stats."""
 
-    def _send_eof(self, counts: dict[str, Any]) -> None:
+    def _send_eof(self, counts: dict[str, Any]) -> bool:
+        """Tell every receiver the epoch ended; False while some can't take it yet (a full queue:
+        without acknowledgements, batches fill it), so that it is tried again."""
+        told = self._eof_told.setdefault(id(counts), set())
+        for key, peer in list(self.peers.items()):
+            if key not in told and self._send(peer.index, peer.rid,
+                                              control("eof", **self.common, **counts, seq=0, dest=peer.index)):
+                told.add(key)
+        if not told >= set(self.peers):
+            return False
+        del self._eof_told[id(counts)]
         if counts.get("final"):
             self.final_eof = counts
-        for peer in list(self.peers.values()):
-            self._send(peer.index, peer.rid, control("eof", **self.common, **counts, seq=0, dest=peer.index))
+        return True
 
     def _in_flight(self) -> int:
         return len(self.redeliver) + sum(len(p.unacked) for p in self.peers.values())

@@ -146,7 +146,7 @@ class Sender:
             if self.endpoints[0].kind == "push":
                 self._delivery = Delivery(self._context, self.endpoints, hwm=hwm, heartbeat=heartbeat,
                                           send_timeout=send_timeout, common=self.common, keys=keys, acked=ack,
-                                          start_seq=start_seq, progress=progress, hold=hold)
+                                          start_seq=start_seq, done=self._skip, progress=progress, hold=hold)
                 self._delivery.sent = self._count  # type: ignore[method-assign]
             else:
                 for endpoint in self.endpoints:

@@ -777,3 +777,94 @@ def test_torch_tensors_share_the_received_memory(tmp_path):
     thread.join()
     assert all(isinstance(b["x"], torch.Tensor) for b in batches) and batches[1]["x"].tolist() == [[1] * 3] * 2
     assert isinstance(receiver.dataset(), torch.utils.data.IterableDataset)
+
+
+# -- acknowledged delivery ----------------------------------------------------------------------
+
+
+def test_batches_a_receiver_did_not_acknowledge_go_to_the_next_one_marked(tmp_path):
+    """A receiver that takes batches and never acknowledges them goes away: its replacement gets
+    them, marked as sent again, then the rest; nothing is lost, and only those come twice."""
+    url = ipc(tmp_path)
+    thread = in_thread(send_epochs, f"zpush+{url}", batches=12, n=1, hwm=3)
+    first = Receiver(f"zpull+{url}", ack="manual", hwm=3, timeout=5)
+    events = first.events()
+    held = [next(events) for _ in range(3)]  # taken, never acknowledged
+    first.ack(held[0])  # ... except the first
+    first._send_acks()
+    time.sleep(0.3)
+    first.close()
+    with Receiver(f"zpull+{url}", hwm=3, timeout=5) as second:
+        again = list(second)
+    thread.join()
+    keys = [b["__key__"][0] for b in again]
+    assert keys == [f"e0-b{i}-0" for i in range(1, 12)]
+    # b1 and b2 were held; so may be b3, sent to the first receiver when it acknowledged b0
+    marked = [b.redelivered for b in again]
+    assert marked[:2] == [True, True] and marked == sorted(marked, reverse=True) and sum(marked) <= 3
+    assert second.stats.redelivered == sum(marked) and [b.seq for b in again] == list(range(1, 12))
+
+
+def test_a_batch_taken_before_is_dropped_when_it_comes_again(tmp_path):
+    url = ipc(tmp_path)
+    thread = in_thread(send_epochs, f"zpush+{url}", batches=4, n=1, group="g")
+    with Receiver(f"zpull+{url}", timeout=5) as receiver:
+        receiver.taken("g", 0, [0, 2])  # an earlier run of this consumer kept batches 0 and 2
+        keys = [b["__key__"][0] for b in receiver]
+    thread.join()
+    assert keys == ["e0-b1-0", "e0-b3-0"] and receiver.stats.duplicates == 2
+
+
+def test_positions_and_progress_follow_the_acknowledgements(tmp_path):
+    url = ipc(tmp_path)
+    progress = []
+
+    def send():
+        with Sender(f"zpush+{url}", heartbeat=0.1, progress=progress.append, start_seq=5, skip=[6]) as sender:
+            for i in range(4):
+                sender.send([f"k{i}"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0,
+                            pos={"epoch": 0, "batch": i + 1, "sample": i + 1})
+
+    thread = in_thread(send)
+    with Receiver(f"zpull+{url}", timeout=5) as receiver:
+        batches = list(receiver)
+    thread.join()
+    assert [b.seq for b in batches] == [5, 7, 8]  # 6 was acknowledged before a restart: not sent
+    assert [b.position["batch"] for b in batches] == [1, 3, 4]
+    assert progress[-1].next == 9 and progress[-1].above == set() and progress[-1].pos["batch"] == 4
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"credit": -1}, "bad credit -1"),
+        ({"seqs": "x"}, "bad list of batch numbers"),
+        ({"seqs": [1, "2"]}, "bad batch number '2'"),
+        ({"receiver": ""}, "bad receiver id"),
+        ({"final": 1, "eof": 0}, "'final' must be true or false"),
+        ({"v": 1}, "wire format version 1, from an older tarproc"),
+        ({"kind": "batch"}, "a 'batch' message where an ack was expected"),
+    ],
+)
+def test_malformed_acks_are_wire_errors(fields, message):
+    from tarproc.transport.wire import decode_ack
+
+    ack = {"v": 2, "kind": "ack", "receiver": "r:1", "credit": 1, "seqs": [], **fields}
+    with pytest.raises(WireError, match=message):
+        decode_ack([msgpack.packb(ack)])
+
+
+def test_a_frame_over_the_receivers_limit_is_refused_by_the_sender(tmp_path):
+    url = ipc(tmp_path)
+
+    def send():
+        with Sender(f"zpush+{url}", heartbeat=0.1) as sender:
+            sender.send(["a"], {"x": np.zeros((1, 2000), np.uint8)}, epoch=0)
+
+    errors = []
+    thread = in_thread(lambda: errors.append(pytest.raises(TransportError, send)))
+    with Receiver(f"zpull+{url}", timeout=5, max_message_size=1000) as receiver, \
+            pytest.raises(TransportError, match=r"stopped before the end of its stream \(failed\)"):
+        list(receiver)
+    thread.join()
+    assert "has a frame of 2000 bytes, over what the receivers accept" in str(errors[0].value)
