@@ -1,7 +1,8 @@
 """The core's measures (issue 2): reading samples, the tarcat | tarsplit pipeline, members/s.
 
-Rows: read_samples vs webdataset on small samples and on JPEGs, tarcat | tarsplit vs cat, tarcat
-vs GNU tar -xO, the pure-Python reader, iter_members vs tarfile.
+Rows: read_samples vs webdataset on small samples and on JPEGs, tarcat | tarsplit vs cat, tarcat >
+/dev/null vs cat, tarcat vs GNU tar -xO, tarcat | tarsplit -n on small members, the pure-Python
+reader, iter_members vs tarfile.
 """
 
 from __future__ import annotations
@@ -184,6 +185,24 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
     )
     notes.append(f"pipeline (writing to {out_dir.parent}): tarcat|tarsplit {spread(ta)}; cat {spread(tb)}; cat | cat {spread(tc)}")
 
+    # 3b. tarcat > /dev/null on the big tar vs cat ---------------------------------------------------
+    log(f"[3b] tarcat > /dev/null vs cat > /dev/null on {big_size / 1e9:.2f} GB ({reps} reps)")
+    ta, tb = [], []
+    for r in range(reps):
+        t, _ = timed(lambda: subprocess.run([str(tarcat), str(data.big)], stdout=subprocess.DEVNULL, check=True))
+        ta.append(t)
+        t, _ = timed(lambda: subprocess.run(["cat", str(data.big)], stdout=subprocess.DEVNULL, check=True))
+        tb.append(t)
+        log(f"  rep {r + 1}/{reps}: tarcat {ta[-1]:.3f} s, cat {tb[-1]:.3f} s")
+    gbs, cat_gbs = big_size / 1e9 / statistics.median(ta), big_size / 1e9 / statistics.median(tb)
+    rows.append(
+        Row(
+            f"`tarcat x.tar > /dev/null`, {big_size / 1e9:.2f} GB",
+            gbs, "GB/s", "`cat x.tar > /dev/null`", cat_gbs, "≥ 0.6× cat", yes_no(gbs >= 0.6 * cat_gbs),
+        )
+    )
+    notes.append(f"tarcat big > /dev/null: tarcat {spread(ta)}; cat {spread(tb)}")
+
     # 4. tarcat members/s on small samples vs GNU tar -xO -------------------------------------
     m = data.members("small")
     log(f"[4/6] tarcat vs GNU tar -xO on {m:,} small members ({reps} reps)")
@@ -202,6 +221,34 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
         )
     )
     notes.append(f"tarcat small: tarcat {spread(ta)}; GNU tar -xO {spread(tb)}")
+
+    # 4b. tarcat small | tarsplit -n 10000 (the writer on small members) ---------------------------
+    log(f"[4b] tarcat small.tar | tarsplit -n 10000 vs cat | split on {m:,} small members ({reps} reps)")
+    q_small = shlex.quote(str(data.small))
+    split_pipe = f"{shlex.quote(str(tarcat))} {q_small} | {shlex.quote(str(tarsplit))} -n 10000 -o {q_out}/z-%06d.tar"
+    split_copy = f"cat {q_small} | split -b 10M - {q_out}/c-"
+    ta, tb = [], []
+    for r in range(reps):
+        t, _ = timed(lambda: sh(split_pipe))
+        ta.append(t)
+        if r == 0:
+            shards = sorted(out_dir.glob("z-*.tar"))
+            got = sum(1 for p in shards for _ in tarproc.read_samples(str(p)))
+            if got != data.small_samples:
+                raise RuntimeError(f"tarsplit -n wrote {got} samples, expected {data.small_samples}")
+        clear_out()
+        t, _ = timed(lambda: sh(split_copy))
+        tb.append(t)
+        clear_out()
+        log(f"  rep {r + 1}/{reps}: tarcat | tarsplit -n {ta[-1]:.3f} s, cat | split {tb[-1]:.3f} s")
+    rows.append(
+        Row(
+            f"`tarcat small.tar \\| tarsplit -n 10000`, {m:,} members",
+            m / statistics.median(ta), "members/s", "`cat small.tar \\| split -b 10M`", m / statistics.median(tb),
+            "information (no tar work in the baseline)", "—",
+        )
+    )
+    notes.append(f"tarcat small | tarsplit -n: {spread(ta)}; cat | split {spread(tb)}")
 
     # 5. pure-Python reader (information) --------------------------------------------------------
     n = data.small_samples

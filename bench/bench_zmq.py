@@ -2,7 +2,7 @@
 
 Rows: loopback GB/s of 38.5 MB uint8 batches through ``tarproc.transport`` (acknowledged
 delivery, the default) against raw pyzmq PUSH/PULL sending the same buffer without copies
-(target ≥ 0.90×) and against the same transport without acknowledgements (``--no-ack``, fire
+(target ≥ 0.90×) and against the same transport without acknowledgements (``Sender(ack=False)``, fire
 and forget: target within 10 %); the same with 77 MB float16
 batches against tensorcom's published 1.26 GB/s (target ≥ 1.7×; raw pyzmq float16 in a note);
 ``tarserve --device cpu`` end to end (shards -> decoded batches at a Receiver) against
@@ -251,7 +251,7 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
                             yes_no(a >= 0.9 * t)))
             f = gbs(times[3], dtype)
             rows.append(Row("the same, acknowledged delivery", a, "GB/s",
-                            "the same without acknowledgements (`--no-ack`, fire and forget)", f, "≥ 0.90×",
+                            "the same without acknowledgements (`Sender(ack=False)`, fire and forget)", f, "≥ 0.90×",
                             yes_no(a >= 0.9 * f)))
             notes.append(f"uint8 transfer without acknowledgements: {spread(times[3])} ({f:.2f} GB/s)")
             rows.append(Row("the same, against raw pyzmq with glibc's default malloc (what a hand-written "

@@ -1,7 +1,7 @@
 /*
- * tarproc._speedups: the hot loop of the tar reader, for the common case only.
+ * tarproc._speedups: the hot loops of the tar reader and writer, for the common case only.
  *
- * scan(buf, pos, base, max_member_size, keyed) walks complete ustar/GNU/v7 headers of regular files in
+ * scan(buf, pos, base, max_member_size, keyed[, views]) walks complete ustar/GNU/v7 headers of regular files in
  * `buf` starting at `pos` and returns (items, new_pos, nbytes). It stops -- returning what it has
  * -- at the first header it does not handle itself: any non-regular type, a checksum that does not
  * match the unsigned sum, a size that is not plain octal or is over the limit, an empty name, a name
@@ -13,6 +13,11 @@
  * = base + position in buf (the stream offset of the member's header),
  * and keys follow the WebDataset key rule (key None and field = whole name when there is no key;
  * a leading "./" is not part of the key).
+ * A member's data is a bytes copy; with views > 0 and buf a bytes object, data of views bytes or
+ * more is a read-only memoryview of buf instead (no copy; it keeps buf alive while it lives).
+ *
+ * pack(buf, used, members, start, templates, direct) is the writer's per-member work and
+ * members(sample) its per-sample work (see them below).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -73,12 +78,16 @@ static PyObject *scan(PyObject *self, PyObject *args)
     Py_ssize_t pos;
     long long base, max_size;
     int keyed;
-    if (!PyArg_ParseTuple(args, "y*nLLp", &view, &pos, &base, &max_size, &keyed))
+    Py_ssize_t views = 0;
+    if (!PyArg_ParseTuple(args, "y*nLLp|n", &view, &pos, &base, &max_size, &keyed, &views))
         return NULL;
     const unsigned char *buf = (const unsigned char *)view.buf;
     Py_ssize_t n = view.len;
     long long nbytes = 0;
     unsigned char name[256 + 2];
+    PyObject *whole = NULL; /* a memoryview of all of buf, sliced for each member given as a view */
+    if (views > 0 && !PyBytes_CheckExact(view.obj))
+        views = 0; /* only an immutable buffer can be shared */
     PyObject *items = PyList_New(0);
     if (items == NULL)
         goto fail;
@@ -124,7 +133,14 @@ static PyObject *scan(PyObject *self, PyObject *args)
         if (np[nlen - 1] == '/')
             break; /* an old-style directory entry: the Python parser reads it */
 
-        PyObject *data = PyBytes_FromStringAndSize((const char *)h + 512, (Py_ssize_t)size);
+        PyObject *data;
+        if (views > 0 && size >= views) {
+            if (whole == NULL && (whole = PyMemoryView_FromObject(view.obj)) == NULL)
+                goto fail;
+            data = PySequence_GetSlice(whole, pos + 512, pos + 512 + (Py_ssize_t)size);
+        } else {
+            data = PyBytes_FromStringAndSize((const char *)h + 512, (Py_ssize_t)size);
+        }
         PyObject *off = PyLong_FromLongLong(base + (long long)pos);
         PyObject *item = NULL;
         if (data == NULL || off == NULL) {
@@ -188,21 +204,320 @@ static PyObject *scan(PyObject *self, PyObject *args)
         nbytes += size;
         pos += 512 + padded;
     }
+    Py_XDECREF(whole);
     PyBuffer_Release(&view);
     return Py_BuildValue("NnL", items, pos, nbytes);
 
 fail:
+    Py_XDECREF(whole);
     Py_XDECREF(items);
     PyBuffer_Release(&view);
     return NULL;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The writer: tarproc.tario.TarWriter is the reference; this does the same for the common case.
+ *
+ * pack(buf, used, members, start, templates, direct) -> (used, next, status)
+ *
+ * Writes members[start:] -- (name: str, data: bytes | bytearray | memoryview) tuples -- into the
+ * writable buffer `buf` from offset `used` on: header(s), data, zero padding to 512 bytes. The
+ * headers are TarWriter's: a ustar header where the UTF-8 name fits 100 bytes or splits at a slash
+ * into a 155-byte prefix and a 100-byte name (the same split as tario._split_ustar), else a GNU
+ * ././@LongLink record (the name and a NUL, padded) before a header holding the name's first 100
+ * bytes. `templates` holds TarWriter's three header kinds, 512 bytes each, with every constant
+ * field (mode, owner, mtime, typeflag, magic) filled in, an empty name and prefix and the checksum
+ * field as 8 spaces: ustar "0", GNU "0", and the GNU "L" header with its name. This fills in name,
+ * prefix and size and then the checksum, the unsigned sum of the 512 bytes.
+ *
+ * It stops at the first member it can't finish, saying why in `status`; `next` is that member:
+ *   PACK_DONE   every member is written (next == len(members));
+ *   PACK_FULL   members[next] does not fit in what is left of buf: write buf[:used] out, call again;
+ *   PACK_PYTHON members[next] is for the Python writer, which writes it or raises the error: not a
+ *               (str, bytes-like) pair, a name that is empty, holds a NUL or is not valid UTF-8
+ *               (lone surrogates: Python's surrogateescape), data that is not one contiguous
+ *               buffer, or headers that do not fit even an empty buf;
+ *   PACK_BIG    members[next] has `direct` bytes of data or more: its header(s) are in buf, and the
+ *               caller writes buf[:used], then the data itself (not copied) and its padding.
+ */
+enum { PACK_DONE = 0, PACK_FULL = 1, PACK_PYTHON = 2, PACK_BIG = 3 };
+
+#define PADDED(n) (((n) + 511) & ~(Py_ssize_t)511)
+
+/* Where a name of n bytes (over 100) splits into a ustar prefix and name: the slash's index, or
+ * -1 when it can't. The first slash that leaves a name of 1..100 bytes and a prefix of 1..155. */
+static Py_ssize_t split_ustar(const char *raw, Py_ssize_t n)
+{
+    if (n > 256)
+        return -1;
+    Py_ssize_t from = n > 101 ? n - 101 : 0;
+    const char *slash = memchr(raw + from, '/', (size_t)(n - from));
+    while (slash != NULL) {
+        Py_ssize_t i = slash - raw;
+        if (i <= 0 || i > 155)
+            return -1;
+        if (n - i - 1 <= 100 && n - i - 1 > 0)
+            return i;
+        slash = memchr(raw + i + 1, '/', (size_t)(n - i - 1));
+    }
+    return -1;
+}
+
+/* One header at h: the template, then name, prefix, size and the checksum. */
+static void put_header(unsigned char *h, const unsigned char *tmpl, const char *name, Py_ssize_t nlen,
+                       const char *prefix, Py_ssize_t plen, unsigned long long size)
+{
+    memcpy(h, tmpl, 512);
+    memcpy(h, name, (size_t)nlen);
+    if (plen)
+        memcpy(h + 345, prefix, (size_t)plen);
+    if (size < (1ULL << 33)) { /* 11 octal digits and a NUL */
+        for (int i = 10; i >= 0; i--) {
+            h[124 + i] = (unsigned char)('0' + (size & 7));
+            size >>= 3;
+        }
+        h[135] = 0;
+    } else { /* base-256: 0x80, then 11 bytes big-endian */
+        h[124] = 0x80;
+        for (int i = 11; i >= 1; i--) {
+            h[124 + i] = (unsigned char)(size & 0xFF);
+            size >>= 8;
+        }
+    }
+    unsigned int sum = 0; /* the template's checksum field is 8 spaces */
+    for (int i = 0; i < 512; i++)
+        sum += h[i];
+    for (int i = 5; i >= 0; i--) { /* "%06o\0 " */
+        h[148 + i] = (unsigned char)('0' + (sum & 7));
+        sum >>= 3;
+    }
+    h[154] = 0;
+    h[155] = ' ';
+}
+
+static PyObject *pack(PyObject *self, PyObject *args)
+{
+    Py_buffer out, tm;
+    Py_ssize_t used, start, direct;
+    PyObject *members;
+    if (!PyArg_ParseTuple(args, "w*nOny*n", &out, &used, &members, &start, &tm, &direct))
+        return NULL;
+    PyObject *seq = NULL;
+    if (tm.len != 3 * 512 || used < 0 || used > out.len || start < 0) {
+        PyErr_SetString(PyExc_ValueError, "pack: bad templates, used or start");
+        goto fail;
+    }
+    seq = PySequence_Fast(members, "pack: members must be a list or a tuple");
+    if (seq == NULL)
+        goto fail;
+    const unsigned char *ustar = tm.buf, *gnu = ustar + 512, *longlink = ustar + 1024;
+    unsigned char *buf = out.buf;
+    Py_ssize_t cap = out.len;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int status = PACK_DONE;
+    Py_ssize_t i;
+
+    for (i = start; i < count; i++) {
+        PyObject *item = items[i];
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+            status = PACK_PYTHON;
+            break;
+        }
+        PyObject *name = PyTuple_GET_ITEM(item, 0), *data = PyTuple_GET_ITEM(item, 1);
+        if (!PyUnicode_Check(name) || !(PyBytes_Check(data) || PyByteArray_Check(data) || PyMemoryView_Check(data))) {
+            status = PACK_PYTHON;
+            break;
+        }
+        Py_ssize_t nlen;
+        const char *raw = PyUnicode_AsUTF8AndSize(name, &nlen);
+        if (raw == NULL) { /* lone surrogates: the Python writer encodes them */
+            PyErr_Clear();
+            status = PACK_PYTHON;
+            break;
+        }
+        if (nlen == 0 || memchr(raw, 0, (size_t)nlen) != NULL) {
+            status = PACK_PYTHON;
+            break;
+        }
+        Py_buffer dv;
+        if (PyObject_GetBuffer(data, &dv, PyBUF_SIMPLE) < 0) { /* not contiguous, or released */
+            PyErr_Clear();
+            status = PACK_PYTHON;
+            break;
+        }
+        Py_ssize_t size = dv.len;
+        Py_ssize_t split = nlen > 100 ? split_ustar(raw, nlen) : -1;
+        int long_name = nlen > 100 && split < 0;
+        Py_ssize_t head = long_name ? 512 + PADDED(nlen + 1) + 512 : 512;
+        int big = size >= direct;
+        if (head + (big ? 0 : PADDED(size)) > cap - used) {
+            PyBuffer_Release(&dv);
+            status = used == 0 ? PACK_PYTHON : PACK_FULL;
+            break;
+        }
+        unsigned char *h = buf + used;
+        if (long_name) {
+            Py_ssize_t record = PADDED(nlen + 1);
+            put_header(h, longlink, "", 0, "", 0, (unsigned long long)(nlen + 1));
+            memcpy(h + 512, raw, (size_t)nlen);
+            memset(h + 512 + nlen, 0, (size_t)(record - nlen));
+            put_header(h + 512 + record, gnu, raw, 100, "", 0, (unsigned long long)size);
+        } else if (split >= 0) {
+            put_header(h, ustar, raw + split + 1, nlen - split - 1, raw, split, (unsigned long long)size);
+        } else {
+            put_header(h, ustar, raw, nlen, "", 0, (unsigned long long)size);
+        }
+        used += head;
+        if (big) {
+            PyBuffer_Release(&dv);
+            status = PACK_BIG;
+            break;
+        }
+        memcpy(buf + used, dv.buf, (size_t)size);
+        memset(buf + used + size, 0, (size_t)(PADDED(size) - size));
+        used += PADDED(size);
+        PyBuffer_Release(&dv);
+    }
+    Py_DECREF(seq);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&tm);
+    return Py_BuildValue("nni", used, i, status);
+
+fail:
+    Py_XDECREF(seq);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&tm);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * members(sample) -> (key, [(name, value), ...]) or None: tario.sample_members for the common
+ * case, where that gives the same without raising: a dict whose "__key__" is a str that passes
+ * tario.check_key, whose fields are str of ASCII without upper case, '/' or NUL (so no two can
+ * differ only in case), at least one of them not starting with "__" (those are skipped), and
+ * whose values are bytes. Members are "KEY.FIELD" in sorted field order. None for anything else:
+ * the Python function then does it, or raises the error it names.
+ */
+
+/* check_key's rules on the key's UTF-8 bytes ('/', '.', '_' and NUL are never part of a
+ * multi-byte character, so the bytes answer as the characters would). */
+static int key_ok(const char *k, Py_ssize_t n)
+{
+    if (n == 0 || memchr(k, 0, (size_t)n) != NULL)
+        return 0;
+    if (n >= 2 && k[0] == '.' && k[1] == '/')
+        return 0;
+    Py_ssize_t base = n;
+    while (base > 0 && k[base - 1] != '/')
+        base--;
+    if (base == n || memchr(k + base, '.', (size_t)(n - base)) != NULL)
+        return 0;
+    const char *slash = memchr(k, '/', (size_t)n);
+    Py_ssize_t first = slash != NULL ? slash - k : n;
+    if (first > 4 && k[0] == '_' && k[1] == '_' && k[first - 2] == '_' && k[first - 1] == '_')
+        return 0; /* __name__: metadata (4 bytes or fewer are ASCII, so bytes count as characters) */
+    return 1;
+}
+
+static int field_ok(PyObject *field)
+{
+    if (!PyUnicode_CheckExact(field) || !PyUnicode_IS_ASCII(field))
+        return 0;
+    const char *f = (const char *)PyUnicode_1BYTE_DATA(field);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(field);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((f[i] >= 'A' && f[i] <= 'Z') || f[i] == '/' || f[i] == 0)
+            return 0;
+    return 1;
+}
+
+static PyObject *members(PyObject *self, PyObject *sample)
+{
+    if (!PyDict_CheckExact(sample))
+        Py_RETURN_NONE;
+    PyObject *key = PyDict_GetItemString(sample, "__key__"); /* borrowed */
+    if (key == NULL || !PyUnicode_CheckExact(key))
+        Py_RETURN_NONE;
+    Py_ssize_t klen;
+    const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
+    if (k == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (!key_ok(k, klen))
+        Py_RETURN_NONE;
+    PyObject *fields = PyDict_Keys(sample);
+    if (fields == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(fields);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!field_ok(PyList_GET_ITEM(fields, i))) {
+            Py_DECREF(fields);
+            Py_RETURN_NONE;
+        }
+    PyObject *out = NULL, *prefix = NULL;
+    if (PyList_Sort(fields) < 0)
+        goto done;
+    prefix = PyUnicode_FromFormat("%U.", key);
+    out = PyList_New(0);
+    if (prefix == NULL || out == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *field = PyList_GET_ITEM(fields, i);
+        const char *f = (const char *)PyUnicode_1BYTE_DATA(field);
+        if (PyUnicode_GET_LENGTH(field) >= 2 && f[0] == '_' && f[1] == '_')
+            continue;
+        PyObject *value = PyDict_GetItemWithError(sample, field); /* borrowed */
+        if (value == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            goto none; /* cannot happen: the field came from the dict */
+        }
+        if (!PyBytes_CheckExact(value))
+            goto none; /* encode_value's work: the Python function does it */
+        PyObject *name = PyUnicode_Concat(prefix, field);
+        if (name == NULL)
+            goto fail;
+        PyObject *pair = PyTuple_Pack(2, name, value);
+        Py_DECREF(name);
+        if (pair == NULL)
+            goto fail;
+        int err = PyList_Append(out, pair);
+        Py_DECREF(pair);
+        if (err < 0)
+            goto fail;
+    }
+    if (PyList_GET_SIZE(out) == 0)
+        goto none; /* no fields: the Python function names the error */
+    PyObject *result = PyTuple_Pack(2, key, out);
+    Py_DECREF(out);
+    Py_DECREF(prefix);
+    Py_DECREF(fields);
+    return result;
+
+none:
+    Py_XDECREF(out);
+    Py_XDECREF(prefix);
+    Py_DECREF(fields);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(out);
+    out = NULL;
+done:
+    Py_XDECREF(prefix);
+    Py_DECREF(fields);
+    return out;
+}
+
 static PyMethodDef methods[] = {
-    {"scan", scan, METH_VARARGS, "scan(buf, pos, base, max_member_size, keyed) -> (items, new_pos, nbytes)"},
+    {"members", members, METH_O, "members(sample) -> (key, [(name, value), ...]) or None: sample_members' common case"},
+    {"scan", scan, METH_VARARGS, "scan(buf, pos, base, max_member_size, keyed[, views]) -> (items, new_pos, nbytes)"},
+    {"pack", pack, METH_VARARGS, "pack(buf, used, members, start, templates, direct) -> (used, next, status)"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", "Fast path of the tar reader.", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", "Fast paths of the tar reader and writer.", -1, methods};
 
 PyMODINIT_FUNC PyInit__speedups(void)
 {

@@ -104,7 +104,7 @@ def group_keyed(
 
 
 def _group(
-    members: Iterable[tuple[str | None, str, bytes, int]],
+    members: Iterable[tuple[str | None, str, bytes | memoryview, int]],
     url: str | None,
     dup: str,
     stats: ReadStats,
@@ -189,6 +189,7 @@ def read_samples(
     warn: Callable[[str], None] | None = None,
     links: str = "follow",
     ignore_zeros: bool = False,
+    views: bool = False,
 ) -> Iterator[Sample]:
     """Read samples from one or more tar shards, in order.
 
@@ -198,6 +199,8 @@ def read_samples(
     and goes on with the next; the default ``"fail"`` raises. Grouping restarts at every shard.
     ``links`` and ``ignore_zeros`` are ``iter_members``'s: hard and symbolic links to earlier
     members are read as their targets' bytes (or skipped), and concatenated archives read whole.
+    ``views=True`` is for samples written out at once (``tarcat``, ``tarsplit``): values of 64 KiB
+    or more may be read-only memoryviews of what was read, not bytes (see ``iter_keyed_members``).
 
     >>> import io, tempfile, os
     >>> from tarproc import TarWriter
@@ -220,7 +223,7 @@ def read_samples(
         try:
             with open_source(url) as stream:
                 members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats, links=links,
-                                             ignore_zeros=ignore_zeros)
+                                             ignore_zeros=ignore_zeros, views=views)
                 yield from _group(members, url, dup, stats, warn)
         except TarprocError as e:
             if on_error == "fail":

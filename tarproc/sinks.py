@@ -45,6 +45,8 @@ def stdout_is_terminal() -> bool:
 class Sink:
     """A byte sink with ``write``, ``commit`` and ``abort``; counts bytes and their sha256."""
 
+    _writev = False  # whether write_pieces may use os.writev on the file's descriptor (see _start)
+
     def __init__(self, url: str, compression: str | None = None, level: int | None = None, digest: bool = False):
         self.url = url
         self.bytes = 0  # bytes written to the destination (after compression)
@@ -59,6 +61,12 @@ class Sink:
         self._fh = fh
         counted = _Counting(self)
         self._writer = CompressingWriter(counted, self.compression, self._level) if self.compression else counted
+        self._fd: int | None = None  # for write_pieces: the descriptor written to, when writev may be used
+        if self._writev and not self.compression:
+            try:
+                self._fd = fh.fileno()
+            except (AttributeError, OSError, ValueError):  # not a real file (a BytesIO in tests)
+                self._fd = None
 
     @property
     def sha256(self) -> str | None:
@@ -66,6 +74,37 @@ class Sink:
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         return self._writer.write(data)  # type: ignore[no-any-return]
+
+    def write_pieces(self, pieces: list[bytes | bytearray | memoryview]) -> None:
+        """Write byte strings in order, as one ``writev`` system call where the destination is a
+        file descriptor and nothing compresses (``TarWriter``: the headers gathered so far, then a
+        big member's data, without joining them), else as one ``write`` each."""
+        fd = self._fd
+        if fd is None:
+            for piece in pieces:
+                self.write(piece)
+            return
+        total = sum(len(piece) for piece in pieces)
+        try:
+            self._fh.flush()  # stdout's buffered writer: what it holds goes first
+            written = os.writev(fd, pieces)
+            while written < total:  # a partial write (a signal came): the rest
+                rest, skip = [], written
+                for piece in pieces:
+                    if skip >= len(piece):
+                        skip -= len(piece)
+                    else:
+                        rest.append(memoryview(piece)[skip:])
+                        skip = 0
+                written += os.writev(fd, rest)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise SinkError(f"write failed: {e.strerror or e}", self.url) from None
+        self.bytes += total
+        if self._sha is not None:
+            for piece in pieces:
+                self._sha.update(piece)
 
     def _raw_write(self, data: bytes | bytearray | memoryview) -> None:
         # files are unbuffered (TarWriter gathers small writes itself); a raw write may be partial
@@ -115,7 +154,8 @@ class Sink:
 class _Hasher:
     """sha256 of the bytes written, computed in a thread of its own: hashlib releases the GIL on
     big buffers, so hashing runs beside the writing instead of in its path. ``update`` takes bytes
-    (immutable: the thread reads them later); anything else is copied first."""
+    and read-only views of bytes as they are (immutable: the thread reads them later); anything
+    else (a writer's reused buffer) is copied first."""
 
     _END = None
 
@@ -124,7 +164,7 @@ class _Hasher:
         import threading
 
         self._sha = hashlib.sha256()
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=32)  # bounded: memory stays small
+        self._queue: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=32)  # bounded: memory stays small
         self._thread = threading.Thread(target=self._run, name="tarproc-sha256", daemon=True)
         self._thread.start()
         self._digest: str | None = None
@@ -134,7 +174,11 @@ class _Hasher:
             self._sha.update(data)
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
-        self._queue.put(data if type(data) is bytes else bytes(data))
+        if type(data) is memoryview and type(data.obj) is bytes:
+            data = memoryview(data)  # its own view: the caller may release theirs
+        elif type(data) is not bytes:
+            data = bytes(data)
+        self._queue.put(data)
 
     def hexdigest(self) -> str:
         if self._digest is None:
@@ -155,6 +199,8 @@ class _Counting:
 
 class StdoutSink(Sink):
     """``-``: stdout (or ``stream``), refused when it is a terminal unless ``force``."""
+
+    _writev = True
 
     def __init__(self, *, force: bool = False, stream: IO[bytes] | None = None, **kw: Any):
         super().__init__("-", **kw)
@@ -182,6 +228,8 @@ class StdoutSink(Sink):
 
 class _TempFileSink(Sink):
     """Written to a local temporary file, published by ``_publish`` on commit, removed on abort."""
+
+    _writev = True
 
     def _open_temp(self, **mkstemp_args: Any) -> None:
         try:
@@ -269,6 +317,8 @@ class DeviceSink(Sink):
     Renaming a temporary over a device node would replace it, so there is nothing atomic to do.
     """
 
+    _writev = True
+
     def __init__(self, url: str, path: str, **kw: Any) -> None:
         super().__init__(url, **kw)
         try:
@@ -329,6 +379,37 @@ class PipeSink(Sink):
         self.done = True
         self._close_quietly()
         stop_process_group(self.proc)
+
+    def write_pieces(self, pieces: list[bytes | bytearray | memoryview]) -> None:
+        """Write byte strings in order, as one ``writev`` system call where the destination is a
+        file descriptor and nothing compresses (``TarWriter``: the headers gathered so far, then a
+        big member's data, without joining them), else as one ``write`` each."""
+        fd = self._fd
+        if fd is None:
+            for piece in pieces:
+                self.write(piece)
+            return
+        total = sum(len(piece) for piece in pieces)
+        try:
+            self._fh.flush()  # stdout's buffered writer: what it holds goes first
+            written = os.writev(fd, pieces)
+            while written < total:  # a partial write (a signal came): the rest
+                rest, skip = [], written
+                for piece in pieces:
+                    if skip >= len(piece):
+                        skip -= len(piece)
+                    else:
+                        rest.append(memoryview(piece)[skip:])
+                        skip = 0
+                written += os.writev(fd, rest)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise SinkError(f"write failed: {e.strerror or e}", self.url) from None
+        self.bytes += total
+        if self._sha is not None:
+            for piece in pieces:
+                self._sha.update(piece)
 
     def _raw_write(self, data: bytes | bytearray | memoryview) -> None:
         try:

@@ -14,6 +14,11 @@ expanded to its real size, at most ``max_member_size``, which briefly takes twic
 
 Writing: ``TarWriter`` writes deterministic archives (fixed mtime, owner and mode), ustar headers
 where names fit and GNU long-name records where they don't, end blocks and record padding.
+
+Both have an optional C fast path (tarproc/_speedups.c) for the common case, which hands anything
+else back to the Python code here: that is the reference, and the tests check that the two give the
+same members, errors and bytes (test_parity.py, test_writer_parity.py). ``TARPROC_PURE_PYTHON=1``
+turns the C paths off.
 """
 
 from __future__ import annotations
@@ -25,18 +30,26 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from operator import length_hint
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 from zlib import adler32
 
 from .compression import Readable
 from .errors import LinkError, OptionError, SampleError, TarFormatError, TarprocError
 
+# The optional C fast paths (tarproc/_speedups.c) of the reader (_scan) and the writer (_pack, and
+# _members for sample_members); the Python code below is the reference. TARPROC_PURE_PYTHON=1 turns
+# them off, and setting _scan or _pack to None turns off the reader's or the writer's (the tests do,
+# to compare the two paths).
 _scan: Any = None
+_pack: Any = None
+_members: Any = None
 if not os.environ.get("TARPROC_PURE_PYTHON"):
-    try:  # the optional C fast path (tarproc/_speedups.c); the Python code below is the reference
+    try:
+        from ._speedups import members as _members  # type: ignore[no-redef]
+        from ._speedups import pack as _pack  # type: ignore[no-redef]
         from ._speedups import scan as _scan  # type: ignore[no-redef]
     except ImportError:  # pragma: no cover - built by pip install; absent only without a compiler
-        _scan = None
+        _scan = _pack = _members = None
 
 BLOCK = 512
 RECORD = 10240  # 20 blocks: the record size GNU tar and Python's tarfile pad archives to
@@ -46,8 +59,11 @@ LINK_POLICIES = ("follow", "skip")
 DEFAULT_LINK_CACHE = 4 << 20  # bytes of recent members kept for links (more slows reading: fresh memory)
 _CHUNK = 1 << 20  # bytes read from the stream at a time
 _PIECE = 16 << 20  # large member data is read in pieces of at most this many bytes
-_GATHER = 1 << 20  # the writer joins small pieces into writes of about this size
-_DIRECT_WRITE = 1 << 16  # member data at least this big is written as it is
+_GATHER = 1 << 20  # the writer gathers small pieces in a buffer of this size, written when full
+_DIRECT_WRITE = 1 << 16  # member data at least this big is written as it is, not copied
+_VIEW = 1 << 16  # with views=True, the reader hands out member data at least this big as views
+# what _pack says about where it stopped (see pack in _speedups.c)
+_PACK_DONE, _PACK_FULL, _PACK_PYTHON, _PACK_BIG = 0, 1, 2, 3
 _OCTAL_12 = 8**11  # sizes below this fit a 12-byte octal field
 _NO_PREFIX = bytes(BLOCK - 345)  # an empty ustar prefix field and the header's last 12 bytes
 
@@ -237,6 +253,20 @@ def iter_members(
                          link_cache=link_cache, ignore_zeros=ignore_zeros)
 
 
+@overload
+def iter_keyed_members(
+    stream: Readable, url: str | None = None, *, max_member_size: int = ..., stats: ReadStats | None = ...,
+    links: str = ..., link_cache: int = ..., ignore_zeros: bool = ..., views: Literal[False] = ...,
+) -> Iterator[tuple[str | None, str, bytes, int]]: ...
+
+
+@overload
+def iter_keyed_members(
+    stream: Readable, url: str | None = None, *, max_member_size: int = ..., stats: ReadStats | None = ...,
+    links: str = ..., link_cache: int = ..., ignore_zeros: bool = ..., views: bool,
+) -> Iterator[tuple[str | None, str, bytes | memoryview, int]]: ...
+
+
 def iter_keyed_members(
     stream: Readable,
     url: str | None = None,
@@ -246,13 +276,20 @@ def iter_keyed_members(
     links: str = "follow",
     link_cache: int = DEFAULT_LINK_CACHE,
     ignore_zeros: bool = False,
-) -> Iterator[tuple[str | None, str, bytes, int]]:
+    views: bool = False,
+) -> Iterator[tuple[str | None, str, bytes | memoryview, int]]:
     """Like ``iter_members`` but yield ``(key, field, data, offset)`` by the WebDataset key rule.
 
     ``key`` is None (and ``field`` the whole name) for names without a key.
+
+    ``views=True`` (for data that passes straight through, as in ``tarcat`` and ``tarsplit``): the
+    data of members of 64 KiB or more may come as a read-only ``memoryview`` of the bytes read from
+    the stream instead of a copy of them. A view stays valid as long as it is held -- the bytes it
+    shows are never reused or changed -- but it keeps the whole read (about 1 MiB) in memory with
+    it: copy (``bytes(data)``) what you keep for long, such as samples in a shuffle buffer.
     """
     return _read_members(stream, url, max_member_size=max_member_size, stats=stats, keyed=True, links=links,
-                         link_cache=link_cache, ignore_zeros=ignore_zeros)
+                         link_cache=link_cache, ignore_zeros=ignore_zeros, views=views)
 
 
 def split_key(name: str) -> tuple[str | None, str]:
@@ -390,14 +427,20 @@ def _skipper(stream: Any) -> Callable[[int], int] | None:
 class _RecentMembers:
     """The regular members read lately (their names and data), about ``limit`` bytes of them (each
     member counted at least 512 bytes): a hard or symbolic link names an earlier member, and a
-    stream can't go back to read it again. The fast path's item lists are kept as they are, so
-    remembering costs nothing per member; the first link builds a name index, kept up to date from
-    then on, so that many links cost one dictionary lookup each."""
+    stream can't go back to read it again. The first link builds a name index, kept up to date from
+    then on, so that many links cost one dictionary lookup each.
+
+    Until a link needs them, the fast path's members are remembered as the buffer they were found
+    in (``add_scanned``), not as the items handed out: holding on to the items themselves (a tuple,
+    a name and a bytes object per member, megabytes of them) keeps their memory from being reused
+    and slowed reading small members by about 5%. The first link scans those buffers again.
+    """
 
     def __init__(self, limit: int, keyed: bool) -> None:
         self.limit = limit
         self.keyed = keyed
-        self.lists: deque[tuple[int, list[Any], int]] = deque()  # (sequence number, items, charged bytes)
+        # (sequence number, items or a _Scanned buffer, charged bytes)
+        self.lists: deque[tuple[int, Any, int]] = deque()
         self.bytes = 0
         self.added = 0  # lists added so far
         self.index: dict[Any, tuple[int, Any]] | None = None  # name -> (sequence number, data)
@@ -407,9 +450,18 @@ class _RecentMembers:
         return (item[0], item[1]) if self.keyed else item[0]
 
     def add(self, items: list[Any], nbytes: int) -> None:
+        self._add(items, nbytes + BLOCK * len(items))
+
+    def add_scanned(self, scanned: _Scanned, nbytes: int, count: int) -> None:
+        """The ``count`` members (``nbytes`` of data) that ``scanned`` gives again when asked."""
+        if self.index is not None:  # links come up in this stream: index the items at once
+            self._add(scanned.items(), nbytes + BLOCK * count)
+        else:
+            self._add(scanned, nbytes + BLOCK * count)
+
+    def _add(self, items: Any, charged: int) -> None:
         if self.limit <= 0:
             return
-        charged = nbytes + BLOCK * len(items)
         self.lists.append((self.added, items, charged))
         self.added += 1
         self.bytes += charged
@@ -425,6 +477,9 @@ class _RecentMembers:
     def find(self, name: str) -> bytes | None:
         if self.index is None:
             self.index = {}
+            # from now on every list is indexed: the buffers become their items
+            self.lists = deque((seq, items.items() if isinstance(items, _Scanned) else items, charged)
+                               for seq, items, charged in self.lists)
         for seq, items, _ in self.lists:
             if seq >= self.indexed:
                 for item in items:
@@ -432,6 +487,20 @@ class _RecentMembers:
         self.indexed = self.added
         found = self.index.get(split_key(name) if self.keyed else name)
         return found[1] if found is not None else None
+
+
+class _Scanned:
+    """Members the C scanner found in a buffer, to be found again: ``items()`` scans the same bytes
+    from the same place with the same arguments, so it gives the same items (equal, not the same
+    objects)."""
+
+    __slots__ = ("args", "scan")
+
+    def __init__(self, scan: Any, *args: Any) -> None:
+        self.scan, self.args = scan, args
+
+    def items(self) -> list[Any]:
+        return self.scan(*self.args)[0]  # type: ignore[no-any-return]
 
 
 def _rereader(stream: Any, consumed: int, max_member_size: int) -> Callable[[str, int], bytes | None] | None:
@@ -525,6 +594,7 @@ def _read_members(
     ignore_zeros: bool = False,
     record: Callable[[str, int, int | None, Any], None] | None = None,
     skip_data: bool = False,
+    views: bool = False,
 ) -> Iterator[Any]:
     # record (for MemberFinder): called with (name, header offset, stream offset of the data or None
     # when it isn't stored in place, data) for every regular member before it is yielded
@@ -543,6 +613,7 @@ def _read_members(
     pax_global: dict[str, str] = {}
     # the C fast path accepts no size above this (and needs it to fit a C long long)
     scan_limit = min(max_member_size, 1 << 62)
+    view_size = _VIEW if views else 0  # data this big comes as views of buf (iter_keyed_members)
     recent = _RecentMembers(link_cache if links == "follow" else 0, keyed)
     # skip_data (for indexing a local file): a regular member's data that isn't in the buffer is
     # skipped (seek), not read, and given as Unread(size); small reads, so that most of it isn't
@@ -571,12 +642,14 @@ def _read_members(
             pos = 0
             continue
 
-        if _scan is not None and long_name is None and not pax and long_link is None and "path" not in pax_global:
-            items, new_pos, nb = _scan(buf, pos, base, scan_limit, keyed)
+        scan = _scan
+        if scan is not None and long_name is None and not pax and long_link is None and "path" not in pax_global:
+            items, new_pos, nb = scan(buf, pos, base, scan_limit, keyed, view_size)
             if items:
                 chunk = _CHUNK  # small members: read them in big blocks again
                 zeros_seen = False
-                recent.add(items, nb)
+                if recent.limit > 0:
+                    recent.add_scanned(_Scanned(scan, buf, pos, base, scan_limit, keyed, view_size), nb, len(items))
                 if record is not None:
                     for name, data, at in items:
                         record(name, at, at + BLOCK, data)
@@ -864,6 +937,11 @@ class TarWriter:
     webdataset and DALI all read. ``close()`` writes the two end blocks and pads to 10240 bytes.
     It does not close the underlying stream.
 
+    Small pieces are gathered in a buffer that is reused: as io's ``write`` contract has it, the
+    stream must not keep the object ``write`` is given once the call returns (file objects, sinks and
+    compressors copy it). With the C extension the headers and the gathering are done in C
+    (``_speedups.pack``); the Python code here is the reference, byte for byte the same.
+
     >>> import io
     >>> buf = io.BytesIO()
     >>> with TarWriter(buf) as w:
@@ -902,8 +980,18 @@ class TarWriter:
             # typeflag, linkname, magic (ustar, or GNU's for headers around a long-name record)
             tail = typeflag + bytes(100) + (b"ustar  \x00" if gnu else b"ustar\x0000") + owner
             self._tails[typeflag, gnu] = (tail, sum(tail))
-        self._out: list[bytes] = []  # small writes are gathered and written together
-        self._outlen = 0
+        # the C writer's header templates: the three kinds above, empty name, checksum field blank
+        self._templates = b"".join(
+            head[:148] + b" " * 8 + head[156:]
+            for head in (self._header(b"", 0), self._header(b"", 0, gnu=True),
+                         self._header(b"././@LongLink", 0, b"L", gnu=True))
+        )
+        # a sink's write_pieces writes the gathered headers and a big member's data in one call
+        self._write_pieces: Callable[[list[Any]], None] | None = getattr(stream, "write_pieces", None)
+        # small writes are gathered in _buf[:_used] and written when it is full (see _put)
+        self._buf = bytearray(_GATHER)
+        self._view = memoryview(self._buf)
+        self._used = 0
         self.last_key: str | None = None  # key of the last sample written
 
     # -- low level --
@@ -927,10 +1015,38 @@ class TarWriter:
         )
 
     def _flush(self) -> None:
-        if self._out:
-            self.stream.write(b"".join(self._out))
-            self._out.clear()
-            self._outlen = 0
+        if self._used:
+            self.stream.write(self._view[: self._used])
+            self._used = 0
+
+    def _put(self, piece: bytes | bytearray | memoryview) -> None:
+        """Add bytes to the gather buffer, writing it out first when they don't fit."""
+        n = len(piece)
+        used = self._used
+        if used + n > _GATHER:
+            self._flush()
+            used = 0
+            if n > _GATHER:
+                self.stream.write(piece)
+                return
+        self._buf[used : used + n] = piece
+        self._used = used + n
+
+    def _put_data(self, data: bytes | bytearray | memoryview, size: int) -> None:
+        """A member's data and padding, after its header(s); big data is written as it is."""
+        if size >= _DIRECT_WRITE:  # big data goes to the stream as it is, not copied
+            if self._write_pieces is not None and self._used:
+                self._write_pieces([self._view[: self._used], data])
+                self._used = 0
+            else:
+                self._flush()
+                self.stream.write(data)
+        elif size:
+            self._put(data)
+        pad = -size % BLOCK
+        if pad:
+            self._put(ZERO_BLOCK[:pad])
+        self.offset += size + pad
 
     @staticmethod
     def member_size(name: str, size: int) -> int:
@@ -947,6 +1063,35 @@ class TarWriter:
         """Write one regular-file member."""
         if self.closed:
             raise ValueError("TarWriter is closed")
+        if _pack is not None:
+            self._add_packed(((name, data),))
+        else:
+            self._add(name, data)
+
+    def _add_packed(self, members: list[Any] | tuple[Any, ...]) -> None:
+        """Write ``(name, data)`` members with the C writer, handing it back what it leaves to Python."""
+        i, n = 0, len(members)
+        while i < n:
+            before = self._used
+            used, j, status = _pack(self._buf, before, members, i, self._templates, _DIRECT_WRITE)
+            self._used = used
+            self.offset += used - before
+            self.members += j - i
+            i = j
+            if status == _PACK_FULL:
+                self._flush()
+            elif status == _PACK_PYTHON:
+                name, data = members[j]
+                self._add(name, data)
+                i += 1
+            elif status == _PACK_BIG:  # the header is in the buffer; the data is not copied
+                data = _as_bytes_like(members[j][1])
+                self._put_data(data, len(data))
+                self.members += 1
+                i += 1
+
+    def _add(self, name: str, data: bytes | bytearray | memoryview) -> None:
+        """The Python writer (the reference): one member."""
         raw = name.encode("utf-8", "surrogateescape")
         if not raw:
             raise ValueError("empty member name")
@@ -967,26 +1112,10 @@ class TarWriter:
                 + bytes(-len(longname) % BLOCK)
                 + self._header(raw[:100], size, gnu=True)
             )
-        out = self._out
-        out.append(head)
-        pending = self._outlen + len(head)
-        if size >= _DIRECT_WRITE:  # big data goes to the stream as it is, not copied into a join
-            self.stream.write(b"".join(out))
-            out.clear()
-            pending = 0
-            self.stream.write(data)
-        elif size:
-            out.append(data if type(data) is bytes else bytes(data))
-            pending += size
-        pad = -size % BLOCK
-        if pad:
-            out.append(ZERO_BLOCK[:pad])
-            pending += pad
-        self._outlen = pending
-        self.offset += len(head) + size + pad
+        self._put(head)
+        self.offset += len(head)
+        self._put_data(data, size)
         self.members += 1
-        if pending >= _GATHER:
-            self._flush()
 
     def write_sample(self, sample: dict[str, Any]) -> None:
         """Write a sample dict as members ``KEY.FIELD`` in sorted field order (see ``sample_members``)."""
@@ -999,18 +1128,25 @@ class TarWriter:
         """
         if key == self.last_key:
             raise SampleError(f"key {key!r} written twice in a row; readers would merge the two samples", key=key)
-        add = self.add
-        for name, data in members:
-            add(name, data)
+        if _pack is not None and not self.closed:
+            self._add_packed(members if type(members) is list or type(members) is tuple else list(members))
+        else:
+            add = self.add
+            for name, data in members:
+                add(name, data)
         self.last_key = key
         self.samples += 1
+
+    def flush(self) -> None:
+        """Write out what the writer has gathered: every member added so far is in the stream."""
+        self._flush()
 
     def close(self) -> None:
         """Write the end-of-archive blocks and pad to a full 10240-byte record."""
         if self.closed:
             return
         end = tar_end_size(self.offset)
-        self._out.append(bytes(end))
+        self._put(bytes(end))
         self.offset += end
         self._flush()
         self.closed = True
@@ -1023,11 +1159,16 @@ class TarWriter:
             self.close()
 
 
-def _as_bytes_like(data: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
-    """``data`` such that ``len()`` counts bytes (a memoryview of ints or floats counts items)."""
-    if isinstance(data, memoryview) and (data.itemsize != 1 or data.ndim != 1 or not data.c_contiguous):
-        return data.tobytes()
-    return data
+def _as_bytes_like(data: Any) -> bytes | bytearray | memoryview:
+    """``data`` such that ``len()`` counts bytes (a memoryview of ints or floats counts items, and
+    so does an array.array or a numpy array): any other object with the buffer protocol becomes a
+    flat memoryview of bytes, or a copy when it isn't contiguous. Anything else is a TypeError."""
+    if isinstance(data, (bytes, bytearray)):
+        return data
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    if view.itemsize != 1 or view.ndim != 1 or not view.c_contiguous:
+        return view.tobytes()
+    return view
 
 
 def check_key(key: Any) -> None:
@@ -1064,6 +1205,8 @@ def sample_members(sample: dict[str, Any]) -> tuple[str, list[tuple[str, bytes |
     >>> sample_members({"__key__": "a/1", "__url__": "x.tar", "txt": "hi", "cls": 3})
     ('a/1', [('a/1.cls', b'3'), ('a/1.txt', b'hi')])
     """
+    if _pack is not None and (done := _members(sample)) is not None:  # the C writer's common case
+        return done  # type: ignore[no-any-return]
     key = sample["__key__"]
     check_key(key)
     members = []

@@ -237,9 +237,11 @@ class ReadOptions:
         """How to read each tar stream: the keyword arguments of ``iter_members`` and ``read_samples``."""
         return {"max_member_size": self.max_member_size, "links": self.links, "ignore_zeros": self.ignore_zeros}
 
-    def samples(self, stats: ReadStats) -> Iterator[Sample]:
-        """The samples of all inputs, reading as the options say (warnings to stderr)."""
-        return read_samples(self.urls, on_error=self.on_error, dup=self.dup, stats=stats, warn=warn, **self.tar)
+    def samples(self, stats: ReadStats, *, views: bool = False) -> Iterator[Sample]:
+        """The samples of all inputs, reading as the options say (warnings to stderr); ``views``
+        for a command that writes each sample out before reading the next (see ``read_samples``)."""
+        return read_samples(self.urls, on_error=self.on_error, dup=self.dup, stats=stats, warn=warn, views=views,
+                            **self.tar)
 
 
 @dataclass
@@ -541,9 +543,6 @@ def transport_options(sending: bool) -> Callable[[F], F]:
                              help="Give up when no receiver takes a batch for this long (0 = wait for ever)."),
                 click.option("--heartbeat", type=click.FloatRange(min=0.01), default=DEFAULT_HEARTBEAT,
                              show_default=True, metavar="SECONDS", help="Tell receivers we're alive this often."),
-                click.option("--no-ack", "no_ack", is_flag=True,
-                             help="Fire and forget: don't wait for receivers to acknowledge batches (what a "
-                                  "receiver that dies holds is lost, and nobody is told)."),
             ]
         return both + [
             click.option("--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT, show_default=True,
@@ -559,7 +558,7 @@ def transport_options(sending: bool) -> Callable[[F], F]:
     def collect(v: dict[str, Any]) -> dict[str, Any]:
         if sending:
             return {"transport": {"hwm": v["hwm"], "curve": v["curve"], "heartbeat": v["heartbeat"],
-                                  "send_timeout": _seconds_or_forever(v["send_timeout"]), "ack": not v["no_ack"]}}
+                                  "send_timeout": _seconds_or_forever(v["send_timeout"])}}
         return {"transport": {"hwm": v["hwm"], "curve": v["curve"], "timeout": _seconds_or_forever(v["timeout"]),
                               "wait": _seconds_or_forever(v["wait"]),
                               "max_message_size": int(v["max_message_size"]) or None}}

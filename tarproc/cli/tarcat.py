@@ -85,7 +85,9 @@ def main(
     lo, hi, step = parse_slice(slice_spec) if slice_spec else (0, None, 1)
     stats = ReadStats()
 
-    source = reading.samples(stats)
+    # each sample is written before the next is read, so big values can be views of what was read
+    # instead of copies -- except in a shuffle buffer, where they would keep whole reads in memory
+    source = reading.samples(stats, views=not shuffle_size)
     with contextlib.closing(source):
         samples = iter(source)
         if skip or slice_spec:

@@ -52,8 +52,8 @@ all have finished.
 Delivery is acknowledged: a receiver grants credit for --hwm batches and acknowledges each one
 its consumer takes, so a slow receiver slows tarserve down, and the batches a receiver held when
 it died go to another receiver or to its replacement, marked as sent again: nothing is lost while
-a receiver is there or comes back within --send-timeout. --no-ack sends without waiting (fire and
-forget). --checkpoint FILE saves what was acknowledged; the same command with the same FILE
+a receiver is there or comes back within --send-timeout (it costs no measurable speed: make
+bench). --checkpoint FILE saves what was acknowledged; the same command with the same FILE
 resumes there (the stream is the same: shuffles and batches come from --seed).
 """
 

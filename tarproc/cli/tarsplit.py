@@ -100,7 +100,8 @@ def main(
 
     # the manifest is opened first, so a bad path fails before any shard is written
     manifest_sink = open_sink(manifest, compression=None, force=True) if manifest is not None else None
-    source = reading.samples(stats)
+    # each sample is written before the next is read: big values can be views of what was read
+    source = reading.samples(stats, views=True)
     with contextlib.ExitStack() as stack:
         if manifest_sink is not None:
             stack.enter_context(manifest_sink)

@@ -128,11 +128,17 @@ class Delivery:
         except BaseException:
             self.shutdown(linger=0)
             raise
+        # waiting for acknowledgements: anything coming in; without them (ack=False), for room in a
+        # full queue too, which a DEALER says (a ROUTER always looks writable: short polls there)
         self._poller = zmq.Poller()
-        for sock in self._sockets:
+        self._room_poller = zmq.Poller()
+        for sock, router in zip(self._sockets, self._routers, strict=True):
             self._poller.register(sock, zmq.POLLIN)
+            self._room_poller.register(sock, zmq.POLLIN if router else zmq.POLLIN | zmq.POLLOUT)
         for monitor in self._monitors:
             self._poller.register(monitor, zmq.POLLIN)
+            self._room_poller.register(monitor, zmq.POLLIN)
+        self._room_wait = 250 if acked or not any(self._routers) else 2  # milliseconds
 
     def _open(self, endpoint: Endpoint, hwm: int, heartbeat: float, keys: Any) -> None:
         import zmq
@@ -220,8 +226,11 @@ class Delivery:
                 stuck_since = now
             elif self.send_timeout is not None and now - stuck_since > self.send_timeout:
                 raise TransportError(self._stuck(item if have_item else None))
-            if waiting and not sent:  # until an ack or an event comes in
-                self._poller.poll(timeout=250)
+            if waiting and not sent:  # until an ack or an event comes in (or room, without acks)
+                if self.acked:
+                    self._poller.poll(timeout=250)
+                else:
+                    self._room_poller.poll(timeout=self._room_wait)
 
     def _service(self) -> None:
         """Read what came in (acks, monitor events), greet, probe, and send heartbeats."""

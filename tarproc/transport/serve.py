@@ -116,7 +116,7 @@ def check_config(inputs: list[str], config: ServeConfig) -> None:
         if "-" in inputs:
             raise OptionError("a checkpoint needs inputs that can be read again: give shard paths or URLs, not stdin")
         if endpoints[0].kind == "pub" or not config.ack:
-            raise OptionError("a checkpoint needs acknowledged delivery (PUSH-style endpoints, without --no-ack)")
+            raise OptionError("a checkpoint needs acknowledged delivery (PUSH-style endpoints)")
 
 
 def serve(

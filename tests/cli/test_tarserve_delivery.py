@@ -8,7 +8,6 @@ crashes is byte for byte the one sent.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -237,13 +236,3 @@ def test_an_older_tarproc_is_told_apart_from_garbage(tmp_path) -> None:  # type:
     context.term()
     code, _, err = finish(receiver)
     assert code == 1 and "wire format v1" in err and "no sender for 2 s" in err
-
-
-def test_fire_and_forget_still_delivers_to_a_live_receiver(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    src = cli.write_tar(tmp_path / "x.tar", samples(100))
-    feed = f"ipc://{tmp_path}/feed"
-    receiver = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "y.tar")
-    sender = start("tarserve", "--raw", src, "--to", f"zpush+{feed}", "-b", 7, "-q", "--no-ack")
-    assert finish(sender)[0] == 0 and finish(receiver)[0] == 0
-    assert (tmp_path / "y.tar").read_bytes() == reference(cli, src)
-    assert os.path.getsize(tmp_path / "y.tar") > 0

@@ -254,3 +254,98 @@ def test_the_digest_thread_hashes_every_byte_in_order_and_ends():
         hasher.update(piece if len(piece) % 2 else bytearray(piece))  # a bytearray is copied first
     assert hasher.hexdigest() == hashlib.sha256(b"".join(pieces)).hexdigest() == hasher.hexdigest()
     assert not any(t.name == "tarproc-sha256" and t.is_alive() for t in threading.enumerate())
+
+
+def test_the_digest_thread_takes_views_of_bytes_as_they_are_and_copies_reused_buffers():
+    """A view of bytes can't change: it is hashed later as it is, even when the caller releases
+    its own view; a view of a bytearray (a writer's reused gather buffer) is copied at once."""
+    from tarproc.sinks import _Hasher
+
+    hasher = _Hasher()
+    whole = bytes(range(256)) * 1000
+    view = memoryview(whole)[1000:90_000]
+    hasher.update(view)
+    view.release()  # the hasher holds a view of its own
+    reused = bytearray(b"a" * 5000)
+    hasher.update(memoryview(reused))
+    reused[:] = b"b" * 5000  # changed after update: the hasher has its copy
+    assert hasher.hexdigest() == hashlib.sha256(whole[1000:90_000] + b"a" * 5000).hexdigest()
+
+
+def test_a_digest_sink_behind_a_writer_hashes_what_is_written(tmp_path):
+    """TarWriter writes from a reused buffer and big data as views: the sha256 is the file's."""
+    path = tmp_path / "d.tar"
+    block = bytes(range(256)) * 2000
+    with open_sink(str(path), digest=True) as sink, TarWriter(sink) as w:
+        for i in range(300):
+            w.write_sample({"__key__": f"k{i:04d}", "bin": memoryview(block)[i : i + 100_000], "txt": b"t" * i})
+    assert sink.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _pieces() -> list:
+    return [b"head" * 100, memoryview(b"data" * 40_000), bytearray(b"tail"), b""]
+
+
+def test_write_pieces_is_one_writev_in_order_counted_and_hashed(tmp_path, monkeypatch):
+    calls = []
+    real = os.writev
+
+    def counting(fd, buffers):
+        calls.append(len(buffers))
+        return real(fd, buffers)
+
+    monkeypatch.setattr(sinks.os, "writev", counting)
+    path = tmp_path / "p.bin"
+    with open_sink(str(path), digest=True) as sink:
+        sink.write(b"first")
+        sink.write_pieces(_pieces())
+    want = b"first" + b"".join(bytes(p) for p in _pieces())
+    assert path.read_bytes() == want and sink.bytes == len(want)
+    assert sink.sha256 == hashlib.sha256(want).hexdigest()
+    assert calls == [4]
+
+
+def test_write_pieces_finishes_a_partial_writev(tmp_path, monkeypatch):
+    real = os.writev
+
+    def short(fd, buffers):  # at most 1000 bytes a call, as after a signal
+        out, left = [], 1000
+        for b in buffers:
+            if left <= 0:
+                break
+            out.append(memoryview(b)[:left])
+            left -= len(out[-1])
+        return real(fd, out)
+
+    monkeypatch.setattr(sinks.os, "writev", short)
+    path = tmp_path / "p.bin"
+    with open_sink(str(path)) as sink:
+        sink.write_pieces(_pieces())
+    assert path.read_bytes() == b"".join(bytes(p) for p in _pieces())
+
+
+def test_write_pieces_after_buffered_stdout_bytes_and_without_a_descriptor(tmp_path):
+    path = tmp_path / "out.bin"
+    with open(path, "wb") as f:  # a buffered writer, as sys.stdout.buffer is
+        sink = sinks.StdoutSink(stream=f)
+        sink.write(b"buffered-")  # still in the writer's buffer: it must come first
+        sink.write_pieces(_pieces())
+        sink.commit()
+    assert path.read_bytes() == b"buffered-" + b"".join(bytes(p) for p in _pieces())
+    buf = io.BytesIO()  # no file descriptor: one write each
+    sink = sinks.StdoutSink(stream=buf)
+    sink.write_pieces(_pieces())
+    assert buf.getvalue() == b"".join(bytes(p) for p in _pieces())
+
+
+def test_write_pieces_through_a_compressor_and_to_a_full_device(tmp_path, reader):
+    path = tmp_path / "w.tar.gz"
+    members = [(f"m{i}.bin", bytes([i]) * 100_000) for i in range(5)]
+    with open_sink(str(path)) as sink, TarWriter(sink) as w:  # gzip: no writev, writes in order
+        for name, data in members:
+            w.add(name, data)
+    with open_source(str(path)) as source:
+        assert [(n, d) for n, d, _ in iter_members(source)] == members
+    if os.path.exists("/dev/full"):
+        with pytest.raises(SinkError, match="No space left"), open_sink("/dev/full") as sink:
+            sink.write_pieces(_pieces())

@@ -270,3 +270,57 @@ def test_a_fifo_is_not_read_again(tmp_path, kit):
             list(iter_members(source, str(fifo), link_cache=0))
     finally:
         writer.join(timeout=10)
+
+
+def test_links_to_members_many_reads_back_with_the_same_window_on_both_paths(kit, reader):
+    """Thousands of small members over many 1 MiB reads, hard and symbolic links to members read
+    just now and a read or so back, and one to a member out of the 4 MiB cache: found or refused
+    alike by both paths (the C path remembers its buffers and scans them again on the first link;
+    it forgets whole buffers, so the window of a small cache is not the same on the two paths)."""
+    parts = []
+    want: dict[str, bytes] = {}
+    for i in range(6000):
+        name, data = f"s/{i:05d}.bin", bytes([i % 251]) * (100 + i % 900)
+        parts.append(kit.member(name, data))
+        want[name] = data
+        if i % 997 == 996:  # links to members 1, 50 and 500 back
+            for back, kind in ((1, b"1"), (50, b"2"), (500, b"1")):
+                target = f"s/{i - back:05d}.bin"
+                link = f"s/{i:05d}-{back}.lnk"
+                parts.append(kit.header(link, typeflag=kind, linkname=(target if kind == b"1" else target[2:]).encode()))
+                want[link] = want[target]
+    parts.append(kit.header("s/late.lnk", typeflag=b"1", linkname=b"s/00000.bin"))  # some 5 MiB back
+    archive = kit.archive(*parts)
+    # a stream that can't go back: the 4 MiB default holds all but the first member's link
+    with pytest.raises(LinkError, match="'s/late.lnk' -> 's/00000.bin': no earlier member .* within the last 4 MiB"):
+        list(iter_members(Unseekable(archive)))
+    got = {}
+    with pytest.raises(LinkError):
+        for name, data, _ in iter_members(Unseekable(archive)):
+            got[name] = data
+    assert got == want
+    got_keyed = []
+    with pytest.raises(LinkError, match="'s/late.lnk' -> 's/00000.bin'"):
+        for key, field, data, _ in iter_keyed_members(Unseekable(archive)):
+            got_keyed.append((f"{key}.{field}", data))
+    assert dict(got_keyed) == want
+
+
+def test_views_give_the_same_members_as_copies_and_stay_valid(kit, reader):
+    """iter_keyed_members(views=True): big data may come as read-only views of what was read; the
+    same bytes as without views, whatever is read after, on both reader paths (the Python path
+    gives bytes)."""
+    sizes = [0, 1, 70_000, 65_535, 65_536, 300_000, 5, 2_000_000, 100_000, 100_000, 100_000]
+    members = [(f"k{i:03d}.bin", bytes([i % 251]) * size) for i, size in enumerate(sizes)]
+    archive = kit.writer_tar(members)
+    stream = kit.ChunkedReader(archive, seed=3, max_piece=1 << 20)
+    got = list(iter_keyed_members(stream, views=True))  # all read before any is looked at
+    assert [(f"{k}.{f}", bytes(d)) for k, f, d, _ in got] == members
+    kinds = {type(d) for _, _, d, _ in got if len(d) >= 1 << 16}
+    assert kinds == ({bytes, memoryview} if reader == "c-fastpath" else {bytes})  # a member across reads: bytes
+    for _, _, data, _ in got:
+        if isinstance(data, memoryview):
+            assert data.readonly and isinstance(data.obj, bytes) and len(data) >= 1 << 16
+    plain = list(iter_keyed_members(kit.ChunkedReader(archive, seed=3, max_piece=1 << 20)))
+    assert {type(d) for _, _, d, _ in plain} == {bytes}
+    assert [(k, f, bytes(d), o) for k, f, d, o in got] == plain

@@ -868,3 +868,18 @@ def test_a_frame_over_the_receivers_limit_is_refused_by_the_sender(tmp_path):
         list(receiver)
     thread.join()
     assert "has a frame of 2000 bytes, over what the receivers accept" in str(errors[0].value)
+
+
+def test_without_acknowledgements_a_live_receiver_still_gets_everything(tmp_path):
+    """``ack=False`` (what the benchmark compares against): bounded by the high-water mark only,
+    every batch and the end still arrive, the end after a full queue has room again."""
+    url = ipc(tmp_path)
+    thread = in_thread(send_epochs, f"zpush+{url}", epochs=2, batches=20, n=1, hwm=1, ack=False)
+    with Receiver(f"zpull+{url}", hwm=1, timeout=5) as receiver:
+        events = []
+        for event in receiver.events():
+            events.append(event)
+            time.sleep(0.002)
+    thread.join()
+    assert [e.seq for e in events if not isinstance(e, EpochEnd)] == list(range(40))
+    assert [e for e in events if isinstance(e, EpochEnd)] == [EpochEnd(0, 20, 20), EpochEnd(1, 20, 20)]
