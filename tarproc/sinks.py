@@ -380,37 +380,6 @@ class PipeSink(Sink):
         self._close_quietly()
         stop_process_group(self.proc)
 
-    def write_pieces(self, pieces: list[bytes | bytearray | memoryview]) -> None:
-        """Write byte strings in order, as one ``writev`` system call where the destination is a
-        file descriptor and nothing compresses (``TarWriter``: the headers gathered so far, then a
-        big member's data, without joining them), else as one ``write`` each."""
-        fd = self._fd
-        if fd is None:
-            for piece in pieces:
-                self.write(piece)
-            return
-        total = sum(len(piece) for piece in pieces)
-        try:
-            self._fh.flush()  # stdout's buffered writer: what it holds goes first
-            written = os.writev(fd, pieces)
-            while written < total:  # a partial write (a signal came): the rest
-                rest, skip = [], written
-                for piece in pieces:
-                    if skip >= len(piece):
-                        skip -= len(piece)
-                    else:
-                        rest.append(memoryview(piece)[skip:])
-                        skip = 0
-                written += os.writev(fd, rest)
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise SinkError(f"write failed: {e.strerror or e}", self.url) from None
-        self.bytes += total
-        if self._sha is not None:
-            for piece in pieces:
-                self._sha.update(piece)
-
     def _raw_write(self, data: bytes | bytearray | memoryview) -> None:
         try:
             super()._raw_write(data)

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import TransportError, WireError
 from .curve import Handshakes, handshake_events
-from .urls import Endpoint
+from .urls import Endpoint, attach
 from .wire import control, decode_ack, encode_batch
 
 _CONNECTION_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
@@ -162,15 +162,11 @@ class Delivery:
             make_server(sock, keys)
         monitor = sock.get_monitor_socket(_CONNECTION_EVENTS | handshake_events())
         try:
-            if endpoint.bind:
-                sock.bind(endpoint.address)
-            else:
-                sock.connect(endpoint.address)
-        except zmq.ZMQError as e:
+            attach(sock, endpoint)
+        except TransportError:
             sock.close(0)
             monitor.close(0)
-            verb = "bind" if endpoint.bind else "connect to"
-            raise TransportError(f"cannot {verb} {endpoint.address}: {e}", endpoint.url) from None
+            raise
         self._sockets.append(sock)
         self._monitors.append(monitor)
         self._handshakes.append(Handshakes("sender", keys is not None, endpoint.url, endpoint.bind))

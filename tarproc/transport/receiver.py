@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import OptionError, TransportError, WireError
 from .curve import Handshakes, handshake_events
 from .sender import DEFAULT_HWM
-from .urls import parse_endpoints
+from .urls import attach, parse_endpoints
 from .wire import Batch, MessageError, decode, to_batch
 from .wire import ack as ack_message
 
@@ -43,6 +43,7 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
 CLOSE_LINGER_MS = 2000
 TAKEN_MEMORY = 1 << 16  # batch numbers per sender remembered as taken, to drop a second copy
+MAX_SENDERS = 4096  # senders (group, rank) one receiver keeps track of: a peer can't grow the table for ever
 _CONNECTION_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
 _ACCEPTED, _DISCONNECTED = 0x0020, 0x0200
 MIN_RATE_SECONDS = 0.1  # a rate measured over less time than this is noise
@@ -262,11 +263,7 @@ class Receiver:
                 events = handshake_events() | _CONNECTION_EVENTS
                 self._monitors.append(sock.get_monitor_socket(events))
                 self._handshakes.append(Handshakes("receiver", keys is not None, endpoint.url, endpoint.bind))
-                try:
-                    sock.bind(endpoint.address) if endpoint.bind else sock.connect(endpoint.address)
-                except zmq.ZMQError as e:
-                    verb = "bind" if endpoint.bind else "connect to"
-                    raise TransportError(f"cannot {verb} {endpoint.address}: {e}", endpoint.url) from None
+                attach(sock, endpoint)
         except BaseException:
             self.close()
             raise
@@ -324,8 +321,8 @@ class Receiver:
         self.close()
 
     def torch(self) -> Iterator[dict[str, Any]]:
-        """The batches with their arrays as torch tensors (sharing memory, no copy), and the
-        sender's epoch as ``__epoch__``."""
+        """The batches with their arrays as torch tensors (sharing memory, no copy), the sender's
+        epoch as ``__epoch__``, and ``__redelivered__`` (see ``Batch.redelivered``)."""
         import warnings
 
         import torch
@@ -343,6 +340,7 @@ class Receiver:
                 else:
                     out[name] = value
             out["__epoch__"] = batch.epoch
+            out["__redelivered__"] = batch.redelivered
             yield out
 
     def dataset(self) -> Any:
@@ -475,10 +473,13 @@ class Receiver:
         before its sender knew its old receiver here had gone: it is dropped unacknowledged,
         and comes again, after a hello.
         """
-        if self.endpoints[index].kind != "pull":
-            return True
         header = message.header
         key = (header["group"], header["rank"])
+        if key not in self._senders and key not in self._instances and len(self._senders) >= MAX_SENDERS:
+            raise WireError(f"a message from sender {header['sender']}, after {MAX_SENDERS} others: this receiver "
+                            "keeps track of no more")
+        if self.endpoints[index].kind != "pull":
+            return True
         if message.kind == "hello":
             self._connections[(index, rid)] = header["sender"]
             self._instances[key] = header["sender"]

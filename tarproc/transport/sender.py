@@ -37,7 +37,7 @@ from typing import Any
 from ..errors import OptionError, TransportError
 from .curve import Handshakes, handshake_events
 from .delivery import EMPTY, Delivery, Item, Progress
-from .urls import Endpoint, parse_endpoints
+from .urls import Endpoint, attach, parse_endpoints
 from .wire import control, encode_batch
 
 DEFAULT_HWM = 4
@@ -181,18 +181,14 @@ class Sender:
         self._monitors.append(sock.get_monitor_socket(events) if events else None)
         self._handshakes.append(Handshakes("sender", keys is not None, endpoint.url, endpoint.bind))
         try:
-            if endpoint.bind:
-                sock.bind(endpoint.address)
-            else:
-                sock.connect(endpoint.address)
-        except zmq.ZMQError as e:
+            attach(sock, endpoint)
+        except TransportError:
             sock.close(0)
             monitor = self._monitors.pop()
             self._handshakes.pop()
             if monitor is not None:
                 monitor.close(0)
-            verb = "bind" if endpoint.bind else "connect to"
-            raise TransportError(f"cannot {verb} {endpoint.address}: {e}", endpoint.url) from None
+            raise
         return sock
 
     # -- the caller's side ------------------------------------------------------------------------

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from braceexpand import braceexpand
 
-from ..errors import OptionError
+from ..errors import OptionError, TransportError
 
 PATTERNS = {
     # scheme: (socket type, binds)
@@ -114,6 +115,20 @@ def _with_pattern(url: str, default: str) -> str:
     if url.startswith("ipc://"):
         return f"{default}+ipc://{url[6:]}"
     return url
+
+
+def attach(sock: Any, endpoint: Endpoint) -> None:
+    """Bind or connect ``sock`` as ``endpoint`` says; a failure is a ``TransportError`` naming it."""
+    import zmq
+
+    try:
+        if endpoint.bind:
+            sock.bind(endpoint.address)
+        else:
+            sock.connect(endpoint.address)
+    except zmq.ZMQError as e:
+        verb = "bind" if endpoint.bind else "connect to"
+        raise TransportError(f"cannot {verb} {endpoint.address}: {e}", endpoint.url) from None
 
 
 def is_zmq_url(text: str) -> bool:
