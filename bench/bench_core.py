@@ -186,6 +186,32 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
     )
     notes.append(f"pipeline (writing to {out_dir.parent}): tarcat|tarsplit {spread(ta)}; cat {spread(tb)}; cat | cat {spread(tc)}")
 
+    # 3a. tarsplit --manifest (sha256 of every shard) vs without ---------------------------------
+    log(f"[3a] tarsplit -s 1e9 --manifest vs without, reading {big_size / 1e9:.2f} GB ({reps} reps)")
+    plain = f"{shlex.quote(str(tarsplit))} -s 1e9 -o {q_out}/y-%06d.tar < {q_big}"
+    with_manifest = f"{plain} --manifest {q_out}/m.json"
+    ta, tb = [], []
+    for r in range(reps):
+        t, _ = timed(lambda: sh(with_manifest))
+        ta.append(t)
+        lines = (out_dir / "m.json").read_text().splitlines()
+        if not lines or not all(json.loads(line).get("sha256") for line in lines):
+            raise RuntimeError("tarsplit --manifest wrote no sha256")
+        clear_out()
+        t, _ = timed(lambda: sh(plain))
+        tb.append(t)
+        clear_out()
+        log(f"  rep {r + 1}/{reps}: --manifest {ta[-1]:.3f} s, without {tb[-1]:.3f} s")
+    rows.append(
+        Row(
+            f"`tarsplit -s 1e9 --manifest m.json < x.tar`, {big_size / 1e9:.2f} GB (sha256 of every shard)",
+            big_size / 1e9 / statistics.median(ta), "GB/s", "the same without `--manifest`",
+            big_size / 1e9 / statistics.median(tb), "≥ 0.90× (within 10 %)",
+            yes_no(statistics.median(ta) <= 1.1 * statistics.median(tb)),
+        )
+    )
+    notes.append(f"tarsplit --manifest: {spread(ta)}; without: {spread(tb)}")
+
     # 3b. tarcat > /dev/null on the big tar vs cat ---------------------------------------------------
     log(f"[3b] tarcat > /dev/null vs cat > /dev/null on {big_size / 1e9:.2f} GB ({reps} reps)")
     ta, tb = [], []
