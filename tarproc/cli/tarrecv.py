@@ -48,7 +48,9 @@ sender gives what a receiver held unacknowledged when it died to another receive
 replacement, marked as sent again. With -o NAME.tar (a local file) the tar grows as NAME.tar.part
 with its state in NAME.tar.part.json, renamed NAME.tar at the end of the stream: a receiver
 killed mid-stream and started again with the same -o goes on where it was, and the tar comes
-out whole, each sample once. PUB/SUB is best effort: batches a subscriber missed are reported
+out whole, each sample once. Other outputs (stdout, a URL, a compressed file) can't be resumed:
+their batches are acknowledged once written, so if tarrecv dies, what it wrote there is lost
+and the senders have forgotten it. PUB/SUB is best effort: batches a subscriber missed are reported
 as lost; with -o that is an error, and nothing is left under the output name.
 """
 

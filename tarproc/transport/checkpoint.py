@@ -11,11 +11,13 @@ The file is JSON, replaced atomically (written aside, then renamed) as acknowled
 
     {"format": "tarserve-checkpoint", "version": 1, "group": "…", "done": false,
      "stream": {options that shape the stream},
-     "ranks": {"0": {"next": 17, "above": [19], "pos": {"epoch": 0, "batch": 17, "sample": 1088,
-                                                          "sent": 1088, "shard": "a.tar", "index": 63}}}}
+     "ranks": {"0": {"next": 17, "above": [[19, {position after 19}]], "resend": 33,
+                     "pos": {"epoch": 0, "batch": 17, "sample": 1088, "sent": 1088, "shard": "a.tar", "index": 63}}}}
 
-``next``: every batch before it is acknowledged; ``above``: later ones that are too; ``pos``:
-where the stream is after batch ``next - 1`` (``null``: at the start).
+``next``: every batch before it is acknowledged; ``above``: later ones that are too, with the
+positions after them; ``pos``: where the stream is after batch ``next - 1`` (``null``: at the
+start); ``resend``: the sender had sent nothing from this batch on (it saves before it does),
+so after a restart the batches before it go out marked as sent again.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ class RankState:
     """Where one sender (rank) resumes."""
 
     next: int = 0
-    above: set[int] = field(default_factory=set)
+    above: dict[int, dict[str, Any] | None] = field(default_factory=dict)  # later batches acknowledged
     pos: dict[str, Any] | None = None
+    resend: int = 0  # batches below this one may have gone out: sent again, they are marked
 
     def as_json(self) -> dict[str, Any]:
-        return {"next": self.next, "above": sorted(self.above), "pos": self.pos}
+        return {"next": self.next, "above": [[seq, pos] for seq, pos in sorted(self.above.items())],
+                "pos": self.pos, "resend": self.resend}
 
 
 @dataclass
@@ -95,12 +99,12 @@ def load(path: str, stream: dict[str, Any]) -> Checkpoint | None:
             raise ValueError("bad group id")
         ranks: dict[int, RankState] = {}
         for rank, state in data["ranks"].items():
-            above = state["above"]
-            pos = state["pos"]
-            if (not _count(state["next"]) or not isinstance(above, list) or not all(_count(a) for a in above)
-                    or not (pos is None or isinstance(pos, dict))):
+            above, pos, resend = state["above"], state["pos"], state["resend"]
+            if (not _count(state["next"]) or not _count(resend) or not isinstance(above, list)
+                    or not all(isinstance(a, list) and len(a) == 2 and _count(a[0]) and _position(a[1]) for a in above)
+                    or not _position(pos)):
                 raise ValueError(f"bad state of rank {rank}")
-            ranks[int(rank)] = RankState(state["next"], set(above), pos)
+            ranks[int(rank)] = RankState(state["next"], {seq: p for seq, p in above}, pos, resend)
         saved_stream = data["stream"]
         done = data["done"] is True
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -111,6 +115,10 @@ def load(path: str, stream: dict[str, Any]) -> Checkpoint | None:
         raise OptionError(f"{path}: the checkpoint is of a stream made with other options ({', '.join(changed)}); "
                           "give the same inputs and options, or remove it to start over")
     return Checkpoint(path, group, stream, ranks, done)
+
+
+def _position(value: Any) -> bool:
+    return value is None or isinstance(value, dict)
 
 
 def _count(value: Any) -> bool:

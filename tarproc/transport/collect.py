@@ -62,6 +62,7 @@ def write_received(
             receiver.ack(batch)
         check()
         writer.close()
+    receiver.ack_end()  # the output is complete: the senders may go
     return writer
 
 
@@ -74,7 +75,8 @@ def _write_resumable(
     part, state_path = f"{path}.part", f"{path}.part.json"
     state = _load_state(state_path, part)
     try:
-        fh = open(part, "r+b" if state is not None else "wb", buffering=0)  # noqa: SIM115 - closed below
+        # buffered: its write writes everything or raises (a raw file's may write less)
+        fh = open(part, "r+b" if state is not None else "wb")  # noqa: SIM115 - closed below
     except OSError as e:
         raise SinkError(f"cannot write there: {e.strerror}", part) from None
     writer = TarWriter(fh, **tar)
@@ -95,6 +97,7 @@ def _write_resumable(
             for sample in samples_of(batch):
                 writer.write_sample(sample)
             writer.flush()
+            fh.flush()  # in the file (the kernel's) before the state says so
             key = f"{batch.group}/{batch.rank}"
             seqs = taken.setdefault(key, [])
             seqs.append(batch.seq)
@@ -104,11 +107,13 @@ def _write_resumable(
             receiver.ack(batch)
         check()
         writer.close()
+        fh.flush()
         os.fsync(fh.fileno())
         fh.close()
         os.replace(part, path)
         os.unlink(state_path)
         finished = True
+        receiver.ack_end()  # only now: killed before, a restarted receiver is told the end again
         return writer
     finally:
         if not finished:
@@ -137,6 +142,10 @@ def _load_state(state_path: str, part: str) -> dict[str, Any] | None:
     try:
         size = os.path.getsize(part)
     except OSError:
+        whole = part[: -len(".part")]
+        if os.path.exists(whole):
+            raise SinkError(f"{whole} was received whole by an earlier run, stopped as it finished; this state is "
+                            "left over from it: remove it", state_path) from None
         raise SinkError(f"{part} is missing: remove {state_path} to start afresh", state_path) from None
     ok = (isinstance(state, dict) and state.get("format") == STATE_FORMAT
           and all(type(state.get(k)) is int and state[k] >= 0 for k in ("offset", "members", "samples"))

@@ -37,6 +37,7 @@ _DISCONNECTED = 0x0200
 _HANDSHAKE_SUCCEEDED = 0x1000
 PROBE_SECONDS = 2.0  # after a disconnect, how long a bound socket keeps probing its receivers
 PROGRESS_SECONDS = 0.2  # at most this often, the progress callback hears of acknowledged batches
+MAX_TRIES = 8  # receivers that went away holding one batch, before the sender gives up on it
 IDLE_SECONDS = 0.02  # with nothing queued, how long the socket thread waits before reading acks again
 _DEALER_PEER = b""  # the routing id of a DEALER socket's one peer
 EMPTY = object()  # what the ``take`` of ``Delivery.run`` returns when nothing is queued
@@ -54,7 +55,8 @@ class Item:
     bfloat16: tuple[str, ...]
     pos: dict[str, Any] | None
     redelivered: bool = False
-    largest: int = -1  # bytes in its largest frame, once encoded
+    largest: int = -1  # bytes in its largest frame (the header's too), once encoded
+    tries: int = 0  # receivers it was given to that went away before acknowledging it
 
 
 @dataclass
@@ -73,12 +75,13 @@ class Peer:
 @dataclass
 class Progress:
     """What every receiver together acknowledged: all batches below ``next`` and those in
-    ``above``; ``pos`` is the stream's position after batch ``next - 1``."""
+    ``above``; ``pos`` is the stream's position after batch ``next - 1``. It is reported before
+    a batch at or past ``resend`` is sent (write-ahead), so ``resend`` bounds what went out."""
 
     next: int
-    above: set[int]
+    above: dict[int, dict[str, Any] | None]  # the later acknowledged batches, and their positions
     pos: dict[str, Any] | None
-
+    resend: int  # batches below this one may have been sent: after a restart they go out marked
 
 class Delivery:
     """The sockets and the socket thread of an acknowledging sender (see the module's text).
@@ -90,7 +93,7 @@ class Delivery:
 
     def __init__(self, context: Any, endpoints: list[Endpoint], *, hwm: int, heartbeat: float,
                  send_timeout: float | None, common: dict[str, Any], keys: Any, acked: bool,
-                 start_seq: int = 0, done: set[int] | None = None,
+                 start_seq: int = 0, done: dict[int, dict[str, Any] | None] | None = None,
                  progress: Callable[[Progress], None] | None = None, hold: Any = None) -> None:
         import zmq
 
@@ -118,9 +121,11 @@ class Delivery:
         self._hold = hold  # see Sender: the senders of a group end together
         self._next_ack = start_seq  # every batch below this one is acknowledged
         self._above: set[int] = set(done or ())  # acknowledged before a restart: not sent again
-        self._positions: dict[int, dict[str, Any] | None] = {}
+        self._positions: dict[int, dict[str, Any] | None] = dict(done or {})
         self._pos: dict[str, Any] | None = None
         self._progress_told = 0.0
+        self._resend = start_seq  # what the last report said may have been sent (see Progress)
+        self._last_eof: dict[str, Any] | None = None  # said to receivers that come before the next batch
         self._last_beat = time.monotonic()
         try:
             for endpoint in endpoints:
@@ -189,8 +194,11 @@ class Delivery:
                 say_aborted()
                 return
             sent = False
-            while self.redeliver and self._send_batch(self.redeliver[0]):
-                self.redeliver.popleft()
+            while self.redeliver:
+                first = self.redeliver.popleft()  # out first: sending may find more to send again
+                if not self._send_batch(first):
+                    self.redeliver.appendleft(first)
+                    break
                 sent = True
             if not have_item and not self.redeliver:
                 item, have_item = take(IDLE_SECONDS), True  # waits only while nothing is queued
@@ -204,6 +212,7 @@ class Delivery:
                         if self._hold is None or self._hold.ended():
                             return
                         self._poller.poll(timeout=50)  # the others are not done: greet latecomers
+                        stuck_since = None
                         continue
                     waiting = True
                 elif item[0] == "batch":
@@ -289,8 +298,9 @@ class Delivery:
         if peer is None:
             if self._routers[index]:  # a receiver that connected to us greets first
                 self._hello(index, rid)
-            if self.final_eof is not None and ack.get("final") is not True:  # a latecomer: the stream ended
-                self._send(index, rid, control("eof", **self.common, **self.final_eof, seq=0, dest=index))
+            late = self.final_eof or self._last_eof  # a latecomer: the stream, or the last epoch, ended
+            if late is not None and ack.get("final") is not True:
+                self._send(index, rid, control("eof", **self.common, **late, seq=0, dest=index))
             peer = self.peers[key] = Peer(index, rid)
         if ack.get("to", self.common["sender"]) != self.common["sender"]:
             return  # meant for an earlier sender on this endpoint (queued while it was gone)
@@ -319,6 +329,12 @@ class Delivery:
         items = sorted(peer.unacked.values(), key=lambda item: item.seq)
         for item in items:
             item.redelivered = True
+            item.tries += 1
+            if item.tries >= MAX_TRIES:
+                raise TransportError(
+                    f"batch {item.seq} (keys {item.keys[0]!r}...) was given to receivers {item.tries} times, and each "
+                    "went away before acknowledging it: they crash on it, or their connection drops it (its largest "
+                    f"frame is {item.largest} bytes; see --max-message-size)")
         self.redeliver.extendleft(reversed(items))  # in their order, before anything new
 
     def _acknowledged(self, item: Item) -> None:
@@ -335,7 +351,8 @@ class Delivery:
         now = time.monotonic()
         if force or now - self._progress_told >= PROGRESS_SECONDS:
             self._progress_told = now
-            self._progress(Progress(self._next_ack, set(self._above), self._pos))
+            above = {seq: self._positions.get(seq) for seq in self._above}
+            self._progress(Progress(self._next_ack, above, self._pos, self._resend))
 
     # -- sending ----------------------------------------------------------------------------------
 
@@ -391,12 +408,17 @@ class Delivery:
             frames = encode_batch(item.keys, item.tensors, text=item.text, bfloat16=item.bfloat16, **self.common,
                                   epoch=item.epoch, seq=item.seq, dest=peer.index, acked=self.acked,
                                   redelivered=item.redelivered, **({"pos": item.pos} if item.pos else {}))
-            if item.largest < 0:
-                item.largest = max((len(memoryview(f)) for f in frames[1:]), default=0)
+            if item.largest < 0:  # ZMQ's limit is on every frame, the header's too
+                item.largest = max(len(memoryview(f)) for f in frames)
                 if peer.max_frame is not None and item.largest > peer.max_frame:
                     return self._send_batch(item)  # now that its size is known, pick a receiver that fits
             if peer.max_frame is not None and item.largest > peer.max_frame:
                 continue
+            if self._progress is not None and item.seq >= self._resend:  # write-ahead (see Progress)
+                self._resend = item.seq + 1 + self.hwm * max(4, 2 * len(self.peers))
+                self._report(force=True)
+            if item.epoch != (self._last_eof or {}).get("epoch", item.epoch):
+                self._last_eof = None  # a batch of a later epoch: that end is old news
             if not self._send(peer.index, peer.rid, frames, copy=False):
                 continue
             self._turn = (self._turn + turn + 1) % max(1, len(peers))
@@ -425,6 +447,7 @@ class Delivery:
         del self._eof_told[id(counts)]
         if counts.get("final"):
             self.final_eof = counts
+        self._last_eof = counts
         return True
 
     def _in_flight(self) -> int:

@@ -220,6 +220,7 @@ class Receiver:
         self._dropped: list[list[str]] = []  # per socket: peers whose connection closed (see _check_drops)
         self._preloaded: dict[tuple[str, int], list[int]] = {}  # see taken()
         self._instances: dict[tuple[str, int], str] = {}  # (group, rank) -> the sender id heard last
+        self._ends: list[tuple[int, bytes, int]] = []  # final ends of stream to acknowledge (ack_end)
         self._groups: dict[str, int] = {}  # group -> number of senders in it
         self._group_seen: dict[str, float] = {}  # group -> when its first message came
         self._epochs_done: set[int] = set()
@@ -282,8 +283,9 @@ class Receiver:
     def events(self) -> Iterator[Batch | EpochEnd]:
         """Batches, and an ``EpochEnd`` after the last batch of each epoch (of all senders).
 
-        At the end of the stream the receiver closes its sockets: that tells the senders, which
-        wait for it, that everything they sent has been read.
+        Each sender's end is acknowledged when it is read, and at the end of the stream the
+        receiver closes its sockets. With ``ack="manual"`` it does neither: the consumer calls
+        ``ack_end()`` once it has made what it received safe, then ``close()``.
         """
         try:
             pending: set[int] = set()  # epochs with an eof seen and no EpochEnd yet
@@ -318,8 +320,19 @@ class Receiver:
         except TransportError:  # the stream is broken: let the senders see us go
             self.close()
             raise
-        self.close()
+        if self.ack_mode == "auto":
+            self.close()
 
+    def ack_end(self) -> None:
+        """Acknowledge the end of the stream: its senders may go. (With ``ack="auto"`` the
+        receiver does this itself at the end of the stream; with ``"manual"``, the consumer does,
+        once what it received is safe: a sender whose end is not acknowledged waits for a
+        receiver, a restarted one say, to acknowledge it.)"""
+        if self._acks:
+            self._send_acks()
+        for index, rid, epoch in self._ends:
+            self._ack_end(index, rid, epoch)
+        self._ends.clear()
     def torch(self) -> Iterator[dict[str, Any]]:
         """The batches with their arrays as torch tensors (sharing memory, no copy), the sender's
         epoch as ``__epoch__``, and ``__redelivered__`` (see ``Batch.redelivered``)."""
@@ -529,7 +542,9 @@ class Receiver:
                     self._finals[index] += 1  # its connection may close now (see _check_drops)
                 state.final_sockets.add(index)
                 if self.endpoints[index].kind == "pull":  # the sender may go once we have heard it end
-                    self._ack_end(index, rid, epoch)
+                    self._ends.append((index, rid, epoch))
+                    if self.ack_mode == "auto":
+                        self.ack_end()
 
     def _ack_end(self, index: int, rid: bytes, epoch: int) -> None:
         import zmq

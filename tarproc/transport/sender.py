@@ -73,8 +73,9 @@ class Sender:
     ``None`` = wait for ever) bounds the wait for a receiver to take a batch.
 
     PUSH-style endpoints wait for receivers' acknowledgements (``ack=False``: they don't).
-    Batches are numbered from ``start_seq``; numbers in ``skip`` are counted but not sent
-    (they were acknowledged before a restart); ``progress`` is called with a
+    Batches are numbered from ``start_seq``; numbers in ``skip`` (with their positions) are
+    counted but not sent (they were acknowledged before a restart), and those below
+    ``resend_below`` go out marked as sent again (they may have been); ``progress`` is called with a
     ``delivery.Progress`` as acknowledgements come in (from the socket thread). ``hold``
     (an object with ``ended()``, true once every sender of the group has delivered all): a
     sender whose stream is delivered stays until then, telling receivers that connect (a
@@ -96,7 +97,8 @@ class Sender:
         context: Any = None,
         ack: bool = True,
         start_seq: int = 0,
-        skip: Iterable[int] = (),
+        skip: dict[int, dict[str, Any] | None] | None = None,
+        resend_below: int = 0,
         progress: Callable[[Progress], None] | None = None,
         hold: Any = None,
     ) -> None:
@@ -134,7 +136,8 @@ class Sender:
         self._abort = threading.Event()
         self._abort_reason = "interrupted"
         self._next_seq = start_seq  # the number of the next batch (acknowledged delivery)
-        self._skip = set(skip)
+        self._skip = dict(skip or {})
+        self._resend_below = resend_below
         self._delivery: Delivery | None = None
         try:
             keys = None
@@ -202,7 +205,8 @@ class Sender:
             seq = self._next_seq
             self._next_seq += 1
             if seq not in self._skip:
-                self._put(("batch", Item(seq, keys, tensors, epoch, tuple(text), tuple(bfloat16), pos)))
+                self._put(("batch", Item(seq, keys, tensors, epoch, tuple(text), tuple(bfloat16), pos,
+                                         redelivered=seq < self._resend_below)))
         else:
             self._put(("batch", keys, tensors, epoch, tuple(text), tuple(bfloat16)))
         self._epoch_counts[0] += 1

@@ -152,7 +152,7 @@ def serve(
     if config.senders == 1:
         def progress(p: Progress) -> None:
             if saved is not None:
-                saved.ranks[0] = checkpoints.RankState(p.next, p.above, p.pos)
+                saved.ranks[0] = checkpoints.RankState(p.next, p.above, p.pos, p.resend)
                 saved.save()
 
         sent, skipped = _send_share(inputs, config, 0, group, warn, wrap, report,
@@ -193,7 +193,8 @@ def _send_share(
     try:
         sender = Sender(urls, hwm=config.hwm, send_timeout=config.send_timeout, heartbeat=config.heartbeat,
                         curve=config.curve, rank=rank, senders=config.senders, group=group, ack=config.ack,
-                        start_seq=resume.next, skip=resume.above, progress=progress, hold=hold)
+                        start_seq=resume.next, skip=resume.above, resend_below=resume.resend, progress=progress,
+                        hold=hold)
         with sender:
             epoch = start.get("epoch", 0)
             while config.epochs is None or epoch < config.epochs:
@@ -338,7 +339,7 @@ def _child(inputs: list[str], config: ServeConfig, rank: int, group: str, conn: 
     end_with_parent(parent)
 
     def progress(p: Progress) -> None:  # from the sender's socket thread; the parent saves it
-        conn.send(("progress", checkpoints.RankState(p.next, p.above, p.pos), 0))
+        conn.send(("progress", checkpoints.RankState(p.next, p.above, p.pos, p.resend), 0))
 
     try:
         sent, skipped = _send_share(inputs, config, rank, group, warn, report=report, resume=resume,

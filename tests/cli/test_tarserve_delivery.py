@@ -56,24 +56,31 @@ def samples(n: int, prefix: str = "k", size: int = 300) -> list[dict[str, object
 CONSUMER = """
 import sys, time
 from tarproc.transport import Receiver
-url, log, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+url, log, delay, loader = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "torch"
+if loader:
+    from torch.utils.data import DataLoader  # before the receiver binds: importing torch takes a while
+receiver = Receiver(url, timeout=60, wait=60)
+if loader:  # a training loop's DataLoader: what it takes is what is acknowledged
+    batches = ((b["__epoch__"], b["__redelivered__"], b["__key__"]) for b in DataLoader(receiver.dataset(), batch_size=None))
+else:
+    batches = ((b.epoch, b.redelivered, b["__key__"]) for b in receiver)
 with open(log, "a") as out:
-    for batch in Receiver(url, timeout=60):
-        for key in batch["__key__"]:
-            out.write(f"{batch.epoch} {int(batch.redelivered)} {key}\\n")
+    for epoch, again, keys in batches:
+        for key in keys:
+            out.write(f"{int(epoch)} {int(again)} {key}\\n")
         out.flush()
         time.sleep(delay)
     out.write("END\\n")
 """
 
 
-def consumer(url: str, log: Path, delay: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CONSUMER, url, str(log), str(delay)], stderr=subprocess.PIPE)
+def consumer(url: str, log: Path, delay: float, loader: str = "plain") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CONSUMER, url, str(log), str(delay), loader], stderr=subprocess.PIPE)
 
 
 def test_receivers_killed_and_restarted_lose_nothing(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Two receivers, two sender processes, three epochs; one receiver is SIGKILLed every 1.2 s
-    and restarted. What the consumers took is every key once per epoch, and every second copy
+    """Two receivers, two sender processes, three epochs; one receiver (a DataLoader over
+    ``Receiver.dataset()``) is SIGKILLed every 1.2 s and restarted. What the consumers took is every key once per epoch, and every second copy
     came marked as sent again."""
     keys = []
     for shard in range(4):
@@ -86,16 +93,24 @@ def test_receivers_killed_and_restarted_lose_nothing(cli, tmp_path) -> None:  # 
     def run(name: str) -> subprocess.Popen:
         log = tmp_path / f"log-{name}-{len(logs[name])}"
         logs[name].append(log)
-        return consumer(urls["ab".index(name)], log, 0.03)
+        return consumer(urls["ab".index(name)], log, 0.03, "torch" if name == "a" else "plain")
+
+    def taken_lines() -> int:
+        return sum(len(log.read_text().splitlines()) for log in logs["a"] + logs["b"] if log.exists())
 
     receivers = {name: run(name) for name in "ab"}
     sender = start("tarserve", "--raw", f"{tmp_path}/in-{{0..3}}.tar", "--to",
                    f"zpush+ipc://{tmp_path}/feed-{{a,b}}", "-p", 2, "--epochs", 3, "-b", 3, "-q", "--stats",
                    "--heartbeat", 0.2)
     kills = 0
-    while sender.poll() is None and kills < 4:
-        time.sleep(1.2)
-        if sender.poll() is not None:
+    # kill "a" while it takes batches, and only in the first 60 % of the stream: a receiver started
+    # after every sender has gone would wait for them in vain
+    while kills < 4:
+        current = logs["a"][-1]
+        wait_for(lambda log=current: sender.poll() is not None
+                 or (log.exists() and len(log.read_text().splitlines()) >= 6), timeout=60)
+        time.sleep(0.3)
+        if sender.poll() is not None or taken_lines() > 0.6 * 3 * len(keys):
             break
         kill(receivers["a"])
         kills += 1
@@ -158,11 +173,19 @@ def test_tarserve_killed_and_restarted_from_its_checkpoint(cli, tmp_path) -> Non
     receiver = start("tarrecv", f"zpull+{feed}", "-o", out, "--stats")
     args = ("--raw", src, "--to", f"zpush+{feed}", "-b", 10, "-q", "--stats", "--checkpoint", checkpoint,
             "--shuffle", 100, "--seed", 7)
+    def acknowledged() -> int:
+        return int(json.loads(checkpoint.read_text())["ranks"].get("0", {}).get("next", 0))
+
     sender = start("tarserve", *args)
-    wait_for(lambda: checkpoint.exists() and json.loads(checkpoint.read_text())["ranks"].get("0", {}).get("next", 0) > 50)
+    wait_for(lambda: checkpoint.exists() and acknowledged() > 50)
     kill(sender)
     saved = json.loads(checkpoint.read_text())
     assert saved["done"] is False and saved["ranks"]["0"]["pos"]["epoch"] == 0
+    # killed again once resumed: a checkpoint written by a resumed sender resumes as well
+    first = acknowledged()
+    sender = start("tarserve", *args)
+    wait_for(lambda: acknowledged() > first + 50)
+    kill(sender)
     again = start("tarserve", *args)
     code, _, err = finish(again)
     assert code == 0, err
@@ -198,6 +221,7 @@ def test_an_oversized_message_is_refused_and_reception_goes_on(cli, tmp_path) ->
     src = cli.write_tar(tmp_path / "x.tar", samples(20))
     feed = f"ipc://{tmp_path}/feed"
     receiver = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "y.tar", "--max-message-size", "1KiB", "--stats")
+    wait_for((tmp_path / "feed").exists)  # bound
     context = zmq.Context()
     rogue = context.socket(zmq.DEALER)  # not a tarproc sender: it ignores the limit it is told
     rogue.connect(feed)
@@ -228,6 +252,7 @@ def test_an_older_tarproc_is_told_apart_from_garbage(tmp_path) -> None:  # type:
     """A wire v1 sender (PUSH) can't connect to a v2 receiver: the receiver says why."""
     feed = f"ipc://{tmp_path}/feed"
     receiver = start("tarrecv", f"zpull+{feed}", "--wait", 2)
+    wait_for((tmp_path / "feed").exists)  # bound
     context = zmq.Context()
     old = context.socket(zmq.PUSH)
     old.connect(feed)

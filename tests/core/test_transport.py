@@ -820,7 +820,8 @@ def test_positions_and_progress_follow_the_acknowledgements(tmp_path):
     progress = []
 
     def send():
-        with Sender(f"zpush+{url}", heartbeat=0.1, progress=progress.append, start_seq=5, skip=[6]) as sender:
+        with Sender(f"zpush+{url}", heartbeat=0.1, progress=progress.append, start_seq=5,
+                    skip={6: {"epoch": 0, "batch": 2, "sample": 2}}, resend_below=7) as sender:
             for i in range(4):
                 sender.send([f"k{i}"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0,
                             pos={"epoch": 0, "batch": i + 1, "sample": i + 1})
@@ -831,7 +832,10 @@ def test_positions_and_progress_follow_the_acknowledgements(tmp_path):
     thread.join()
     assert [b.seq for b in batches] == [5, 7, 8]  # 6 was acknowledged before a restart: not sent
     assert [b.position["batch"] for b in batches] == [1, 3, 4]
-    assert progress[-1].next == 9 and progress[-1].above == set() and progress[-1].pos["batch"] == 4
+    assert [b.redelivered for b in batches] == [True, False, False]  # 5 may have gone out before the restart
+    assert progress[-1].next == 9 and progress[-1].above == {} and progress[-1].pos["batch"] == 4
+    # every report says how far sending may have got, before it gets there
+    assert all(p.resend >= p.next for p in progress) and max(p.resend for p in progress) > 8
 
 
 @pytest.mark.parametrize(
@@ -883,3 +887,41 @@ def test_without_acknowledgements_a_live_receiver_still_gets_everything(tmp_path
     thread.join()
     assert [e.seq for e in events if not isinstance(e, EpochEnd)] == list(range(40))
     assert [e for e in events if isinstance(e, EpochEnd)] == [EpochEnd(0, 20, 20), EpochEnd(1, 20, 20)]
+
+
+def test_a_peer_cannot_grow_the_senders_table_for_ever(tmp_path, monkeypatch):
+    import tarproc.transport.receiver as receiver_module
+
+    monkeypatch.setattr(receiver_module, "MAX_SENDERS", 2)
+    url = ipc(tmp_path)
+    warnings = []
+    context = zmq.Context()
+    stray = context.socket(zmq.DEALER)
+    with Receiver(f"zpull+{url}", wait=1, timeout=1, warn=warnings.append) as receiver:
+        stray.connect(url)
+        for rank in range(3):
+            stray.send_multipart(control("hello", sender=f"h:1:{rank}", group="g", rank=rank, senders=3))
+        with pytest.raises(TransportError):
+            list(receiver)
+    stray.close(0)
+    context.term()
+    assert len(receiver._senders) == 2 and receiver.stats.rejected == 1
+    assert any("a message from sender h:1:2, after 2 others: this receiver keeps track of no more" in w
+               for w in warnings), warnings
+
+
+def test_a_header_over_the_receivers_limit_is_refused_too(tmp_path):
+    """ZMQ's limit is on every frame: a batch whose header alone is over it is never sent."""
+    url = ipc(tmp_path)
+
+    def send():
+        with Sender(f"zpush+{url}", heartbeat=0.1, send_timeout=5) as sender:
+            sender.send(["k" * 500], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+
+    errors = []
+    thread = in_thread(lambda: errors.append(pytest.raises(TransportError, send)))
+    with Receiver(f"zpull+{url}", timeout=5, max_message_size=400) as receiver, \
+            pytest.raises(TransportError, match="stopped before the end of its stream"):
+        list(receiver)
+    thread.join()
+    assert "over what the receivers accept" in str(errors[0].value)
