@@ -302,7 +302,8 @@ class Delivery:
             if late is not None and ack.get("final") is not True:
                 self._send(index, rid, control("eof", **self.common, **late, seq=0, dest=index))
             peer = self.peers[key] = Peer(index, rid)
-        if ack.get("to", self.common["sender"]) != self.common["sender"]:
+        if (ack.get("to", self.common["sender"]), ack.get("to_group", self.common["group"])) != (
+                self.common["sender"], self.common["group"]):
             return  # meant for an earlier sender on this endpoint (queued while it was gone)
         peer.receiver = ack["receiver"]
         peer.credit += ack["credit"]

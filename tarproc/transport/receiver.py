@@ -211,7 +211,8 @@ class Receiver:
         self.max_message_size = max_message_size
         self.id = f"{socketlib.gethostname()}:{os.getpid()}"
         self._senders: dict[tuple[str, int], _Sender] = {}  # by (group, rank)
-        self._connections: dict[tuple[int, bytes], str] = {}  # (socket, routing id) -> the sender id that said hello
+        # (socket, routing id) -> the sender id and group that said hello there
+        self._connections: dict[tuple[int, bytes], tuple[str, str]] = {}
         self._greeted: list[bool] = []  # DEALER sockets: the greeting went out on this connection
         self._routers: list[bool] = []
         self._acks: dict[tuple[int, bytes], list[int]] = {}  # acknowledgements to send, by connection
@@ -494,7 +495,7 @@ class Receiver:
         if self.endpoints[index].kind != "pull":
             return True
         if message.kind == "hello":
-            self._connections[(index, rid)] = header["sender"]
+            self._connections[(index, rid)] = (header["sender"], header["group"])
             self._instances[key] = header["sender"]
             if self._routers[index]:
                 self._greet(index, rid)

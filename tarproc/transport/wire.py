@@ -495,15 +495,16 @@ def _check_position(pos: Any) -> None:
             raise WireError(f"batch header: unknown position field {_show(name)}")
 
 
-def ack(receiver: str, *, to: str | None = None, credit: int = 0, seqs: Sequence[int] = (), eof: int | None = None,
-        final: bool = False, max_frame: int | None = None) -> list[bytes]:
+def ack(receiver: str, *, to: tuple[str, str] | None = None, credit: int = 0, seqs: Sequence[int] = (),
+        eof: int | None = None, final: bool = False, max_frame: int | None = None) -> list[bytes]:
     """A receiver's one message to a sender (one frame): ``credit`` more batches it may send,
     the batch numbers (``seq``) the receiver's consumer took, the end of epoch ``eof`` it got
     (``final``: the end of the stream), and ``max_frame``, the largest frame it accepts. ``to``
-    is the sender id it answers (a greeting, sent before the sender is known, has none)."""
+    is the sender id and group it answers (a greeting, sent before the sender is known, has
+    none): a sender takes no ack meant for another stream, or another process."""
     fields: dict[str, Any] = {"receiver": receiver, "credit": credit, "seqs": list(seqs)}
     if to is not None:
-        fields["to"] = to
+        fields["to"], fields["to_group"] = to
     if eof is not None:
         fields.update(eof=eof, final=final)
     if max_frame is not None:
@@ -527,8 +528,9 @@ def decode_ack(frames: Sequence[Any], url: str | None = None) -> dict[str, Any]:
         if not isinstance(receiver, str) or not receiver or len(receiver) > MAX_ID or not receiver.isprintable():
             raise WireError(f"ack with a bad receiver id {_show(receiver)}")
         _int(header.get("credit"), "credit")
-        if "to" in header and not (isinstance(header["to"], str) and len(header["to"]) <= MAX_ID):
-            raise WireError(f"ack to a bad sender id {_show(header['to'])}")
+        for name in ("to", "to_group"):
+            if name in header and not (isinstance(header[name], str) and len(header[name]) <= MAX_ID):
+                raise WireError(f"ack with a bad {name} {_show(header[name])}")
         seqs = header.get("seqs")
         if not isinstance(seqs, list) or len(seqs) > MAX_ACKS:
             raise WireError(f"ack with a bad list of batch numbers {_show(seqs)}")

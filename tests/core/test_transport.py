@@ -925,3 +925,33 @@ def test_a_header_over_the_receivers_limit_is_refused_too(tmp_path):
         list(receiver)
     thread.join()
     assert "over what the receivers accept" in str(errors[0].value)
+
+
+def test_an_ack_meant_for_another_stream_is_not_taken(tmp_path):
+    """Acks queued for an earlier process on the same endpoint (same host, pid and rank: a
+    restarted container) must not acknowledge another stream's batches."""
+    from tarproc.transport.wire import ack
+
+    url = ipc(tmp_path)
+    progress = []
+    sender = Sender(f"zrpush+{url}", heartbeat=0.1, group="mine", progress=progress.append)
+    context = zmq.Context()
+    peer = context.socket(zmq.DEALER)  # a receiver, by hand
+    peer.connect(url)
+    peer.send_multipart(ack("r:1", credit=4))
+    sender.send(["a"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+    while True:
+        header = msgpack.unpackb(peer.recv_multipart()[0])
+        if header["kind"] == "batch":
+            break
+    peer.send_multipart(ack("r:1", to=(header["sender"], "theirs"), credit=1, seqs=[0]))
+    time.sleep(0.5)
+    assert progress[-1].next == 0  # not taken
+    peer.send_multipart(ack("r:1", to=(header["sender"], "mine"), credit=1, seqs=[0]))
+    deadline = time.monotonic() + 5
+    while progress[-1].next == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert progress[-1].next == 1
+    sender.close(abort=True)
+    peer.close(0)
+    context.term()
