@@ -443,3 +443,26 @@ def remove_live_temporaries() -> None:
     """Remove every temporary this process still holds (called on fatal exits)."""
     for path in list(_LIVE_TEMPS):
         _remove(path)
+
+
+def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` under a temporary name, then rename it into place: a reader
+    (or a restart after a crash) sees the old file or the new one, never a part."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
+    except OSError as e:
+        raise SinkError(f"cannot create a file there: {e.strerror}", path) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise SinkError(f"cannot write: {e.strerror}", path) from None
+        raise

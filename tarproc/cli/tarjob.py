@@ -13,7 +13,7 @@ import click
 
 from ..errors import OptionError, SinkError
 from ..jobs.journal import DEFAULT_JOURNAL, Journal
-from ..jobs.manifests import ClusterJob, check_job_name, k8s_manifest, slurm_script, write_atomically
+from ..jobs.manifests import ClusterJob, check_job_name, k8s_manifest, slurm_script
 from ..jobs.run import (
     Attempt,
     Engine,
@@ -28,6 +28,7 @@ from ..jobs.run import (
 )
 from ..jobs.spec import check_command, format_index_list, load_shards, parse_index_list, shard_argv
 from ..jobs.status import JobStatus, describe, job_status
+from ..sinks import write_atomically
 from .common import CONTEXT_SETTINGS, TarprocCommand, common_options, say, warn
 
 EPILOG = """\b

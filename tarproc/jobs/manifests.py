@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shlex
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import OptionError, SinkError
+from ..errors import OptionError
 from .run import JobOptions
 from .spec import format_index_list
 
@@ -266,25 +264,3 @@ def slurm_script(job: ClusterJob, cpus: int | None = None, memory: str | None = 
         lines += job.ids
         lines.append(marker)
     return "\n".join(lines) + "\n"
-
-
-def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` under a temporary name, then rename it into place."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
-    except OSError as e:
-        raise SinkError(f"cannot create a file there: {e.strerror}", path) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise SinkError(f"cannot write: {e.strerror}", path) from None
-        raise

@@ -23,12 +23,12 @@ so after a restart the batches before it go out marked as sent again.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import OptionError, TarprocError
+from ..sinks import write_atomically
+from .delivery import Progress as RankState  # where a rank's sender resumes: what it last reported
 
 FORMAT = "tarserve-checkpoint"
 VERSION = 1
@@ -36,20 +36,6 @@ VERSION = 1
 
 class CheckpointError(TarprocError):
     """A checkpoint file that can't be read, or doesn't belong to this stream."""
-
-
-@dataclass
-class RankState:
-    """Where one sender (rank) resumes."""
-
-    next: int = 0
-    above: dict[int, dict[str, Any] | None] = field(default_factory=dict)  # later batches acknowledged
-    pos: dict[str, Any] | None = None
-    resend: int = 0  # batches below this one may have gone out: sent again, they are marked
-
-    def as_json(self) -> dict[str, Any]:
-        return {"next": self.next, "above": [[seq, pos] for seq, pos in sorted(self.above.items())],
-                "pos": self.pos, "resend": self.resend}
 
 
 @dataclass
@@ -64,19 +50,7 @@ class Checkpoint:
         """Replace the file atomically: a reader (or a restart) sees the old one or the new one."""
         data = {"format": FORMAT, "version": VERSION, "group": self.group, "done": self.done,
                 "stream": self.stream, "ranks": {str(r): s.as_json() for r, s in sorted(self.ranks.items())}}
-        directory = os.path.dirname(os.path.abspath(self.path))
-        fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
-                f.write("\n")
-            os.replace(temp, self.path)
-        except BaseException:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
-            raise
+        write_atomically(self.path, json.dumps(data, indent=1) + "\n")
 
 
 def load(path: str, stream: dict[str, Any]) -> Checkpoint | None:

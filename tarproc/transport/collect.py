@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..errors import SinkError
 from ..samples import Sample
-from ..sinks import local_path, open_sink
+from ..sinks import local_path, open_sink, write_atomically
 from ..tario import TarWriter
 from .receiver import Receiver
 from .wire import Batch
@@ -102,8 +101,9 @@ def _write_resumable(
             seqs = taken.setdefault(key, [])
             seqs.append(batch.seq)
             del seqs[:-TAKEN_KEPT]
-            _save_state(state_path, {"format": STATE_FORMAT, "offset": writer.offset, "members": writer.members,
-                                     "samples": writer.samples, "last_key": writer.last_key, "taken": taken})
+            write_atomically(state_path, json.dumps({
+                "format": STATE_FORMAT, "offset": writer.offset, "members": writer.members,
+                "samples": writer.samples, "last_key": writer.last_key, "taken": taken}))
             receiver.ack(batch)
         check()
         writer.close()
@@ -159,10 +159,3 @@ def _load_state(state_path: str, part: str) -> dict[str, Any] | None:
                         f"remove both to start afresh", state_path)
     return state  # type: ignore[no-any-return]
 
-
-def _save_state(state_path: str, state: dict[str, Any]) -> None:
-    directory = os.path.dirname(os.path.abspath(state_path))
-    fd, temp = tempfile.mkstemp(prefix=".tarrecv-", suffix=".tmp", dir=directory)
-    with os.fdopen(fd, "w") as f:
-        json.dump(state, f)
-    os.replace(temp, state_path)

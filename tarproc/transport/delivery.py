@@ -21,6 +21,8 @@ heard from); receivers that connect greet first with an ``ack`` carrying their c
 
 from __future__ import annotations
 
+import os
+import socket as socketlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -34,7 +36,6 @@ from .wire import control, decode_ack, encode_batch
 
 _CONNECTION_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
 _DISCONNECTED = 0x0200
-_HANDSHAKE_SUCCEEDED = 0x1000
 PROBE_SECONDS = 2.0  # after a disconnect, how long a bound socket keeps probing its receivers
 PROGRESS_SECONDS = 0.2  # at most this often, the progress callback hears of acknowledged batches
 MAX_TRIES = 8  # receivers that went away holding one batch, before the sender gives up on it
@@ -76,25 +77,32 @@ class Peer:
 class Progress:
     """What every receiver together acknowledged: all batches below ``next`` and those in
     ``above``; ``pos`` is the stream's position after batch ``next - 1``. It is reported before
-    a batch at or past ``resend`` is sent (write-ahead), so ``resend`` bounds what went out."""
+    a batch at or past ``resend`` is sent (write-ahead), so ``resend`` bounds what went out.
+    A checkpoint keeps one per rank, and a restarted sender starts from it."""
 
-    next: int
-    above: dict[int, dict[str, Any] | None]  # the later acknowledged batches, and their positions
-    pos: dict[str, Any] | None
-    resend: int  # batches below this one may have been sent: after a restart they go out marked
+    next: int = 0
+    above: dict[int, dict[str, Any] | None] = field(default_factory=dict)  # later acknowledged ones, with positions
+    pos: dict[str, Any] | None = None
+    resend: int = 0  # batches below this one may have been sent: after a restart they go out marked
+
+    def as_json(self) -> dict[str, Any]:
+        return {"next": self.next, "above": [[seq, pos] for seq, pos in sorted(self.above.items())],
+                "pos": self.pos, "resend": self.resend}
 
 class Delivery:
     """The sockets and the socket thread of an acknowledging sender (see the module's text).
 
     ``common`` are the header fields of every message (sender id, group, rank, senders).
     ``progress`` (optional) is called from the socket thread with a ``Progress`` as
-    acknowledgements come in (at most every ``PROGRESS_SECONDS``) and once at the end.
+    acknowledgements come in (at most every ``PROGRESS_SECONDS``) and once at the end;
+    ``sent(item, frames)`` after each batch that went out.
     """
 
     def __init__(self, context: Any, endpoints: list[Endpoint], *, hwm: int, heartbeat: float,
                  send_timeout: float | None, common: dict[str, Any], keys: Any, acked: bool,
                  start_seq: int = 0, done: dict[int, dict[str, Any] | None] | None = None,
-                 progress: Callable[[Progress], None] | None = None, hold: Any = None) -> None:
+                 progress: Callable[[Progress], None] | None = None, hold: Any = None,
+                 sent: Callable[[Item, list[Any]], None] = lambda item, frames: None) -> None:
         import zmq
 
         self.endpoints = endpoints
@@ -115,9 +123,10 @@ class Delivery:
         self._turn = 0
         self.redeliver: deque[Item] = deque()
         self.final_eof: dict[str, Any] | None = None
-        self._eof_told: dict[int, set[tuple[int, bytes]]] = {}  # an eof on its way: the receivers told
+        self._eof_told: set[tuple[int, bytes]] = set()  # the receivers told of the epoch end on its way
         self._final_told = False  # a receiver acknowledged the end of the stream
         self._progress = progress
+        self._sent = sent
         self._hold = hold  # see Sender: the senders of a group end together
         self._next_ack = start_seq  # every batch below this one is acknowledged
         self._above: set[int] = set(done or ())  # acknowledged before a restart: not sent again
@@ -240,11 +249,10 @@ class Delivery:
     def _service(self) -> None:
         """Read what came in (acks, monitor events), greet, probe, and send heartbeats."""
         import zmq
+        from zmq.utils.monitor import recv_monitor_message
 
         for index, monitor in enumerate(self._monitors):
             while monitor.poll(0):
-                from zmq.utils.monitor import recv_monitor_message
-
                 message = recv_monitor_message(monitor, zmq.NOBLOCK)
                 self._connection_event(index, message["event"], message["value"])
         for index, sock in enumerate(self._sockets):
@@ -298,9 +306,8 @@ class Delivery:
         if peer is None:
             if self._routers[index]:  # a receiver that connected to us greets first
                 self._hello(index, rid)
-            late = self.final_eof or self._last_eof  # a latecomer: the stream, or the last epoch, ended
-            if late is not None and ack.get("final") is not True:
-                self._send(index, rid, control("eof", **self.common, **late, seq=0, dest=index))
+            if self._last_eof is not None and ack.get("final") is not True:  # a latecomer: that end is news
+                self._send(index, rid, control("eof", **self.common, **self._last_eof, seq=0, dest=index))
             peer = self.peers[key] = Peer(index, rid)
         if (ack.get("to", self.common["sender"]), ack.get("to_group", self.common["group"])) != (
                 self.common["sender"], self.common["group"]):
@@ -378,9 +385,6 @@ class Delivery:
             raise
 
     def _hello(self, index: int, rid: bytes) -> None:
-        import os
-        import socket as socketlib
-
         hello = control("hello", **self.common, host=socketlib.gethostname(), pid=os.getpid(),
                         pattern="push", dest=index, acked=self.acked)
         if self._send(index, rid, hello) and not self._routers[index]:
@@ -392,60 +396,56 @@ class Delivery:
             self._send(index, peer.rid, beat)
 
     def _send_batch(self, item: Item) -> bool:
-        """Give ``item`` to the next receiver (in turn) with credit for it; False if none can take it now."""
+        """Give ``item`` to the next receiver (in turn) with credit for it and room for its largest
+        frame; False if none can take it now. A batch no receiver here can take is an error."""
         peers = list(self.peers.values())
-        if not peers:
-            return False
-        fitting = [p for p in peers if p.max_frame is None or item.largest < 0 or item.largest <= p.max_frame]
-        if not fitting:
-            limits = ", ".join(sorted({f"{p.receiver} ({p.max_frame} bytes)" for p in peers}))
-            raise TransportError(f"batch {item.seq} (keys {item.keys[0]!r}...) has a frame of {item.largest} "
-                                 f"bytes, over what the receivers accept: {limits}; raise their --max-message-size "
-                                 "or send smaller batches")
+
+        def fits(peer: Peer) -> bool:  # ZMQ's limit is on every frame, the header's too
+            return peer.max_frame is None or item.largest < 0 or item.largest <= peer.max_frame
+
         for turn in range(len(peers)):
             peer = peers[(self._turn + turn) % len(peers)]
-            if self.acked and peer.credit <= 0:
+            if (self.acked and peer.credit <= 0) or not fits(peer):
                 continue
             frames = encode_batch(item.keys, item.tensors, text=item.text, bfloat16=item.bfloat16, **self.common,
                                   epoch=item.epoch, seq=item.seq, dest=peer.index, acked=self.acked,
                                   redelivered=item.redelivered, **({"pos": item.pos} if item.pos else {}))
-            if item.largest < 0:  # ZMQ's limit is on every frame, the header's too
-                item.largest = max(len(memoryview(f)) for f in frames)
-                if peer.max_frame is not None and item.largest > peer.max_frame:
-                    return self._send_batch(item)  # now that its size is known, pick a receiver that fits
-            if peer.max_frame is not None and item.largest > peer.max_frame:
+            item.largest = max(len(memoryview(f)) for f in frames)
+            if not fits(peer):
                 continue
             if self._progress is not None and item.seq >= self._resend:  # write-ahead (see Progress)
                 self._resend = item.seq + 1 + self.hwm * max(4, 2 * len(self.peers))
                 self._report(force=True)
-            if item.epoch != (self._last_eof or {}).get("epoch", item.epoch):
+            if self._last_eof is not None and item.epoch != self._last_eof["epoch"]:
                 self._last_eof = None  # a batch of a later epoch: that end is old news
             if not self._send(peer.index, peer.rid, frames, copy=False):
                 continue
-            self._turn = (self._turn + turn + 1) % max(1, len(peers))
+            self._turn = (self._turn + turn + 1) % len(peers)
             if self.acked:
                 peer.credit -= 1
                 peer.unacked[item.seq] = item
             else:
                 self._acknowledged(item)
-            self.sent(item, frames)
+            self._sent(item, frames)
             return True
+        if peers and not any(fits(p) for p in peers):
+            limits = ", ".join(sorted({f"{p.receiver} ({p.max_frame} bytes)" for p in peers}))
+            raise TransportError(f"batch {item.seq} (keys {item.keys[0]!r}...) has a frame of {item.largest} "
+                                 f"bytes, over what the receivers accept: {limits}; raise their --max-message-size "
+                                 "or send smaller batches")
         return False
-
-    def sent(self, item: Item, frames: list[Any]) -> None:
-        """Counted by the owner (``Sender``) for its stats."""
 
     def _send_eof(self, counts: dict[str, Any]) -> bool:
         """Tell every receiver the epoch ended; False while some can't take it yet (a full queue:
         without acknowledgements, batches fill it), so that it is tried again."""
-        told = self._eof_told.setdefault(id(counts), set())
+        told = self._eof_told  # one end at a time: the run loop holds it until everyone is told
         for key, peer in list(self.peers.items()):
             if key not in told and self._send(peer.index, peer.rid,
                                               control("eof", **self.common, **counts, seq=0, dest=peer.index)):
                 told.add(key)
         if not told >= set(self.peers):
             return False
-        del self._eof_told[id(counts)]
+        told.clear()
         if counts.get("final"):
             self.final_eof = counts
         self._last_eof = counts
@@ -474,10 +474,6 @@ class Delivery:
                     "(every batch was delivered and acknowledged)")
         return (f"no receiver took {what} for {self.send_timeout:g} s on {where} ({held} batch(es) sent and not yet "
                 f"acknowledged){doubts}")
-
-    def not_delivered(self) -> int:
-        """Batches sent or waiting to be sent again that no receiver acknowledged."""
-        return self._in_flight()
 
     def say_aborted(self, reason: str, wait: float) -> None:
         """Tell every receiver this sender stopped early, waiting up to ``wait`` s for room."""

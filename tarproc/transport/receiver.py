@@ -138,7 +138,6 @@ class _Sender:
     final_sockets: set[int] = field(default_factory=set)
     taken: set[int] = field(default_factory=set)  # batch numbers the consumer took (the latest ones)
     taken_order: deque[int] = field(default_factory=deque)
-    position: dict[str, Any] | None = None  # of the last batch taken
 
     def take(self, seq: int) -> bool:
         """Remember batch ``seq`` as taken; False if it was already."""
@@ -297,7 +296,7 @@ class Receiver:
                 kind, header = message.kind, message.header
                 if kind == "batch":
                     batch = to_batch(message)
-                    if not self._first_copy(batch, message):
+                    if not self._first_copy(batch):
                         continue
                     now = time.monotonic()
                     stats = self.stats
@@ -384,9 +383,8 @@ class Receiver:
         """Acknowledge ``batch``: its sender may forget it, and send one more. (With
         ``ack="auto"`` the receiver does this itself when the consumer asks for the next batch.)
         It goes out the next time the receiver reads, or when it is closed."""
-        connection = getattr(batch, "connection", None)
-        if connection is not None and batch.acked:
-            self._acks.setdefault(connection, []).append(batch.seq)
+        if batch.connection is not None and batch.acked:
+            self._acks.setdefault(batch.connection, []).append(batch.seq)
 
     def taken(self, group: str, rank: int, seqs: list[int]) -> None:
         """Say that batches ``seqs`` of sender ``rank`` of ``group`` were taken before (by an
@@ -394,45 +392,35 @@ class Receiver:
         self._preloaded.setdefault((group, rank), []).extend(seqs)
 
     def _send_acks(self) -> None:
-        import zmq
-
         for (index, rid), seqs in self._acks.items():
             to = self._connections.get((index, rid))
-            if to is None:
-                continue  # its connection closed: the sender sends these again, and they are dropped here
-            message = ack_message(self.id, to=to, credit=len(seqs), seqs=seqs)
-            try:
-                self._sockets[index].send_multipart([rid, *message] if self._routers[index] else message,
-                                                    flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass  # that sender's connection is gone: it sends the batch again, and it is dropped here
+            if to is not None:  # else its connection closed: the sender sends these again, dropped here
+                self._reply(index, rid, ack_message(self.id, to=to, credit=len(seqs), seqs=seqs))
         self._acks.clear()
 
     def _greet(self, index: int, rid: bytes) -> bool:
         """Give a sender credit for ``hwm`` batches, and say the largest frame we take."""
+        return self._reply(index, rid, ack_message(self.id, credit=self.hwm, max_frame=self.max_message_size))
+
+    def _reply(self, index: int, rid: bytes, message: list[bytes]) -> bool:
+        """Send ``message`` to the sender at (socket, routing id), without waiting; False if it
+        can't be sent (a sender gone: what it would have said is said again to its successor)."""
         import zmq
 
-        message = ack_message(self.id, credit=self.hwm, max_frame=self.max_message_size)
         try:
             self._sockets[index].send_multipart([rid, *message] if self._routers[index] else message,
                                                 flags=zmq.NOBLOCK)
             return True
-        except zmq.ZMQError:  # a DEALER not connected yet; a sender gone
+        except zmq.ZMQError:
             return False
 
-    def _first_copy(self, batch: Batch, message: Any) -> bool:
-        """Note where ``batch`` came from, and whether the consumer took it before (then it is
-        dropped, and acknowledged again)."""
-        state = self._senders[(message.header["group"], message.header["rank"])]
-        batch.connection = message.connection  # type: ignore[attr-defined]
-        batch.acked = message.header.get("acked", False)  # type: ignore[attr-defined]
-        if not batch.acked:
-            return True
-        if not state.take(batch.seq):
+    def _first_copy(self, batch: Batch) -> bool:
+        """Whether the consumer has not taken ``batch`` before (else it is dropped, and
+        acknowledged again)."""
+        if batch.acked and not self._senders[(batch.group, batch.rank)].take(batch.seq):
             self.stats.duplicates += 1
             self.ack(batch)
             return False
-        state.position = batch.position
         return True
 
     def _receive(self) -> Any:
@@ -548,16 +536,9 @@ class Receiver:
                         self.ack_end()
 
     def _ack_end(self, index: int, rid: bytes, epoch: int) -> None:
-        import zmq
-
         to = self._connections.get((index, rid))
-        if to is None:
-            return
-        message = ack_message(self.id, to=to, eof=epoch, final=True)
-        try:
-            self._sockets[index].send_multipart([rid, *message] if self._routers[index] else message, flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # gone already
+        if to is not None:
+            self._reply(index, rid, ack_message(self.id, to=to, eof=epoch, final=True))
 
     def _check_drops(self) -> None:
         """Warn of connections closed by senders that had not ended their stream: they died, or

@@ -149,8 +149,8 @@ class Sender:
             if self.endpoints[0].kind == "push":
                 self._delivery = Delivery(self._context, self.endpoints, hwm=hwm, heartbeat=heartbeat,
                                           send_timeout=send_timeout, common=self.common, keys=keys, acked=ack,
-                                          start_seq=start_seq, done=self._skip, progress=progress, hold=hold)
-                self._delivery.sent = self._count  # type: ignore[method-assign]
+                                          start_seq=start_seq, done=self._skip, progress=progress, hold=hold,
+                                          sent=lambda item, frames: self._count(item.keys, frames, item.redelivered))
             else:
                 for endpoint in self.endpoints:
                     self._sockets.append(self._open(endpoint, hwm, heartbeat, keys))
@@ -320,12 +320,13 @@ class Sender:
 
     # -- the socket thread ------------------------------------------------------------------------
 
-    def _count(self, item: Item, frames: list[Any]) -> None:
-        if item.redelivered:
+    def _count(self, keys: list[str], frames: list[Any], redelivered: bool = False) -> None:
+        """A batch went out (a second time: ``redelivered``, counted apart)."""
+        if redelivered:
             self.stats.redelivered += 1
             return
         self.stats.batches += 1
-        self.stats.samples += len(item.keys)
+        self.stats.samples += len(keys)
         self.stats.bytes += sum(len(memoryview(f)) for f in frames[1:])
 
     def _take(self, timeout: float) -> Any:
@@ -421,9 +422,7 @@ class Sender:
             except zmq.Again:  # the peer went away between poll and send: try the next one
                 continue
             self._seq[index] += 1
-            self.stats.batches += 1
-            self.stats.samples += len(keys)
-            self.stats.bytes += sum(len(memoryview(f)) for f in frames[1:])
+            self._count(keys, frames)
             return
 
     def _send_eof(self, counts: dict[str, Any]) -> None:

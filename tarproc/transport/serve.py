@@ -152,7 +152,7 @@ def serve(
     if config.senders == 1:
         def progress(p: Progress) -> None:
             if saved is not None:
-                saved.ranks[0] = checkpoints.RankState(p.next, p.above, p.pos, p.resend)
+                saved.ranks[0] = p
                 saved.save()
 
         sent, skipped = _send_share(inputs, config, 0, group, warn, wrap, report,
@@ -339,7 +339,7 @@ def _child(inputs: list[str], config: ServeConfig, rank: int, group: str, conn: 
     end_with_parent(parent)
 
     def progress(p: Progress) -> None:  # from the sender's socket thread; the parent saves it
-        conn.send(("progress", checkpoints.RankState(p.next, p.above, p.pos, p.resend), 0))
+        conn.send(("progress", p, 0))
 
     try:
         sent, skipped = _send_share(inputs, config, rank, group, warn, report=report, resume=resume,

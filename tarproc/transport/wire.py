@@ -326,10 +326,7 @@ def decode(frames: Sequence[Any], url: str | None = None) -> Message:
             return Message(kind, header)
         return _decode_batch(header, frames)
     except WireError as e:
-        sender = header.get("sender") if isinstance(header, dict) else None
-        peer = peer_address(frames[0]) if frames else None
-        raise MessageError(e.message, url, peer, sender if isinstance(sender, str) and sender.isprintable()
-                           and len(sender) <= MAX_ID else None) from None
+        raise _message_error(e, frames, header, "sender", url) from None
 
 
 def _read_header(frame: Any) -> dict[str, Any]:
@@ -544,10 +541,16 @@ def decode_ack(frames: Sequence[Any], url: str | None = None) -> dict[str, Any]:
             _int(header["max_frame"], "frame size limit")
         return header  # type: ignore[no-any-return]
     except WireError as e:
-        peer = peer_address(frames[0]) if frames else None
-        receiver = header.get("receiver") if isinstance(header, dict) else None
-        raise MessageError(e.message, url, peer, receiver if isinstance(receiver, str) and receiver.isprintable()
-                           and len(receiver) <= MAX_ID else None) from None
+        raise _message_error(e, frames, header, "receiver", url) from None
+
+
+def _message_error(error: WireError, frames: Sequence[Any], header: Any, id_field: str, url: str | None) -> MessageError:
+    """``error`` as a ``MessageError`` saying where the message came from: the connection's peer,
+    and the sender (or receiver) id in ``header[id_field]`` when the header got that far."""
+    peer = peer_address(frames[0]) if frames else None
+    who = header.get(id_field) if isinstance(header, dict) else None
+    return MessageError(error.message, url, peer,
+                        who if isinstance(who, str) and who.isprintable() and len(who) <= MAX_ID else None)
 
 
 def _layout(entry: dict[str, Any]) -> str:
@@ -580,5 +583,7 @@ def to_batch(message: Message) -> Batch:
     batch.text = {e["name"] for e in header["tensors"] if e.get("text") is True}
     batch.group, batch.rank = header["group"], header["rank"]
     batch.redelivered = header.get("redelivered", False)
+    batch.acked = header.get("acked", False)
     batch.position = header.get("pos")
+    batch.connection = message.connection
     return batch

@@ -22,9 +22,10 @@ from tarproc.jobs import (
     run_shards,
     shard_argv,
 )
-from tarproc.jobs.manifests import ClusterJob, k8s_manifest, slurm_script, to_yaml, write_atomically
+from tarproc.jobs.manifests import ClusterJob, k8s_manifest, slurm_script, to_yaml
 from tarproc.jobs.run import run_attempt
 from tarproc.jobs.spec import check_command
+from tarproc.sinks import write_atomically
 
 # -------------------------------------------------------------------------------------------
 # specs
