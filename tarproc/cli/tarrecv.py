@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import TransportError
 from ..samples import Sample
 from ..transport import Receiver
-from ..transport.collect import write_received
+from ..transport.collect import check_output, write_received
 from ..transport.receiver import MIN_RATE_SECONDS
 from ..transport.wire import Batch
 from .common import (
@@ -33,6 +33,7 @@ Examples:
   tarserve --raw 'shard-{00..07}.tar' -p 2 --to zpush://:7880 & tarrecv zpull://:7880 -o - | tarshow -c 3
   tarrecv 'zsub://feeder:78{80..83}' --count 1000 -q      # a subscriber: reports batches PUB dropped
   tarrecv zpull://:7880 -o copy.tar     # killed? run it again: copy.tar.part resumes, nothing twice
+  tarrecv zpull://:7880 --max-message-size 4GiB -o - | tarsplit -s 1e9 -o photos-%04d.tar   # big raw photos
 
 \b
 Without -o it prints one line per --interval to stdout: batches/s, samples/s and MB/s over the
@@ -84,6 +85,8 @@ def main(
     URL... are ZMQ endpoints to receive on: zpull://:PORT binds (tarserve connects with zpush),
     zrpull://host:port connects to a tarserve that binds, zsub://host:port subscribes.
     """
+    if output is not None:
+        check_output(output)  # before any sender is given credit
     receiver = Receiver(list(urls), senders=senders, warn=warn, ack="auto" if output is None else "manual",
                         **transport)
     monitor = Monitor(receiver, interval, quiet, to=sys.stderr if output is not None else sys.stdout)

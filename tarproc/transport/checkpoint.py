@@ -82,7 +82,10 @@ def load(path: str, stream: dict[str, Any]) -> Checkpoint | None:
         saved_stream = data["stream"]
         done = data["done"] is True
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        detail = str(e) if isinstance(e, ValueError) and not isinstance(e, json.JSONDecodeError) else "malformed"
+        if isinstance(e, json.JSONDecodeError):
+            detail = f"not JSON at line {e.lineno}, column {e.colno}"
+        else:
+            detail = str(e) if isinstance(e, ValueError) else "malformed"
         raise CheckpointError(f"not a usable tarserve checkpoint ({detail}); remove it to start over", path) from None
     if saved_stream != stream:
         changed = sorted(k for k in set(saved_stream) | set(stream) if saved_stream.get(k) != stream.get(k))

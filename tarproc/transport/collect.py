@@ -37,6 +37,13 @@ def resumable(output: str) -> bool:
     return output != "-" and local_path(output) is not None and output.endswith(".tar")
 
 
+def check_output(output: str) -> None:
+    """Refuse, before anything is received, a resumable output whose ``.part`` state is unusable."""
+    path = local_path(output)
+    if resumable(output) and path is not None:
+        _load_state(f"{path}.part.json", f"{path}.part")
+
+
 def write_received(
     receiver: Receiver,
     batches: Iterable[Batch],
@@ -137,7 +144,8 @@ def _load_state(state_path: str, part: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise SinkError(f"cannot read the state of {part} ({e}); remove it and {part} to start afresh",
+        detail = f"not JSON at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+        raise SinkError(f"cannot read the state of {part} ({detail}); remove it and {part} to start afresh",
                         state_path) from None
     try:
         size = os.path.getsize(part)

@@ -261,3 +261,29 @@ def test_an_older_tarproc_is_told_apart_from_garbage(tmp_path) -> None:  # type:
     context.term()
     code, _, err = finish(receiver)
     assert code == 1 and "wire format v1" in err and "no sender for 2 s" in err
+
+
+def test_a_bad_resume_state_is_a_one_line_error_and_nothing_is_touched(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    feed = f"ipc://{tmp_path}/feed"
+    part, state = tmp_path / "y.tar.part", tmp_path / "y.tar.part.json"
+    part.write_bytes(bytes(1024))
+    state.write_text('{"format": "tarrecv-part", "offset": ')
+    code, _, err = finish(start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "y.tar", "--wait", 1))
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert str(state) in err and "not JSON at line 1, column 38" in err
+    state.write_text(json.dumps({"format": "tarrecv-part", "offset": 4096, "members": 1, "samples": 1,
+                                 "last_key": "a", "taken": {}}))
+    code, _, err = finish(start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "y.tar", "--wait", 1))
+    assert code == 1 and "y.tar.part is 1024 bytes, shorter than the 4096 its state says" in err
+    assert part.read_bytes() == bytes(1024) and not (tmp_path / "y.tar").exists()  # left as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["y.tar.part", "y.tar.part.json"]
+
+
+def test_a_checkpoint_that_is_not_json_names_the_line_and_column(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = cli.write_tar(tmp_path / "x.tar", samples(3))
+    checkpoint = tmp_path / "serve.ckpt"
+    checkpoint.write_text('{"format": "tarserve-checkpoint",\n "version": }')
+    code, _, err = finish(start("tarserve", "--raw", src, "--to", f"zpush+ipc://{tmp_path}/feed",
+                                "--checkpoint", checkpoint))
+    assert code == 1 and f"{checkpoint}: not a usable tarserve checkpoint (not JSON at line 2, column 13)" in err
+    assert len(err.strip().splitlines()) == 1
