@@ -58,7 +58,7 @@ from .errors import (
 )
 from .samples import Sample, _warn_stderr, group_keyed
 from .sources import is_fsspec_url, local_path, open_source
-from .tario import BLOCK, DEFAULT_MAX_MEMBER_SIZE, ReadStats, _read_members, iter_members, split_key
+from .tario import BLOCK, DEFAULT_MAX_MEMBER_SIZE, ReadStats, _read_members, _skipper, iter_members, split_key
 
 INDEX_FORMAT = "tarproc-index"
 INDEX_VERSION = 1
@@ -255,8 +255,7 @@ class _CountingReader:
 
     def skipper(self) -> Callable[[int], int] | None:
         """The stream's skipper (a plain local file: data is skipped, not read), counting."""
-        make = getattr(self.stream, "skipper", None)
-        skip = make() if make is not None else None
+        skip = _skipper(self.stream)
         if skip is None:
             return None
 
@@ -494,7 +493,7 @@ def _names_problem(key: str, fields: Iterable[str], names: dict[str, str] | None
     fields found fit for KEY.FIELD: they repeat on every sample, each is split once.
     """
     base = key[key.rfind("/") + 1 :]
-    plain_key = bool(base) and "." not in base
+    plain_key = bool(base) and "." not in base and not key.startswith("./")  # split_key drops a leading ./
     for field in fields:
         if names and field in names:
             name = names[field]

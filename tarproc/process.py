@@ -359,13 +359,13 @@ class _ShellPool(_Pool):
             if status and not timed_out:
                 # on a full file system the command's own 'No space left on device' went into the
                 # log, in that same directory, and was lost: say it, and stop, as every job would fail
-                free = _space_left(os.path.dirname(d))
+                parent = os.path.dirname(d)
+                free = _space_left(parent)
                 if free is not None and free < _NEARLY_FULL:
-                    failed = f"exited with status {status}" if status > 0 else f"was killed by signal {-status}"
                     tail = _tail(output or b"")
                     return _Outcome(index, fatal=TarprocError(
-                        f"cannot run jobs in {os.path.dirname(d)}: {os.strerror(errno.ENOSPC)} ({free} bytes "
-                        f"free): the command of sample {key!r} (input #{index}) {failed}, and its output, "
+                        f"cannot run jobs in {parent}: {os.strerror(errno.ENOSPC)} ({free} bytes "
+                        f"free): the command of sample {key!r} (input #{index}) {_exit_reason(status)}, and its output, "
                         f"logged there, may be cut short" + (f"; it ends: {tail}" if tail else "")
                     ))
             if output is None:
@@ -388,8 +388,7 @@ class _ShellPool(_Pool):
         if timed_out:
             return _Outcome(index, error=f"timed out after {self.job.timeout:g} s", timed_out=True, log=output)
         if status != 0:
-            reason = f"exited with status {status}" if status > 0 else f"was killed by signal {-status}"
-            return _Outcome(index, error=reason, log=output)
+            return _Outcome(index, error=_exit_reason(status), log=output)
         return self._collect(index, sample, d, output)
 
     def _spawn_and_wait(self, cwd: str, env: dict[str, str], log: Any) -> tuple[int | None, bool]:
@@ -456,6 +455,11 @@ class _ShellPool(_Pool):
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _NEARLY_FULL = 64 << 10  # bytes free under which a file system counts as full (a log write would fail)
+
+
+def _exit_reason(status: int) -> str:
+    """How a process ended, from its status (negative: the signal that killed it)."""
+    return f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
 
 
 def _space_left(directory: str) -> int | None:
@@ -790,9 +794,7 @@ class _MapPool(_Pool):
                     proc.join()
                     index = self._current[self._procs.index(proc)]
                     key = self._keys.get(index, "?")
-                    code = proc.exitcode or 0
-                    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                    raise JobError(f"a worker process {how} while processing sample {key!r} (input #{index})", key=key)
+                    raise JobError(f"a worker process {_exit_reason(proc.exitcode or 0)} while processing sample {key!r} (input #{index})", key=key)
         outcome = self._ready.pop(0)
         self._keys.pop(outcome.index, None)
         return outcome

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .compression import compression_for_name
 from .errors import OptionError, SinkError, TarprocError
 from .samples import Sample
 from .sinks import Sink, open_sink
@@ -49,7 +50,6 @@ DIRECTORY_SHARD_NAME = "shard-%06d.tar"  # the shards' names inside a directory 
 # the suffixes of a tar name, longest first (the sink compresses by the same suffix)
 _TAR_SUFFIXES = (".tar.zstd", ".tar.bz2", ".tar.zst", ".tar.gz", ".tar.xz", ".tbz2", ".tzst", ".tar", ".tgz",
                  ".txz", ".tbz")
-_COMPRESSION_SUFFIXES = (".zstd", ".bz2", ".zst", ".gz", ".xz")
 
 
 def shard_pattern(output: str) -> str:
@@ -80,7 +80,7 @@ def shard_pattern(output: str) -> str:
     elif suffix is not None:
         stem, tail = output[: -len(suffix)], output[-len(suffix):]
         pattern = stem + "-%06d" + tail
-    elif lower.endswith(_COMPRESSION_SUFFIXES):
+    elif compression_for_name(output) is not None:  # a compressed name that is not a tar's
         kind = output.rsplit(".", 1)[1]
         raise OptionError(
             f"bad shard name {output!r}: shards are tar files; write {output[: -len(kind) - 1]}.tar.{kind} "

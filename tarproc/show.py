@@ -565,9 +565,9 @@ class Summary:
         """One line per kind of problem the report lists (empty when it says "no problems found")."""
         return self.as_dict()["problems"]
 
-    def format_text(self) -> str:
-        """A readable report."""
-        d = self.as_dict()
+    def format_text(self, d: dict[str, Any] | None = None) -> str:
+        """A readable report (of ``d``, this summary's ``as_dict()``, when the caller has it)."""
+        d = self.as_dict() if d is None else d
         lines = [
             f"shards      {d['shards']}" + (f" ({d['shards_failed']} failed)" if d["shards_failed"] else ""),
             f"samples     {d['samples']}" + (" (stopped at -c)" if self.stopped_early else ""),
@@ -591,11 +591,7 @@ class Summary:
             shown = ", ".join(escape_text(repr(x)) if isinstance(x, str) else x for x in items)
             return f" (e.g. {shown})" if shown else ""
 
-        problems = 0
-
         def problem(heading: str, details: Iterable[str] = ()) -> None:
-            nonlocal problems
-            problems += 1
             lines.append(heading)
             lines.extend(details)
 
@@ -642,7 +638,7 @@ class Summary:
         lines.extend(other)
         for error in d["errors"]:
             problem(f"damaged or unreadable: {escape_text(error)}")
-        if not problems:
+        if not d["problems"]:  # the same list --strict goes by
             lines.append("no problems found")
         return "\n".join(lines)
 

@@ -17,6 +17,7 @@ Used as a context manager a sink commits on success and aborts on any exception 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -24,6 +25,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from .compression import CompressingWriter, compression_for_name
@@ -84,9 +86,9 @@ class Sink:
             for piece in pieces:
                 self.write(piece)
             return
-        total = sum(len(piece) for piece in pieces)
-        try:
+        with self._writing():
             self._fh.flush()  # stdout's buffered writer: what it holds goes first
+            total = sum(len(piece) for piece in pieces)
             written = os.writev(fd, pieces)
             while written < total:  # a partial write (a signal came): the rest
                 rest, skip = [], written
@@ -97,35 +99,40 @@ class Sink:
                         rest.append(memoryview(piece)[skip:])
                         skip = 0
                 written += os.writev(fd, rest)
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise SinkError(f"write failed: {e.strerror or e}", self.url) from None
-        self.bytes += total
-        if self._sha is not None:
-            for piece in pieces:
-                self._sha.update(piece)
+        self._wrote(pieces)
 
     def _raw_write(self, data: bytes | bytearray | memoryview) -> None:
         # files are unbuffered (TarWriter gathers small writes itself); a raw write may be partial
-        try:
+        with self._writing():
             written = self._fh.write(data)
             if written is not None and written < len(data):
                 view = memoryview(data)
                 while written < len(view):
                     written += self._fh.write(view[written:])
+        self._wrote((data,))
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A failed write is a ``SinkError`` naming the destination; a reader that went away
+        (``BrokenPipeError``) is left to the caller, which ends quietly or names the command."""
+        try:
+            yield
         except BrokenPipeError:
             raise
         except OSError as e:
             raise SinkError(f"write failed: {e.strerror or e}", self.url) from None
-        self.bytes += len(data)
-        if self._sha is not None:
-            self._sha.update(data)
+
+    def _wrote(self, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
+        """Count what went out, and hash it."""
+        for piece in pieces:
+            self.bytes += len(piece)
+            if self._sha is not None:
+                self._sha.update(piece)
 
     def _close_quietly(self) -> None:
         """Close the destination on the way out of an error; a second error would hide the first."""
         if self._sha is not None:
-            self._sha.hexdigest()  # ends the hashing thread
+            self._sha.stop()  # no digest of what is given up
         try:
             self._fh.close()
         except Exception:
@@ -139,6 +146,15 @@ class Sink:
         raise NotImplementedError
 
     def abort(self) -> None:
+        """Give up: nothing is left under the final name (the subclass's ``_abort``), and the
+        sha256 thread, if any, is told to stop."""
+        try:
+            self._abort()
+        finally:
+            if self._sha is not None:
+                self._sha.stop()
+
+    def _abort(self) -> None:
         raise NotImplementedError
 
     def __enter__(self) -> Sink:
@@ -180,6 +196,12 @@ class _Hasher:
             data = bytes(data)
         self._queue.put(data)
 
+    def stop(self) -> None:
+        """End the thread without a digest (the sink was aborted)."""
+        if self._digest is None:
+            self._digest = ""
+            self._queue.put(self._END)
+
     def hexdigest(self) -> str:
         if self._digest is None:
             self._queue.put(self._END)
@@ -218,7 +240,7 @@ class StdoutSink(Sink):
         self._finish_stream()
         self._fh.flush()
 
-    def abort(self) -> None:
+    def _abort(self) -> None:
         self.done = True
         try:
             self._fh.flush()
@@ -258,7 +280,7 @@ class _TempFileSink(Sink):
         self.done = True
         _remove(self.tmp)  # gone already after a rename
 
-    def abort(self) -> None:
+    def _abort(self) -> None:
         if self.done:
             return
         self.done = True
@@ -337,7 +359,7 @@ class DeviceSink(Sink):
         except OSError as e:
             raise SinkError(f"cannot finish writing: {e.strerror or e}", self.url) from None
 
-    def abort(self) -> None:
+    def _abort(self) -> None:
         self.done = True
         self._close_quietly()
 
@@ -373,7 +395,7 @@ class PipeSink(Sink):
         status = self.proc.wait()
         raise SinkError(f"command exited with status {status} before reading all its input", self.url)
 
-    def abort(self) -> None:
+    def _abort(self) -> None:
         if self.done:
             return
         self.done = True

@@ -42,7 +42,7 @@ def expand_urls(args: Iterable[str], list_files: Iterable[str] = ()) -> list[str
     for arg in args:
         for part in arg.split("::"):
             if part:
-                urls.extend(_braces(part))
+                urls.extend(expand_braces(part))
     for list_file in list_files:
         for line in read_list_file(list_file):
             urls.extend(expand_urls([line]))
@@ -53,7 +53,7 @@ MAX_BRACE_URLS = 1_000_000  # URLs one argument may expand to
 _RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d{1,18}))?\}")
 
 
-def _braces(text: str) -> list[str]:
+def expand_braces(text: str) -> list[str]:
     """``text``'s brace expansion: at most MAX_BRACE_URLS URLs, and balanced braces (OptionError)."""
     # braceexpand builds a range whole: count the ranges' sizes first
     count = 1

@@ -427,13 +427,14 @@ def _skipper(stream: Any) -> Callable[[int], int] | None:
 class _RecentMembers:
     """The regular members read lately (their names and data), about ``limit`` bytes of them (each
     member counted at least 512 bytes): a hard or symbolic link names an earlier member, and a
-    stream can't go back to read it again. The first link builds a name index, kept up to date from
-    then on, so that many links cost one dictionary lookup each.
+    stream can't go back to read it again. The first link builds a name index, and members added
+    after it are indexed as they come, so that many links cost one dictionary lookup each.
 
     Until a link needs them, the fast path's members are remembered as the buffer they were found
     in (``add_scanned``), not as the items handed out: holding on to the items themselves (a tuple,
     a name and a bytes object per member, megabytes of them) keeps their memory from being reused
-    and slowed reading small members by about 5%. The first link scans those buffers again.
+    and slowed reading small members by about 5%. The first link scans those buffers again; after
+    it, the items are kept as they are.
     """
 
     def __init__(self, limit: int, keyed: bool) -> None:
@@ -443,8 +444,7 @@ class _RecentMembers:
         self.lists: deque[tuple[int, Any, int]] = deque()
         self.bytes = 0
         self.added = 0  # lists added so far
-        self.index: dict[Any, tuple[int, Any]] | None = None  # name -> (sequence number, data)
-        self.indexed = 0  # lists in the index
+        self.index: dict[Any, tuple[int, Any]] | None = None  # name -> (sequence number, data), from the first link
 
     def _name(self, item: Any) -> Any:
         return (item[0], item[1]) if self.keyed else item[0]
@@ -452,39 +452,41 @@ class _RecentMembers:
     def add(self, items: list[Any], nbytes: int) -> None:
         self._add(items, nbytes + BLOCK * len(items))
 
-    def add_scanned(self, scanned: _Scanned, nbytes: int, count: int) -> None:
-        """The ``count`` members (``nbytes`` of data) that ``scanned`` gives again when asked."""
-        if self.index is not None:  # links come up in this stream: index the items at once
-            self._add(scanned.items(), nbytes + BLOCK * count)
-        else:
-            self._add(scanned, nbytes + BLOCK * count)
+    def add_scanned(self, scanned: _Scanned, items: list[Any], nbytes: int) -> None:
+        """The fast path's ``items`` (``nbytes`` of data), which ``scanned`` gives again when asked:
+        kept as that until a link needs them, as they are after."""
+        self._add(scanned if self.index is None else items, nbytes + BLOCK * len(items))
 
     def _add(self, items: Any, charged: int) -> None:
         if self.limit <= 0:
             return
-        self.lists.append((self.added, items, charged))
+        seq = self.added
+        self.lists.append((seq, items, charged))
         self.added += 1
         self.bytes += charged
+        if self.index is not None:
+            self._index(seq, items)
         while self.bytes > self.limit and self.lists:
-            seq, old, size = self.lists.popleft()
+            old_seq, old, size = self.lists.popleft()
             self.bytes -= size
-            if self.index is not None and seq < self.indexed:
+            if self.index is not None:
                 for item in old:
                     name = self._name(item)
-                    if self.index.get(name, (None,))[0] == seq:
+                    if self.index.get(name, (None,))[0] == old_seq:
                         del self.index[name]
 
+    def _index(self, seq: int, items: Any) -> None:
+        assert self.index is not None
+        for item in items:
+            self.index[self._name(item)] = (seq, item[-2])
+
     def find(self, name: str) -> bytes | None:
-        if self.index is None:
+        if self.index is None:  # the first link: the buffers become their items, all indexed
             self.index = {}
-            # from now on every list is indexed: the buffers become their items
             self.lists = deque((seq, items.items() if isinstance(items, _Scanned) else items, charged)
                                for seq, items, charged in self.lists)
-        for seq, items, _ in self.lists:
-            if seq >= self.indexed:
-                for item in items:
-                    self.index[self._name(item)] = (seq, item[-2])
-        self.indexed = self.added
+            for seq, items, _ in self.lists:
+                self._index(seq, items)
         found = self.index.get(split_key(name) if self.keyed else name)
         return found[1] if found is not None else None
 
@@ -618,13 +620,14 @@ def _read_members(
     # skip_data (for indexing a local file): a regular member's data that isn't in the buffer is
     # skipped (seek), not read, and given as Unread(size); small reads, so that most of it isn't
     skip = _skipper(stream) if skip_data else None
-    chunk = _CHUNK  # _SKIP_CHUNK after a skip: the next header is all that is sure to be needed
+    chunk = _CHUNK  # _SKIP_CHUNK for one read after a skip: the next header is all that is sure to be needed
     rereader: Any = False  # made on the first link that the recent members don't have
     zeros_seen = False  # with ignore_zeros: end-of-archive blocks were skipped
 
     while True:
         if len(buf) - pos < BLOCK:
             more = read(chunk)
+            chunk = _CHUNK
             if not more:
                 if len(buf) == pos:
                     if long_name is not None or pax or long_link is not None:
@@ -646,10 +649,9 @@ def _read_members(
         if scan is not None and long_name is None and not pax and long_link is None and "path" not in pax_global:
             items, new_pos, nb = scan(buf, pos, base, scan_limit, keyed, view_size)
             if items:
-                chunk = _CHUNK  # small members: read them in big blocks again
                 zeros_seen = False
                 if recent.limit > 0:
-                    recent.add_scanned(_Scanned(scan, buf, pos, base, scan_limit, keyed, view_size), nb, len(items))
+                    recent.add_scanned(_Scanned(scan, buf, pos, base, scan_limit, keyed, view_size), items, nb)
                 if record is not None:
                     for name, data, at in items:
                         record(name, at, at + BLOCK, data)
@@ -749,6 +751,7 @@ def _read_members(
             # and tarfile read them; only a pax 'size' gives a link data of its own
             size = 0
         data_offset: int | None = base + start
+        pax_sparse = is_reg and bool(pax) and any(k.startswith("GNU.sparse.") for k in pax)  # data is a map + regions
         end = start + size
         padded_end = start + ((size + 511) & ~511)
         if padded_end <= len(buf):
@@ -759,8 +762,7 @@ def _read_members(
             stream_pos = base + len(buf)
             if end <= len(buf):
                 data = buf[start:end]
-            elif skip is not None and is_reg and sparse is None and not (pax and any(k.startswith("GNU.sparse.")
-                                                                                     for k in pax)):
+            elif skip is not None and is_reg and sparse is None and not pax_sparse:
                 need = end - len(buf)
                 moved = skip(need)
                 stream_pos += moved
@@ -804,7 +806,7 @@ def _read_members(
             data = _expand_sparse(sparse, real, data, max_member_size, url, offset, name)
             is_reg = True
             data_offset = None
-        elif is_reg and pax and any(k.startswith("GNU.sparse.") for k in pax):
+        elif pax_sparse:
             # a pax-format sparse file: its data is (a map and) the regions, not the file
             name = pax.get("GNU.sparse.name", name)
             regions, real, map_bytes = _pax_sparse_map(pax, data, url, offset, name)

@@ -247,13 +247,15 @@ def _write_json(out: Any, doc: Any) -> None:
 def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool, strict: bool) -> None:
     acc = Summary()
 
-    def report() -> None:
+    def report() -> dict[str, Any]:
         out = sys.stdout
+        doc = acc.as_dict()
         if as_json:
-            _write_json(out, acc.as_dict())
+            _write_json(out, doc)
         else:
-            out.write(acc.format_text() + "\n")
+            out.write(acc.format_text(doc) + "\n")
         out.flush()
+        return doc
 
     def wrap(members: Any) -> Any:
         return progress(members, quiet, "tarshow", unit="member")
@@ -265,11 +267,9 @@ def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool
     except TarprocError:
         report()  # what was read up to the damage; the error itself goes to stderr (exit 1)
         raise
-    report()
-    if strict:
-        problems = acc.problems()
-        if problems:
-            raise LintError(problems)
+    doc = report()
+    if strict and doc["problems"]:  # field names come from the data: no control characters to the terminal
+        raise LintError([escape_text(problem) for problem in doc["problems"]])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,10 +23,8 @@ import glob
 import shlex
 from dataclasses import dataclass
 
-from braceexpand import braceexpand
-
 from ..errors import OptionError, SourceError, TarprocError
-from ..sources import read_list_file
+from ..sources import expand_braces, read_list_file
 
 PLACEHOLDER = "{}"
 
@@ -65,8 +63,8 @@ def load_shards(spec: str) -> Shards:
         ids = []
         portable = True
         try:
-            pieces = list(braceexpand(spec))
-        except Exception as e:  # braceexpand raises its own UnbalancedBracesError
+            pieces = expand_braces(spec)  # bounded, as for every command's inputs
+        except OptionError as e:
             raise OptionError(f"bad shard spec {spec!r}: {e}") from None
         for piece in pieces:
             if _has_magic(piece):
