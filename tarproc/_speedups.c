@@ -1,7 +1,7 @@
 /*
  * tarproc._speedups: the hot loops of the tar reader and writer, for the common case only.
  *
- * scan(buf, pos, base, max_member_size, keyed[, views]) walks complete ustar/GNU/v7 headers of regular files in
+ * scan(buf, pos, base, max_member_size, keyed[, views, refs, ref]) walks complete ustar/GNU/v7 headers of regular files in
  * `buf` starting at `pos` and returns (items, new_pos, nbytes). It stops -- returning what it has
  * -- at the first header it does not handle itself: any non-regular type, a checksum that does not
  * match the unsigned sum, a size that is not plain octal or is over the limit, an empty name, a name
@@ -15,6 +15,10 @@
  * a leading "./" is not part of the key).
  * A member's data is a bytes copy; with views > 0 and buf a bytes object, data of views bytes or
  * more is a read-only memoryview of buf instead (no copy; it keeps buf alive while it lives).
+ * With refs > 0, a member of refs bytes or more whose header is in buf but whose data runs past its
+ * end is the last item: its data is ref(data_offset, size) (tario.FileRange: the data is left in
+ * the file) and new_pos is past the end of buf, where the next header is; the caller moves the
+ * stream there and checks that the data and padding were all there.
  *
  * pack(buf, used, members, start, templates, direct) is the writer's per-member work and
  * members(sample) its per-sample work (see them below).
@@ -78,9 +82,12 @@ static PyObject *scan(PyObject *self, PyObject *args)
     Py_ssize_t pos;
     long long base, max_size;
     int keyed;
-    Py_ssize_t views = 0;
-    if (!PyArg_ParseTuple(args, "y*nLLp|n", &view, &pos, &base, &max_size, &keyed, &views))
+    Py_ssize_t views = 0, refs = 0;
+    PyObject *ref = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nLLp|nnO", &view, &pos, &base, &max_size, &keyed, &views, &refs, &ref))
         return NULL;
+    if (ref == Py_None)
+        refs = 0;
     const unsigned char *buf = (const unsigned char *)view.buf;
     Py_ssize_t n = view.len;
     long long nbytes = 0;
@@ -113,8 +120,12 @@ static PyObject *scan(PyObject *self, PyObject *args)
         if (size < 0 || size > max_size)
             break;
         long long padded = (size + 511) & ~511LL;
-        if (pos + 512 + padded > n)
-            break;
+        int as_ref = 0; /* the data runs past buf: with refs, it is left where it is (the last item) */
+        if (pos + 512 + padded > n) {
+            if (refs <= 0 || size < refs)
+                break;
+            as_ref = 1;
+        }
 
         /* name, with the ustar prefix when the POSIX magic says there is one */
         Py_ssize_t nlen = (Py_ssize_t)strnlen((const char *)h, 100);
@@ -134,7 +145,9 @@ static PyObject *scan(PyObject *self, PyObject *args)
             break; /* an old-style directory entry: the Python parser reads it */
 
         PyObject *data;
-        if (views > 0 && size >= views) {
+        if (as_ref) {
+            data = PyObject_CallFunction(ref, "LL", base + (long long)pos + 512, size);
+        } else if (views > 0 && size >= views) {
             if (whole == NULL && (whole = PyMemoryView_FromObject(view.obj)) == NULL)
                 goto fail;
             data = PySequence_GetSlice(whole, pos + 512, pos + 512 + (Py_ssize_t)size);
@@ -203,6 +216,8 @@ static PyObject *scan(PyObject *self, PyObject *args)
         Py_DECREF(item);
         nbytes += size;
         pos += 512 + padded;
+        if (as_ref)
+            break; /* pos is past the end of buf: the caller moves the stream past that data */
     }
     Py_XDECREF(whole);
     PyBuffer_Release(&view);
@@ -213,6 +228,20 @@ fail:
     Py_XDECREF(items);
     PyBuffer_Release(&view);
     return NULL;
+}
+
+/* tario.FileRange, once tario has registered it (set_range_type): member data left in a file. */
+static PyObject *range_type = NULL;
+
+static PyObject *set_range_type(PyObject *self, PyObject *type)
+{
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "set_range_type: a type");
+        return NULL;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(range_type, type);
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -237,7 +266,8 @@ fail:
  *               (str, bytes-like) pair, a name that is empty, holds a NUL or is not valid UTF-8
  *               (lone surrogates: Python's surrogateescape), data that is not one contiguous
  *               buffer, or headers that do not fit even an empty buf;
- *   PACK_BIG    members[next] has `direct` bytes of data or more: its header(s) are in buf, and the
+ *   PACK_BIG    members[next] has `direct` bytes of data or more, or data left in a file (a
+ *               tario.FileRange, see set_range_type): its header(s) are in buf, and the
  *               caller writes buf[:used], then the data itself (not copied) and its padding.
  */
 enum { PACK_DONE = 0, PACK_FULL = 1, PACK_PYTHON = 2, PACK_BIG = 3 };
@@ -325,7 +355,10 @@ static PyObject *pack(PyObject *self, PyObject *args)
             break;
         }
         PyObject *name = PyTuple_GET_ITEM(item, 0), *data = PyTuple_GET_ITEM(item, 1);
-        if (!PyUnicode_Check(name) || !(PyBytes_Check(data) || PyByteArray_Check(data) || PyMemoryView_Check(data))) {
+        /* data left in a file (tario.FileRange) is written by the caller, as big data is */
+        int is_range = range_type != NULL && (PyObject *)Py_TYPE(data) == range_type;
+        if (!PyUnicode_Check(name) ||
+            !(is_range || PyBytes_Check(data) || PyByteArray_Check(data) || PyMemoryView_Check(data))) {
             status = PACK_PYTHON;
             break;
         }
@@ -340,19 +373,26 @@ static PyObject *pack(PyObject *self, PyObject *args)
             status = PACK_PYTHON;
             break;
         }
-        Py_buffer dv;
-        if (PyObject_GetBuffer(data, &dv, PyBUF_SIMPLE) < 0) { /* not contiguous, or released */
-            PyErr_Clear();
-            status = PACK_PYTHON;
-            break;
+        Py_buffer dv = {0};
+        Py_ssize_t size;
+        if (is_range) {
+            if ((size = PyObject_Size(data)) < 0)
+                goto fail;
+        } else {
+            if (PyObject_GetBuffer(data, &dv, PyBUF_SIMPLE) < 0) { /* not contiguous, or released */
+                PyErr_Clear();
+                status = PACK_PYTHON;
+                break;
+            }
+            size = dv.len;
         }
-        Py_ssize_t size = dv.len;
         Py_ssize_t split = nlen > 100 ? split_ustar(raw, nlen) : -1;
         int long_name = nlen > 100 && split < 0;
         Py_ssize_t head = long_name ? 512 + PADDED(nlen + 1) + 512 : 512;
-        int big = size >= direct;
+        int big = is_range || size >= direct;
         if (head + (big ? 0 : PADDED(size)) > cap - used) {
-            PyBuffer_Release(&dv);
+            if (!is_range)
+                PyBuffer_Release(&dv);
             status = used == 0 ? PACK_PYTHON : PACK_FULL;
             break;
         }
@@ -370,7 +410,8 @@ static PyObject *pack(PyObject *self, PyObject *args)
         }
         used += head;
         if (big) {
-            PyBuffer_Release(&dv);
+            if (!is_range)
+                PyBuffer_Release(&dv);
             status = PACK_BIG;
             break;
         }
@@ -396,7 +437,8 @@ fail:
  * case, where that gives the same without raising: a dict whose "__key__" is a str that passes
  * tario.check_key, whose fields are str of ASCII without upper case, '/' or NUL (so no two can
  * differ only in case), at least one of them not starting with "__" (those are skipped), and
- * whose values are bytes. Members are "KEY.FIELD" in sorted field order. None for anything else:
+ * whose values are bytes (or what encode_value passes on as it is: a memoryview of single bytes, a
+ * tario.FileRange). Members are "KEY.FIELD" in sorted field order. None for anything else:
  * the Python function then does it, or raises the error it names.
  */
 
@@ -430,6 +472,15 @@ static int field_ok(PyObject *field)
         if ((f[i] >= 'A' && f[i] <= 'Z') || f[i] == '/' || f[i] == 0)
             return 0;
     return 1;
+}
+
+/* A memoryview that encode_value gives back as it is: one dimension of single bytes, contiguous. */
+static int byte_view(PyObject *value)
+{
+    if (!PyMemoryView_Check(value))
+        return 0;
+    Py_buffer *b = PyMemoryView_GET_BUFFER(value);
+    return b->buf != NULL && b->itemsize == 1 && b->ndim == 1 && PyBuffer_IsContiguous(b, 'C');
 }
 
 static PyObject *members(PyObject *self, PyObject *sample)
@@ -474,7 +525,8 @@ static PyObject *members(PyObject *self, PyObject *sample)
                 goto fail;
             goto none; /* cannot happen: the field came from the dict */
         }
-        if (!PyBytes_CheckExact(value))
+        if (!PyBytes_CheckExact(value) && !byte_view(value) &&
+            !(range_type != NULL && (PyObject *)Py_TYPE(value) == range_type))
             goto none; /* encode_value's work: the Python function does it */
         PyObject *name = PyUnicode_Concat(prefix, field);
         if (name == NULL)
@@ -512,7 +564,9 @@ done:
 
 static PyMethodDef methods[] = {
     {"members", members, METH_O, "members(sample) -> (key, [(name, value), ...]) or None: sample_members' common case"},
-    {"scan", scan, METH_VARARGS, "scan(buf, pos, base, max_member_size, keyed[, views]) -> (items, new_pos, nbytes)"},
+    {"scan", scan, METH_VARARGS,
+     "scan(buf, pos, base, max_member_size, keyed[, views, refs, ref]) -> (items, new_pos, nbytes)"},
+    {"set_range_type", set_range_type, METH_O, "set_range_type(tario.FileRange): data that pack and members pass on"},
     {"pack", pack, METH_VARARGS, "pack(buf, used, members, start, templates, direct) -> (used, next, status)"},
     {NULL, NULL, 0, NULL},
 };

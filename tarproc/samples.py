@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import DuplicateError, OptionError, TarprocError
-from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members, split_key
+from .tario import DEFAULT_MAX_MEMBER_SIZE, FileRange, ReadStats, iter_keyed_members, split_key
 
 Sample = dict[str, Any]
 DUP_POLICIES = ("error", "warn", "skip")
@@ -104,7 +104,7 @@ def group_keyed(
 
 
 def _group(
-    members: Iterable[tuple[str | None, str, bytes | memoryview, int]],
+    members: Iterable[tuple[str | None, str, bytes | memoryview | FileRange, int]],
     url: str | None,
     dup: str,
     stats: ReadStats,
@@ -190,6 +190,7 @@ def read_samples(
     links: str = "follow",
     ignore_zeros: bool = False,
     views: bool = False,
+    refs: bool = False,
 ) -> Iterator[Sample]:
     """Read samples from one or more tar shards, in order.
 
@@ -201,6 +202,10 @@ def read_samples(
     members are read as their targets' bytes (or skipped), and concatenated archives read whole.
     ``views=True`` is for samples written out at once (``tarcat``, ``tarsplit``): values of 64 KiB
     or more may be read-only memoryviews of what was read, not bytes (see ``iter_keyed_members``).
+    ``refs=True`` too (the same commands) goes further: from a plain local file, such values that
+    were not in what was read come as ``tario.FileRange``, data left in the file for ``TarWriter``
+    to have the kernel copy. Write each sample before asking for the next: a range is valid only
+    while its shard is open.
 
     >>> import io, tempfile, os
     >>> from tarproc import TarWriter
@@ -223,7 +228,7 @@ def read_samples(
         try:
             with open_source(url) as stream:
                 members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats, links=links,
-                                             ignore_zeros=ignore_zeros, views=views)
+                                             ignore_zeros=ignore_zeros, views=views, refs=refs)
                 yield from _group(members, url, dup, stats, warn)
         except TarprocError as e:
             if on_error == "fail":

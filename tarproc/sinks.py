@@ -17,7 +17,7 @@ Used as a context manager a sink commits on success and aborts on any exception 
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import hashlib
 import os
 import signal
@@ -25,7 +25,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import IO, Any
 
 from .compression import CompressingWriter, compression_for_name
@@ -48,6 +48,7 @@ class Sink:
     """A byte sink with ``write``, ``commit`` and ``abort``; counts bytes and their sha256."""
 
     _writev = False  # whether write_pieces may use os.writev on the file's descriptor (see _start)
+    _sendfile = True  # whether write_range may use os.sendfile there (until the destination refuses it)
 
     def __init__(self, url: str, compression: str | None = None, level: int | None = None, digest: bool = False):
         self.url = url
@@ -86,7 +87,7 @@ class Sink:
             for piece in pieces:
                 self.write(piece)
             return
-        with self._writing():
+        try:
             self._fh.flush()  # stdout's buffered writer: what it holds goes first
             total = sum(len(piece) for piece in pieces)
             written = os.writev(fd, pieces)
@@ -99,28 +100,58 @@ class Sink:
                         rest.append(memoryview(piece)[skip:])
                         skip = 0
                 written += os.writev(fd, rest)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise self._failed(e) from None
         self._wrote(pieces)
+
+    def write_range(self, data: Any) -> None:
+        """Write member data left in a local file (``tario.FileRange``): where the destination is a
+        file descriptor and nothing compresses or hashes, the kernel copies it (``os.sendfile``:
+        file to file, pipe or socket, never through this process); else it is read and written."""
+        fd = self._fd
+        if fd is None or self._sha is not None or not self._sendfile:
+            self.write(data.read())
+            return
+        src, at, end = data.fileno(), data.offset, data.offset + data.size
+        try:
+            self._fh.flush()  # stdout's buffered writer: what it holds goes first
+            while at < end:
+                sent = os.sendfile(fd, src, at, min(end - at, 1 << 30))
+                if not sent:
+                    raise data.shrank(at)
+                at += sent
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            if at != data.offset or e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise self._failed(e) from None
+            # a destination sendfile can't write to (a file opened to append): read and write
+            self._sendfile = False
+            self._raw_write(data.read())
+            return
+        self._wrote((data,))
 
     def _raw_write(self, data: bytes | bytearray | memoryview) -> None:
         # files are unbuffered (TarWriter gathers small writes itself); a raw write may be partial
-        with self._writing():
+        try:
             written = self._fh.write(data)
             if written is not None and written < len(data):
                 view = memoryview(data)
                 while written < len(view):
                     written += self._fh.write(view[written:])
-        self._wrote((data,))
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
-        """A failed write is a ``SinkError`` naming the destination; a reader that went away
-        (``BrokenPipeError``) is left to the caller, which ends quietly or names the command."""
-        try:
-            yield
         except BrokenPipeError:
             raise
         except OSError as e:
-            raise SinkError(f"write failed: {e.strerror or e}", self.url) from None
+            raise self._failed(e) from None
+        self._wrote((data,))
+
+    def _failed(self, e: OSError) -> SinkError:
+        """A failed write as the ``SinkError`` naming the destination. (A reader that went away,
+        ``BrokenPipeError``, is not one: it is left to the caller, which ends quietly or names the
+        command.)"""
+        return SinkError(f"write failed: {e.strerror or e}", self.url)
 
     def _wrote(self, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
         """Count what went out, and hash it."""

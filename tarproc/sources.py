@@ -183,20 +183,33 @@ class Source:
 
         return MemberFinder(self.raw.fileno(), 0, max_member_size).find
 
+    def file_origin(self) -> tuple[io.FileIO, int] | None:
+        """For a plain (uncompressed) local file: the file, and the file offset of this stream's
+        first byte (stdin may be a file opened further on), so that data can be left in the file
+        and copied from there (``tario.FileRange``); else None."""
+        if not self._regular_file():
+            return None
+        try:
+            return self.raw, self.raw.tell() - self.offset
+        except (OSError, ValueError):
+            return None
+
     def skipper(self) -> Callable[[int], int] | None:
         """For a plain (uncompressed) local file: a function that moves ``n`` bytes forward without
         reading them and returns how many it moved (fewer at the end of the file); else None."""
         if not self._regular_file():
             return None
         raw, size = self.raw, os.fstat(self.raw.fileno()).st_size
+        origin = raw.tell() - self.offset  # where the file is is origin + self.offset: one seek a skip
 
         def skip(n: int) -> int:
             held = min(n, len(self._prefix))  # bytes read already to detect compression
-            self._prefix = self._prefix[held:]
-            here = raw.tell()
-            moved = max(0, min(n - held, size - here))
-            raw.seek(here + moved)
-            self.offset += moved
+            if held:
+                self._prefix = self._prefix[held:]
+            moved = max(0, min(n - held, size - origin - self.offset))
+            if moved:
+                raw.seek(moved, os.SEEK_CUR)
+                self.offset += moved
             return held + moved
 
         return skip

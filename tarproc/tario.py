@@ -34,7 +34,7 @@ from typing import Any, Literal, Protocol, overload
 from zlib import adler32
 
 from .compression import Readable
-from .errors import LinkError, OptionError, SampleError, TarFormatError, TarprocError
+from .errors import LinkError, OptionError, SampleError, SourceError, TarFormatError, TarprocError
 
 # The optional C fast paths (tarproc/_speedups.c) of the reader (_scan) and the writer (_pack, and
 # _members for sample_members); the Python code below is the reference. TARPROC_PURE_PYTHON=1 turns
@@ -263,8 +263,8 @@ def iter_keyed_members(
 @overload
 def iter_keyed_members(
     stream: Readable, url: str | None = None, *, max_member_size: int = ..., stats: ReadStats | None = ...,
-    links: str = ..., link_cache: int = ..., ignore_zeros: bool = ..., views: bool,
-) -> Iterator[tuple[str | None, str, bytes | memoryview, int]]: ...
+    links: str = ..., link_cache: int = ..., ignore_zeros: bool = ..., views: bool, refs: bool = ...,
+) -> Iterator[tuple[str | None, str, bytes | memoryview | FileRange, int]]: ...
 
 
 def iter_keyed_members(
@@ -277,7 +277,8 @@ def iter_keyed_members(
     link_cache: int = DEFAULT_LINK_CACHE,
     ignore_zeros: bool = False,
     views: bool = False,
-) -> Iterator[tuple[str | None, str, bytes | memoryview, int]]:
+    refs: bool = False,
+) -> Iterator[tuple[str | None, str, bytes | memoryview | FileRange, int]]:
     """Like ``iter_members`` but yield ``(key, field, data, offset)`` by the WebDataset key rule.
 
     ``key`` is None (and ``field`` the whole name) for names without a key.
@@ -287,9 +288,15 @@ def iter_keyed_members(
     the stream instead of a copy of them. A view stays valid as long as it is held -- the bytes it
     shows are never reused or changed -- but it keeps the whole read (about 1 MiB) in memory with
     it: copy (``bytes(data)``) what you keep for long, such as samples in a shuffle buffer.
+
+    ``refs=True`` as well (for data written out at once, each member before the next is asked for):
+    where the stream is a plain local file, the data of a member of 64 KiB or more that isn't in
+    what was read is not read at all but comes as a ``FileRange`` (file, offset, size), which
+    ``TarWriter`` has the kernel copy to its destination (``os.sendfile``). A range is valid only
+    while the stream is open. Every check on the tar's structure is made as when the data is read.
     """
     return _read_members(stream, url, max_member_size=max_member_size, stats=stats, keyed=True, links=links,
-                         link_cache=link_cache, ignore_zeros=ignore_zeros, views=views)
+                         link_cache=link_cache, ignore_zeros=ignore_zeros, views=views, refs=refs)
 
 
 def split_key(name: str) -> tuple[str | None, str]:
@@ -404,6 +411,74 @@ def _expand_sparse(regions: Iterable[tuple[int, int]], real: int, data: bytes, m
 
 
 _SKIP_CHUNK = 16 << 10  # read size when data is skipped: a header, and the small members after it
+
+
+class FileRange:
+    """Member data left where it is in a plain local file, not read (the reader's ``refs``): ``size``
+    bytes at ``offset`` of ``file``, an open ``io.FileIO``. ``len`` is the size. A writer copies it
+    file to file in the kernel (``Sink.write_range``: ``os.sendfile``) or, where it must see the
+    bytes (compression, sha256), reads it (``read``).
+
+    It is valid while the file is open: the samples of ``read_samples(refs=True)`` must be written
+    out as they come, each before the next is asked for (``tarcat``, ``tarsplit``). Once the file is
+    closed, ``fileno`` and ``read`` raise ``ValueError`` -- never another file's bytes."""
+
+    __slots__ = ("file", "offset", "size", "url")
+
+    def __init__(self, file: Any, offset: int, size: int, url: str | None = None) -> None:
+        self.file, self.offset, self.size, self.url = file, offset, size, url
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is FileRange and self.file is other.file and self.offset == other.offset
+                and self.size == other.size)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"FileRange({self.url!r}, offset={self.offset}, size={self.size})"
+
+    def fileno(self) -> int:
+        return self.file.fileno()  # type: ignore[no-any-return]
+
+    def read(self) -> bytes:
+        """The bytes (``os.pread``); a file that no longer holds them all is a ``SourceError``."""
+        fd, parts, at, end = self.fileno(), [], self.offset, self.offset + self.size
+        while at < end:
+            piece = os.pread(fd, min(end - at, _PIECE), at)
+            if not piece:
+                raise self.shrank(at)
+            parts.append(piece)
+            at += len(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def shrank(self, at: int) -> SourceError:
+        """The error for a file that ends at ``at``, before the end of this data: it was cut while read."""
+        return SourceError(f"the file ends at byte {at}, inside member data that was there when it was read "
+                           f"(expected {self.size} bytes at byte {self.offset}); was it changed while being read?",
+                           self.url)
+
+
+MemberData = bytes | bytearray | memoryview | FileRange  # what the writer writes as a member's data
+
+
+def _ranges(stream: Any, url: str | None) -> Callable[[int, int], FileRange] | None:
+    """For ``refs``: a function making the ``FileRange`` of (stream offset, size) where the stream
+    is a plain local file that can be skipped in (``Source.file_origin``), else None."""
+    where = getattr(stream, "file_origin", None)
+    found = where() if where is not None else None
+    if found is None:
+        return None
+    file, origin = found
+    return lambda offset, size: FileRange(file, origin + offset, size, url)
+
+
+if _pack is not None:
+    from ._speedups import set_range_type
+
+    set_range_type(FileRange)  # the C writer passes FileRange data on as it does big data
 
 
 class Unread:
@@ -597,6 +672,7 @@ def _read_members(
     record: Callable[[str, int, int | None, Any], None] | None = None,
     skip_data: bool = False,
     views: bool = False,
+    refs: bool = False,
 ) -> Iterator[Any]:
     # record (for MemberFinder): called with (name, header offset, stream offset of the data or None
     # when it isn't stored in place, data) for every regular member before it is yielded
@@ -619,7 +695,14 @@ def _read_members(
     recent = _RecentMembers(link_cache if links == "follow" else 0, keyed)
     # skip_data (for indexing a local file): a regular member's data that isn't in the buffer is
     # skipped (seek), not read, and given as Unread(size); small reads, so that most of it isn't
-    skip = _skipper(stream) if skip_data else None
+    skip = _skipper(stream) if skip_data or refs else None
+    # refs (for data written out as it comes, from a plain local file): a regular member of _VIEW
+    # bytes or more whose data isn't all in the buffer is skipped as with skip_data, and handed out
+    # as a FileRange that a writer copies in the kernel; with small reads after it, most of such
+    # data is never read
+    ref = _ranges(stream, url) if refs and skip is not None else None
+    ref_size = _VIEW if ref is not None else 0
+    skip_size = 0 if skip_data else ref_size  # data this big may be skipped (when skip is not None)
     chunk = _CHUNK  # _SKIP_CHUNK for one read after a skip: the next header is all that is sure to be needed
     rereader: Any = False  # made on the first link that the recent members don't have
     zeros_seen = False  # with ignore_zeros: end-of-archive blocks were skipped
@@ -647,14 +730,29 @@ def _read_members(
 
         scan = _scan
         if scan is not None and long_name is None and not pax and long_link is None and "path" not in pax_global:
-            items, new_pos, nb = scan(buf, pos, base, scan_limit, keyed, view_size)
+            items, new_pos, nb = scan(buf, pos, base, scan_limit, keyed, view_size, ref_size, ref)
             if items:
                 zeros_seen = False
                 if recent.limit > 0:
-                    recent.add_scanned(_Scanned(scan, buf, pos, base, scan_limit, keyed, view_size), items, nb)
+                    recent.add_scanned(_Scanned(scan, buf, pos, base, scan_limit, keyed, view_size, ref_size, ref),
+                                       items, nb)
                 if record is not None:
                     for name, data, at in items:
                         record(name, at, at + BLOCK, data)
+                last = _header_name(buf, items[-1][-1] - base)
+                cut: TarFormatError | None = None
+                if new_pos > len(buf):  # the last member's data was left in the file: move past it
+                    at, size = items[-1][-1] + BLOCK, len(items[-1][-2])
+                    assert skip is not None  # ref_size is 0 without it
+                    try:
+                        stream_pos = _skip_member(skip, base + len(buf), at, size, url, last)
+                    except TarFormatError as e:  # raised after the members before it, as where data is read
+                        cut, nb = e, nb - size
+                        del items[-1]
+                    else:
+                        buf, pos, base, chunk = b"", 0, stream_pos, _SKIP_CHUNK
+                else:
+                    pos = new_pos
                 it = iter(items)
                 try:
                     yield from it
@@ -666,8 +764,8 @@ def _read_members(
                     raise
                 stats.members += len(items)
                 stats.bytes += nb
-                last = _header_name(buf, items[-1][-1] - base)
-                pos = new_pos
+                if cut is not None:
+                    raise cut
                 continue
 
         offset = base + pos
@@ -762,15 +860,10 @@ def _read_members(
             stream_pos = base + len(buf)
             if end <= len(buf):
                 data = buf[start:end]
-            elif skip is not None and is_reg and sparse is None and not pax_sparse:
-                need = end - len(buf)
-                moved = skip(need)
-                stream_pos += moved
-                if moved < need:
-                    raise TarFormatError(url, stream_pos,
-                                         f"truncated member data (expected {size} bytes, got {size - need + moved})",
-                                         name or last)
-                data = Unread(size)  # type: ignore[assignment]
+                stream_pos = _read_padding(read, stream_pos, padded_end - len(buf), url, name or last)
+            elif skip is not None and size >= skip_size and is_reg and sparse is None and not pax_sparse:
+                stream_pos = _skip_member(skip, stream_pos, base + start, size, url, name or last)
+                data = Unread(size) if ref is None else ref(base + start, size)  # type: ignore[assignment]
                 chunk = _SKIP_CHUNK
             else:
                 parts = [buf[start:]]
@@ -786,13 +879,7 @@ def _read_members(
                     stream_pos += len(piece)
                     need -= len(piece)
                 data = b"".join(parts)
-            need = padded_end - max(end, len(buf))
-            while need > 0:
-                piece = read(need)
-                if not piece:
-                    raise TarFormatError(url, stream_pos, "truncated member padding", name or last)
-                stream_pos += len(piece)
-                need -= len(piece)
+                stream_pos = _read_padding(read, stream_pos, padded_end - end, url, name or last)
             buf = b""
             pos = 0
             base = stream_pos
@@ -872,6 +959,35 @@ def _read_members(
         long_name = None
         long_link = None
         pax = {}
+
+
+def _skip_member(skip: Callable[[int], int], stream_pos: int, start: int, size: int, url: str | None,
+                 name: str | None) -> int:
+    """Move a stream that is at ``stream_pos`` past the rest of member data of ``size`` bytes at
+    ``start`` and its padding, without reading them; returns where the stream is then. A stream
+    that ends first is a ``TarFormatError``, the same as where the data is read."""
+    end, padded_end = start + size, start + ((size + 511) & ~511)
+    need = padded_end - stream_pos
+    if need > 0:
+        moved = skip(need)
+        stream_pos += moved
+        if moved < need:
+            if stream_pos < end:
+                raise TarFormatError(url, stream_pos, f"truncated member data (expected {size} bytes, got "
+                                     f"{stream_pos - start})", name)
+            raise TarFormatError(url, stream_pos, "truncated member padding", name)
+    return stream_pos
+
+
+def _read_padding(read: Any, stream_pos: int, need: int, url: str | None, name: str | None) -> int:
+    """Read the ``need`` bytes of padding after member data; returns the stream position after it."""
+    while need > 0:
+        piece = read(need)
+        if not piece:
+            raise TarFormatError(url, stream_pos, "truncated member padding", name)
+        stream_pos += len(piece)
+        need -= len(piece)
+    return stream_pos
 
 
 def _check_end(read: Any, buf: bytes, pos: int, base: int, url: str | None, last: str | None) -> None:
@@ -1034,9 +1150,16 @@ class TarWriter:
         self._buf[used : used + n] = piece
         self._used = used + n
 
-    def _put_data(self, data: bytes | bytearray | memoryview, size: int) -> None:
+    def _put_data(self, data: MemberData, size: int) -> None:
         """A member's data and padding, after its header(s); big data is written as it is."""
-        if size >= _DIRECT_WRITE:  # big data goes to the stream as it is, not copied
+        if isinstance(data, FileRange):  # data left in a file: the kernel copies it where it can
+            self._flush()
+            write_range = getattr(self.stream, "write_range", None)
+            if write_range is not None:
+                write_range(data)
+            else:
+                self.stream.write(data.read())
+        elif size >= _DIRECT_WRITE:  # big data goes to the stream as it is, not copied
             if self._write_pieces is not None and self._used:
                 self._write_pieces([self._view[: self._used], data])
                 self._used = 0
@@ -1061,7 +1184,7 @@ class TarWriter:
 
     # -- public --
 
-    def add(self, name: str, data: bytes | bytearray | memoryview) -> None:
+    def add(self, name: str, data: MemberData) -> None:
         """Write one regular-file member."""
         if self.closed:
             raise ValueError("TarWriter is closed")
@@ -1092,7 +1215,7 @@ class TarWriter:
                 self.members += 1
                 i += 1
 
-    def _add(self, name: str, data: bytes | bytearray | memoryview) -> None:
+    def _add(self, name: str, data: MemberData) -> None:
         """The Python writer (the reference): one member."""
         raw = name.encode("utf-8", "surrogateescape")
         if not raw:
@@ -1123,7 +1246,7 @@ class TarWriter:
         """Write a sample dict as members ``KEY.FIELD`` in sorted field order (see ``sample_members``)."""
         self.write_members(*sample_members(sample))
 
-    def write_members(self, key: str, members: list[tuple[str, bytes | bytearray | memoryview]]) -> None:
+    def write_members(self, key: str, members: list[tuple[str, MemberData]]) -> None:
         """Write one sample's members, as ``sample_members`` returns them.
 
         The same key twice in a row would merge two samples into one on reading: an error.
@@ -1161,11 +1284,12 @@ class TarWriter:
             self.close()
 
 
-def _as_bytes_like(data: Any) -> bytes | bytearray | memoryview:
+def _as_bytes_like(data: Any) -> MemberData:
     """``data`` such that ``len()`` counts bytes (a memoryview of ints or floats counts items, and
     so does an array.array or a numpy array): any other object with the buffer protocol becomes a
-    flat memoryview of bytes, or a copy when it isn't contiguous. Anything else is a TypeError."""
-    if isinstance(data, (bytes, bytearray)):
+    flat memoryview of bytes, or a copy when it isn't contiguous; data left in a file
+    (``FileRange``) stays as it is. Anything else is a TypeError."""
+    if isinstance(data, (bytes, bytearray, FileRange)):
         return data
     view = data if isinstance(data, memoryview) else memoryview(data)
     if view.itemsize != 1 or view.ndim != 1 or not view.c_contiguous:
@@ -1197,7 +1321,7 @@ def check_key(key: Any) -> None:
         raise SampleError(f"sample key {key!r} cannot be written: readers skip __name__ paths as metadata", key=key)
 
 
-def sample_members(sample: dict[str, Any]) -> tuple[str, list[tuple[str, bytes | bytearray | memoryview]]]:
+def sample_members(sample: dict[str, Any]) -> tuple[str, list[tuple[str, MemberData]]]:
     """``(key, [(name, data), ...])`` for a sample: members ``KEY.FIELD`` in sorted field order.
 
     ``__key__`` names the sample; other ``__*__`` entries (``__url__``...) are never written.
@@ -1228,9 +1352,10 @@ def sample_members(sample: dict[str, Any]) -> tuple[str, list[tuple[str, bytes |
     return key, members
 
 
-def encode_value(value: Any, key: str = "", field: str = "") -> bytes | bytearray | memoryview:
-    """Bytes for a sample value: bytes-like as is, str as UTF-8, numbers as text, dict/list as JSON."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
+def encode_value(value: Any, key: str = "", field: str = "") -> MemberData:
+    """Bytes for a sample value: bytes-like as is (and data left in a file, ``FileRange``), str as
+    UTF-8, numbers as text, dict/list as JSON."""
+    if isinstance(value, (bytes, bytearray, memoryview)) or type(value) is FileRange:
         return _as_bytes_like(value)
     if isinstance(value, str):
         return value.encode("utf-8")

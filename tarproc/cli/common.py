@@ -239,9 +239,10 @@ class ReadOptions:
 
     def samples(self, stats: ReadStats, *, views: bool = False) -> Iterator[Sample]:
         """The samples of all inputs, reading as the options say (warnings to stderr); ``views``
-        for a command that writes each sample out before reading the next (see ``read_samples``)."""
+        for a command that writes each sample out before reading the next: big values may then be
+        views of what was read or data left in a local file (``read_samples``'s views and refs)."""
         return read_samples(self.urls, on_error=self.on_error, dup=self.dup, stats=stats, warn=warn, views=views,
-                            **self.tar)
+                            refs=views, **self.tar)
 
 
 @dataclass

@@ -1,0 +1,221 @@
+"""Data left in the file (``refs=True``, ``tario.FileRange``) and copied by the kernel
+(``Sink.write_range``: ``os.sendfile``): the same members, the same errors and the same output
+bytes as reading and writing the data, on both reader paths and to every kind of destination.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+import tarproc.tario as tario
+from tarproc.errors import SourceError, TarprocError
+from tarproc.sinks import open_sink
+from tarproc.sources import open_source
+from tarproc.tario import FileRange, TarWriter, iter_keyed_members
+
+from .test_parity import _damaged_variants, _varied_archives
+
+BIG = 1 << 16  # data this big may be left in the file
+
+
+def _archives(kit) -> dict[str, bytes]:
+    rng = random.Random(7)
+    archives = dict(_varied_archives(kit))
+    # big members at and around the threshold, across the reader's 1 MiB reads, between small ones
+    sizes = [BIG - 1, BIG, BIG + 1, 100_000, 3, 1 << 20, (1 << 20) - 512, 700_000, 0, 2_500_001, 90_000, 90_000]
+    archives["big-members"] = kit.writer_tar(
+        (f"s{i // 3:04d}.{'abc'[i % 3]}", rng.randbytes(size)) for i, size in enumerate(sizes * 4)
+    )
+    # what the C scanner leaves to Python around big data: pax and long names, links to big members
+    archives["big-dialects"] = kit.archive(
+        kit.member("k0.jpg", b"J" * 150_000),
+        kit.pax({"path": "k1." + "p" * 150, "size": "80000"}),
+        kit.header("ignored", 7) + kit.pad(b"P" * 80_000),
+        kit.member("././@LongLink", b"k2." + b"L" * 150 + b"\x00", typeflag=b"L", magic=b"ustar  \x00"),
+        kit.member("short-in-header", b"G" * 70_000, magic=b"ustar  \x00"),
+        kit.header("k3.lnk", typeflag=b"1", linkname=b"k0.jpg"),
+        kit.member("k4.bin", b"V" * 200_000, typeflag=b"\x00", magic=b""),
+        kit.member("k5.txt", b"end"),
+    )
+    return archives
+
+
+def _read(path, reader_refs: bool, **kw):
+    """The keyed members of a local file, with FileRange data read at once (before the file closes)."""
+    items, kinds = [], set()
+    with open_source(str(path)) as stream:
+        try:
+            for key, field, data, offset in iter_keyed_members(stream, str(path), views=True, refs=reader_refs, **kw):
+                kinds.add(type(data))
+                items.append((key, field, data.read() if type(data) is FileRange else bytes(data), offset))
+        except TarprocError as e:
+            return items, (type(e).__name__, e.offset, e.reason, e.member), kinds
+    return items, None, kinds
+
+
+def test_ranges_give_the_members_and_errors_of_reading(kit, reader, tmp_path):
+    """Valid and damaged archives: with refs, the same members, offsets and errors (offset, reason,
+    member) as a plain read; and big members of a plain file do come as ranges."""
+    path = tmp_path / "a.tar"
+    ranged = 0
+    for name, raw in _archives(kit).items():
+        variants = [("whole", raw)]
+        if name.startswith("big"):
+            variants += list(_damaged_variants(raw, seed=len(name), count=30))
+            variants += [(f"cut@{cut}", raw[:cut]) for cut in range(BIG, len(raw), 77_777)]
+        for label, data in variants:
+            path.write_bytes(data)
+            got = _read(path, True)
+            want = _read(path, False)
+            assert got[:2] == want[:2], (name, label)
+            ranged += FileRange in got[2]
+            assert FileRange not in want[2]
+    assert ranged > 40
+
+
+def test_range_reading_skips_the_data(kit, tmp_path):
+    """Most bytes of big members are never read into the process."""
+    raw = _archives(kit)["big-members"]
+    path = tmp_path / "a.tar"
+    path.write_bytes(raw)
+    with open_source(str(path)) as stream:
+        reads = []
+        read = stream.read
+        stream.read = lambda n=-1: reads.append(len(got := read(n))) or got  # type: ignore[method-assign]
+        members = list(iter_keyed_members(stream, views=True, refs=True))
+        assert len(members) == 48
+    assert sum(reads) < len(raw) / 4
+
+
+def test_ranges_only_from_plain_local_files(kit, tmp_path):
+    raw = _archives(kit)["big-members"]
+    gz = tmp_path / "a.tar.gz"
+    gz.write_bytes(gzip.compress(raw))
+    for stream in (open_source(str(gz)), open_source(f"pipe:cat {tmp_path / 'a.tar.gz'}")):
+        with stream:
+            kinds = {type(d) for _, _, d, _ in iter_keyed_members(stream, views=True, refs=True)}
+        assert FileRange not in kinds
+
+
+def test_a_range_outside_its_open_file_is_refused(kit, tmp_path):
+    path = tmp_path / "a.tar"
+    path.write_bytes(_archives(kit)["big-members"])
+    with open_source(str(path)) as stream:
+        ranges = [d for _, _, d, _ in iter_keyed_members(stream, str(path), views=True, refs=True)
+                  if type(d) is FileRange]
+    with pytest.raises(ValueError):
+        ranges[0].read()
+    with pytest.raises(ValueError):
+        ranges[0].fileno()
+
+
+def _write_all(sink_or_stream, path):
+    """tarcat's work: every sample of the local file at path written to the sink as it comes."""
+    from tarproc.samples import read_samples
+
+    writer = TarWriter(sink_or_stream)
+    for sample in read_samples(str(path), views=True, refs=True):
+        writer.write_sample(sample)
+    writer.close()
+
+
+@pytest.mark.parametrize("writer_path", ["c", "python"])
+def test_written_ranges_are_the_same_bytes_to_every_destination(kit, tmp_path, monkeypatch, writer_path):
+    """A file (sendfile), a file opened to append (sendfile refuses: read and write), a pipe,
+    a sha256 sink, a gzip sink and a BytesIO: all get what writing the bytes gives."""
+    if writer_path == "python":
+        monkeypatch.setattr(tario, "_pack", None)
+    raw = _archives(kit)["big-members"]
+    src = tmp_path / "a.tar"
+    src.write_bytes(raw)
+    want = io.BytesIO()
+    writer = TarWriter(want)
+    for sample in __import__("tarproc").read_samples(str(src)):
+        writer.write_sample(sample)
+    writer.close()
+    want_bytes = want.getvalue()
+
+    out = tmp_path / "out.tar"
+    with open_sink(str(out), digest=True) as sink:
+        _write_all(sink, src)
+    assert out.read_bytes() == want_bytes
+    assert sink.sha256 == hashlib.sha256(want_bytes).hexdigest() and sink.bytes == len(want_bytes)
+
+    with open_sink(str(tmp_path / "out.tar.gz")) as sink:
+        _write_all(sink, src)
+    assert gzip.decompress((tmp_path / "out.tar.gz").read_bytes()) == want_bytes
+
+    appended = tmp_path / "appended.tar"
+    appended.write_bytes(b"x" * 512)
+    with open(appended, "ab", buffering=0) as fh:
+        sink = open_sink("-", force=True)
+        sink._start(fh)  # stdout redirected with >>: O_APPEND, where sendfile says EINVAL
+        _write_all(sink, src)
+        sink.commit()
+    assert appended.read_bytes() == b"x" * 512 + want_bytes
+
+    memory = io.BytesIO()
+    _write_all(memory, src)
+    assert memory.getvalue() == want_bytes
+
+    r, w = os.pipe()
+    piped = tmp_path / "piped.tar"
+    with open(piped, "wb") as copy:
+        reader = subprocess.Popen(["cat"], stdin=r, stdout=copy)
+    os.close(r)
+    with open(w, "wb", buffering=0) as fh:
+        sink = open_sink("-", force=True)
+        sink._start(fh)
+        _write_all(sink, src)
+        sink.commit()
+    assert reader.wait(timeout=60) == 0 and piped.read_bytes() == want_bytes
+
+
+def test_a_file_cut_after_it_was_read_is_an_error_naming_it(kit, tmp_path):
+    """The data is copied after the headers were read: a file cut in between is a SourceError, not
+    a short member."""
+    path = tmp_path / "a.tar"
+    path.write_bytes(_archives(kit)["big-members"])
+    out = tmp_path / "out.tar"
+    with pytest.raises(SourceError, match=r"a\.tar: the file ends at byte \d+, inside member data"):
+        with open_sink(str(out)) as sink, open_source(str(path)) as stream:
+            for _, _, data, _ in iter_keyed_members(stream, str(path), views=True, refs=True):
+                if type(data) is FileRange:
+                    os.truncate(path, data.offset + 10)
+                    sink.write_range(data)
+    assert not out.exists() and os.listdir(tmp_path) == ["a.tar"]
+    with open_source(str(path)) as stream, pytest.raises(SourceError, match="the file ends at byte"):
+        os.truncate(path, 0)
+        FileRange(stream.raw, 512, 1000, str(path)).read()
+
+
+def _tarcat(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "tarproc.cli.tarcat", *args], capture_output=True, **kw)
+
+
+def test_tarcat_from_a_file_equals_tarcat_from_a_pipe(kit, tmp_path):
+    """Through the command: a file read with ranges (to a file, a pipe, a file opened to append,
+    and from stdin that is a file opened further on) gives the bytes a pipe gives."""
+    raw = _archives(kit)["big-members"]
+    path = tmp_path / "a.tar"
+    path.write_bytes(raw)
+    piped = _tarcat(input=raw).stdout
+    assert piped and _tarcat(str(path)).stdout == piped
+    out = tmp_path / "o.tar"
+    assert _tarcat(str(path), "-o", str(out)).returncode == 0 and out.read_bytes() == piped
+    with open(out, "ab") as fh:
+        assert subprocess.run([sys.executable, "-m", "tarproc.cli.tarcat", str(path)], stdout=fh).returncode == 0
+    assert out.read_bytes() == piped * 2
+    shifted = tmp_path / "shifted"
+    shifted.write_bytes(b"\x01" * 1536 + raw)
+    with open(shifted, "rb") as fh:
+        fh.seek(1536)
+        assert _tarcat(stdin=fh).stdout == piped
