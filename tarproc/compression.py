@@ -7,9 +7,7 @@ multi-frame zstd and multi-stream bz2/xz are read to the end.
 
 from __future__ import annotations
 
-import bz2
-import lzma
-import zlib
+import zlib  # bz2 and lzma are imported where used: commands start without them
 from collections.abc import Callable
 from typing import IO, Any, Protocol
 
@@ -86,11 +84,23 @@ def _zstd_decompressor() -> Any:
     return pyzstd.ZstdDecompressor()
 
 
+def _bz2_decompressor() -> Any:
+    import bz2
+
+    return bz2.BZ2Decompressor()
+
+
+def _xz_decompressor() -> Any:
+    import lzma
+
+    return lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+
+
 _DECOMPRESSORS: dict[str, Callable[[], Any]] = {
     "gzip": lambda: zlib.decompressobj(16 + zlib.MAX_WBITS),
     "zstd": _zstd_decompressor,
-    "bz2": bz2.BZ2Decompressor,
-    "xz": lambda: lzma.LZMADecompressor(format=lzma.FORMAT_XZ),
+    "bz2": _bz2_decompressor,
+    "xz": _xz_decompressor,
 }
 
 
@@ -206,8 +216,12 @@ def _compressor(kind: str, level: int | None) -> Any:
 
         return pyzstd.ZstdCompressor(3 if level is None else level)
     if kind == "xz":
+        import lzma
+
         return lzma.LZMACompressor(format=lzma.FORMAT_XZ, preset=6 if level is None else level)
     if kind == "bz2":
+        import bz2
+
         return bz2.BZ2Compressor(9 if level is None else level)
     raise ValueError(f"unknown compression {kind!r}")
 

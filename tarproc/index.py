@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import shlex
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, TypeGuard
 
@@ -845,6 +844,8 @@ class IndexedShard:
 
 def _rebuild_command(shard: str, index_url: str | None) -> str:
     """The ``tarindex`` command line that writes the index ``index_url`` of ``shard`` afresh."""
+    import shlex  # only for this message: tarindex starts without it
+
     command = f"tarindex {shlex.quote(shard)}"
     if index_url is not None and index_url != default_index_url(shard):
         command += f" -o {shlex.quote(index_url)}"

@@ -8,11 +8,8 @@ is never split across shards and no shard is ever empty. Every shard is written 
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
-import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -122,6 +119,8 @@ class ShardInfo:
     closed_by: str  # "maxsize", "maxcount" or "end"
 
     def to_json(self) -> str:
+        import json  # json, shlex and subprocess are imported where used: commands start without them
+
         return json.dumps(asdict(self), sort_keys=False)
 
 
@@ -213,6 +212,9 @@ class ShardWriter:
 
     def _run_post(self, url: str) -> None:
         assert self.post is not None
+        import shlex
+        import subprocess
+
         quoted = shlex.quote(url)
         cmd = self.post.replace("{}", quoted) if "{}" in self.post else f"{self.post} {quoted}"
         # our stdin is the input being split and our stdout may carry data: keep the command off both

@@ -22,18 +22,19 @@ stops beyond that, and the report says so).
 
 from __future__ import annotations
 
-import json
 import math
-import random
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import TarprocError
 from .samples import field_names, is_metadata_name
 from .sniff import escape_surrogates, escape_text, sniff_type
 from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
+
+if TYPE_CHECKING:  # json and random are imported where used: tarshow starts without them
+    import random
 
 DEFAULT_WIDTH = 60
 RESERVOIR = 10_000  # sizes kept per field for its median once it has too many distinct sizes
@@ -68,6 +69,8 @@ def json_text(doc: Any) -> str:
     >>> json_text({"name": "caf\\xe9 \\udce9"})
     '{"name": "café \\\\udce9"}'
     """
+    import json
+
     # surrogates can only be inside JSON strings, where \uXXXX means the same code point
     return escape_surrogates(json.dumps(doc, ensure_ascii=False))
 
@@ -99,6 +102,8 @@ def preview_field(data: bytes | bytearray | memoryview, width: int = DEFAULT_WID
         return out
     text = None
     if kind == "json" and len(data) <= _JSON_PARSE_LIMIT:
+        import json
+
         try:
             text = json.dumps(json.loads(bytes(data)), separators=(",", ":"), ensure_ascii=False)
         except ValueError:
@@ -168,6 +173,8 @@ def label_of(sample: dict[str, Any], width: int = 30) -> str | None:
             return cut(escape_text(" ".join(bytes(value[:256]).decode("utf-8", "replace").split())), width)[0]
     data = sample.get("json")
     if isinstance(data, (bytes, bytearray, memoryview)) and len(data) <= _JSON_PARSE_LIMIT:
+        import json
+
         try:
             doc = json.loads(bytes(data))
         except ValueError:
@@ -323,6 +330,8 @@ class Summary:
     """
 
     def __init__(self, seed: int = 0) -> None:
+        import random
+
         self.stats = ReadStats()
         self.samples = 0
         self.fields: dict[str, FieldStats] = {}

@@ -18,13 +18,10 @@ Used as a context manager a sink commits on success and aborts on any exception 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import signal
 import stat
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable
 from typing import IO, Any
 
@@ -207,6 +204,7 @@ class _Hasher:
     _END = None
 
     def __init__(self) -> None:
+        import hashlib  # hashlib, subprocess and tempfile are imported where used: commands start without them
         import queue
         import threading
 
@@ -285,6 +283,8 @@ class _TempFileSink(Sink):
     _writev = True
 
     def _open_temp(self, **mkstemp_args: Any) -> None:
+        import tempfile
+
         try:
             fd, self.tmp = tempfile.mkstemp(**mkstemp_args)
         except OSError as e:
@@ -403,6 +403,8 @@ class PipeSink(Sink):
         cmd = url[len("pipe:") :]
         if not cmd.strip():
             raise OptionError("pipe: needs a command, e.g. 'pipe:gsutil cp - gs://bucket/x.tar'")
+        import subprocess
+
         self.proc = subprocess.Popen(cmd, shell=True, stdin=subprocess.PIPE, start_new_session=True)
         self._start(self.proc.stdin)
 
@@ -501,6 +503,8 @@ def remove_live_temporaries() -> None:
 def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
     """Write ``text`` to ``path`` under a temporary name, then rename it into place: a reader
     (or a restart after a crash) sees the old file or the new one, never a part."""
+    import tempfile
+
     directory = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)

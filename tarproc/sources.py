@@ -18,15 +18,17 @@ import os
 import re
 import signal
 import stat
-import subprocess
 import sys
 from collections.abc import Callable, Iterable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from braceexpand import UnbalancedBracesError, braceexpand  # type: ignore[attr-defined]
 
 from .compression import DecompressingReader, detect, unsupported
 from .errors import CompressionError, OptionError, SourceError, TarprocError
+
+if TYPE_CHECKING:  # imported where used (pipe: only): commands start without it
+    import subprocess
 
 
 def expand_urls(args: Iterable[str], list_files: Iterable[str] = ()) -> list[str]:
@@ -283,6 +285,8 @@ def stop_process_group(proc: subprocess.Popen[Any]) -> None:
 
     SIGTERM first, SIGKILL after 5 seconds; no zombie is left either way.
     """
+    import subprocess
+
     if proc.poll() is None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -339,6 +343,8 @@ def open_source(
         cmd = url[len("pipe:") :]
         if not cmd.strip():
             raise SourceError("pipe: needs a command, e.g. 'pipe:curl -s URL'", url)
+        import subprocess
+
         proc = subprocess.Popen(
             cmd,
             shell=True,

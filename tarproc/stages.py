@@ -10,7 +10,6 @@ Compose them by nesting, or with ``compose(samples, stage1, stage2...)``::
 from __future__ import annotations
 
 import itertools
-import random
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -140,6 +139,8 @@ def shuffle(samples: Iterable[Sample], bufsize: int, seed: int | None = None) ->
     """
     if bufsize < 1:
         raise OptionError("shuffle buffer must hold at least 1 sample")
+    import random  # here, not at the top: tarcat starts without it
+
     rng = random.Random(seed)
     buf: list[Sample] = []
     it = iter(samples)

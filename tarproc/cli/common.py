@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -112,18 +111,24 @@ class TarprocCommand(click.Command):
             status = 141
         except OptionError as e:
             if show_traceback:
+                import traceback  # only for --traceback: the commands start without it
+
                 traceback.print_exc()
             say(f"{prog}: error: {e}\nTry '{prog} --help' for help.")
             status = 2
         except TarprocError as e:
             remove_live_temporaries()
             if show_traceback:
+                import traceback
+
                 traceback.print_exc()
             say(f"{prog}: error: {e}")
             status = 1
         except Exception as e:
             remove_live_temporaries()
             if show_traceback:
+                import traceback
+
                 traceback.print_exc()
             detail = str(e).splitlines()[0] if str(e) else ""
             say(f"{prog}: error: internal error: {type(e).__name__}: {detail} (run with --traceback for details)")

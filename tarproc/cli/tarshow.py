@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -167,6 +166,8 @@ def _previews(samples: Iterator[Sample], spec: Any, width: int, as_json: bool, d
 
 
 def _view(samples: Iterator[Sample], spec: Any, width: int, protocol: str, delay: float) -> None:
+    import shutil  # only for --view: tarshow starts without it
+
     out = sys.stdout
     size = shutil.get_terminal_size((80, 24))
     for i, sample in enumerate(samples):
