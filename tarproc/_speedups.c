@@ -325,6 +325,45 @@ static void put_header(unsigned char *h, const unsigned char *tmpl, const char *
     h[155] = ' ';
 }
 
+/* Bytes a member's header(s) take: one header, or a GNU long-name record and a header. */
+static Py_ssize_t header_size(const char *raw, Py_ssize_t nlen)
+{
+    return nlen > 100 && split_ustar(raw, nlen) < 0 ? 512 + PADDED(nlen + 1) + 512 : 512;
+}
+
+/* A member's header(s) into buf at used, then its data and padding unless data is NULL (big data,
+ * written by the caller); returns the new used, or -1 (nothing written) when that does not fit
+ * in cap. templates: TarWriter's three header kinds (see above). */
+static Py_ssize_t put_member(unsigned char *buf, Py_ssize_t cap, Py_ssize_t used, const unsigned char *templates,
+                             const char *raw, Py_ssize_t nlen, const void *data, Py_ssize_t size)
+{
+    const unsigned char *ustar = templates, *gnu = templates + 512, *longlink = templates + 1024;
+    Py_ssize_t split = nlen > 100 ? split_ustar(raw, nlen) : -1;
+    int long_name = nlen > 100 && split < 0;
+    Py_ssize_t head = long_name ? 512 + PADDED(nlen + 1) + 512 : 512;
+    if (head + (data == NULL ? 0 : PADDED(size)) > cap - used)
+        return -1;
+    unsigned char *h = buf + used;
+    if (long_name) {
+        Py_ssize_t record = PADDED(nlen + 1);
+        put_header(h, longlink, "", 0, "", 0, (unsigned long long)(nlen + 1));
+        memcpy(h + 512, raw, (size_t)nlen);
+        memset(h + 512 + nlen, 0, (size_t)(record - nlen));
+        put_header(h + 512 + record, gnu, raw, 100, "", 0, (unsigned long long)size);
+    } else if (split >= 0) {
+        put_header(h, ustar, raw + split + 1, nlen - split - 1, raw, split, (unsigned long long)size);
+    } else {
+        put_header(h, ustar, raw, nlen, "", 0, (unsigned long long)size);
+    }
+    used += head;
+    if (data != NULL) {
+        memcpy(buf + used, data, (size_t)size);
+        memset(buf + used + size, 0, (size_t)(PADDED(size) - size));
+        used += PADDED(size);
+    }
+    return used;
+}
+
 static PyObject *pack(PyObject *self, PyObject *args)
 {
     Py_buffer out, tm;
@@ -340,7 +379,6 @@ static PyObject *pack(PyObject *self, PyObject *args)
     seq = PySequence_Fast(members, "pack: members must be a list or a tuple");
     if (seq == NULL)
         goto fail;
-    const unsigned char *ustar = tm.buf, *gnu = ustar + 512, *longlink = ustar + 1024;
     unsigned char *buf = out.buf;
     Py_ssize_t cap = out.len;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
@@ -386,39 +424,19 @@ static PyObject *pack(PyObject *self, PyObject *args)
             }
             size = dv.len;
         }
-        Py_ssize_t split = nlen > 100 ? split_ustar(raw, nlen) : -1;
-        int long_name = nlen > 100 && split < 0;
-        Py_ssize_t head = long_name ? 512 + PADDED(nlen + 1) + 512 : 512;
         int big = is_range || size >= direct;
-        if (head + (big ? 0 : PADDED(size)) > cap - used) {
-            if (!is_range)
-                PyBuffer_Release(&dv);
+        Py_ssize_t next = put_member(buf, cap, used, tm.buf, raw, nlen, big ? NULL : dv.buf, size);
+        if (!is_range)
+            PyBuffer_Release(&dv);
+        if (next < 0) {
             status = used == 0 ? PACK_PYTHON : PACK_FULL;
             break;
         }
-        unsigned char *h = buf + used;
-        if (long_name) {
-            Py_ssize_t record = PADDED(nlen + 1);
-            put_header(h, longlink, "", 0, "", 0, (unsigned long long)(nlen + 1));
-            memcpy(h + 512, raw, (size_t)nlen);
-            memset(h + 512 + nlen, 0, (size_t)(record - nlen));
-            put_header(h + 512 + record, gnu, raw, 100, "", 0, (unsigned long long)size);
-        } else if (split >= 0) {
-            put_header(h, ustar, raw + split + 1, nlen - split - 1, raw, split, (unsigned long long)size);
-        } else {
-            put_header(h, ustar, raw, nlen, "", 0, (unsigned long long)size);
-        }
-        used += head;
+        used = next;
         if (big) {
-            if (!is_range)
-                PyBuffer_Release(&dv);
             status = PACK_BIG;
             break;
         }
-        memcpy(buf + used, dv.buf, (size_t)size);
-        memset(buf + used + size, 0, (size_t)(PADDED(size) - size));
-        used += PADDED(size);
-        PyBuffer_Release(&dv);
     }
     Py_DECREF(seq);
     PyBuffer_Release(&out);
@@ -479,24 +497,31 @@ static int byte_view(PyObject *value)
 {
     if (!PyMemoryView_Check(value))
         return 0;
-    Py_buffer *b = PyMemoryView_GET_BUFFER(value);
-    return b->buf != NULL && b->itemsize == 1 && b->ndim == 1 && PyBuffer_IsContiguous(b, 'C');
+    Py_buffer *b = PyMemoryView_GET_BUFFER(value), probe;
+    if (b->itemsize != 1 || b->ndim != 1 || !PyBuffer_IsContiguous(b, 'C'))
+        return 0;
+    if (PyObject_GetBuffer(value, &probe, PyBUF_SIMPLE) < 0) { /* released: encode_value raises */
+        PyErr_Clear();
+        return 0;
+    }
+    PyBuffer_Release(&probe);
+    return 1;
 }
 
-static PyObject *members(PyObject *self, PyObject *sample)
+/* The fields of a sample in members' common case, sorted, with its key as UTF-8 (k, klen);
+ * Py_None (a new reference) when it is not that case, NULL on an error. */
+static PyObject *common_fields(PyObject *sample, PyObject **key, const char **k, Py_ssize_t *klen)
 {
     if (!PyDict_CheckExact(sample))
         Py_RETURN_NONE;
-    PyObject *key = PyDict_GetItemString(sample, "__key__"); /* borrowed */
-    if (key == NULL || !PyUnicode_CheckExact(key))
+    *key = PyDict_GetItemString(sample, "__key__"); /* borrowed */
+    if (*key == NULL || !PyUnicode_CheckExact(*key))
         Py_RETURN_NONE;
-    Py_ssize_t klen;
-    const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
-    if (k == NULL) {
+    if ((*k = PyUnicode_AsUTF8AndSize(*key, klen)) == NULL) {
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    if (!key_ok(k, klen))
+    if (!key_ok(*k, *klen))
         Py_RETURN_NONE;
     PyObject *fields = PyDict_Keys(sample);
     if (fields == NULL)
@@ -507,17 +532,36 @@ static PyObject *members(PyObject *self, PyObject *sample)
             Py_DECREF(fields);
             Py_RETURN_NONE;
         }
-    PyObject *out = NULL, *prefix = NULL;
-    if (PyList_Sort(fields) < 0)
-        goto done;
-    prefix = PyUnicode_FromFormat("%U.", key);
+    if (PyList_Sort(fields) < 0) {
+        Py_DECREF(fields);
+        return NULL;
+    }
+    return fields;
+}
+
+static int is_metadata_field(PyObject *field)
+{
+    const char *f = (const char *)PyUnicode_1BYTE_DATA(field);
+    return PyUnicode_GET_LENGTH(field) >= 2 && f[0] == '_' && f[1] == '_';
+}
+
+static PyObject *members(PyObject *self, PyObject *sample)
+{
+    PyObject *key = NULL;
+    const char *k;
+    Py_ssize_t klen;
+    PyObject *fields = common_fields(sample, &key, &k, &klen);
+    if (fields == NULL || fields == Py_None)
+        return fields;
+    Py_ssize_t n = PyList_GET_SIZE(fields);
+    PyObject *out = NULL;
+    PyObject *prefix = PyUnicode_FromFormat("%U.", key);
     out = PyList_New(0);
     if (prefix == NULL || out == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *field = PyList_GET_ITEM(fields, i);
-        const char *f = (const char *)PyUnicode_1BYTE_DATA(field);
-        if (PyUnicode_GET_LENGTH(field) >= 2 && f[0] == '_' && f[1] == '_')
+        if (is_metadata_field(field))
             continue;
         PyObject *value = PyDict_GetItemWithError(sample, field); /* borrowed */
         if (value == NULL) {
@@ -555,18 +599,363 @@ none:
     Py_RETURN_NONE;
 fail:
     Py_XDECREF(out);
-    out = NULL;
-done:
     Py_XDECREF(prefix);
     Py_DECREF(fields);
-    return out;
+    return NULL;
 }
+
+/* ------------------------------------------------------------------------------------------
+ * pack_sample(buf, used, sample, templates, direct, last_key) -> (used, members, status)
+ *
+ * TarWriter.write_sample for the common case, in one call: members(sample) and pack of what it
+ * gives, where every value is bytes (or a memoryview of single bytes) under `direct` bytes and
+ * the key is not last_key. All of the sample's members go into buf, or none:
+ *   PACK_DONE   written (members: how many);
+ *   PACK_FULL   they do not fit in what is left of buf: write buf[:used] out, call again;
+ *   PACK_PYTHON not the common case, or too big for an empty buf: nothing written, the Python
+ *               writer does it (or raises the error).
+ */
+#define NAME_MAX_BYTES 4096
+
+static PyObject *pack_sample(PyObject *self, PyObject *args)
+{
+    Py_buffer out, tm;
+    Py_ssize_t used, direct;
+    PyObject *sample, *last_key;
+    if (!PyArg_ParseTuple(args, "w*nOy*nO", &out, &used, &sample, &tm, &direct, &last_key))
+        return NULL;
+    PyObject *key = NULL, *fields = NULL;
+    const char *k;
+    Py_ssize_t klen, written = 0;
+    int status = PACK_PYTHON;
+    if (tm.len != 3 * 512 || used < 0 || used > out.len) {
+        PyErr_SetString(PyExc_ValueError, "pack_sample: bad templates or used");
+        goto fail;
+    }
+    fields = common_fields(sample, &key, &k, &klen);
+    if (fields == NULL)
+        goto fail;
+    if (fields == Py_None || klen + 1 + 256 > NAME_MAX_BYTES)
+        goto done;
+    int same = PyObject_RichCompareBool(key, last_key, Py_EQ);
+    if (same < 0)
+        goto fail;
+    if (same)
+        goto done; /* the Python writer raises the error */
+    char name[NAME_MAX_BYTES];
+    memcpy(name, k, (size_t)klen);
+    name[klen] = '.';
+    Py_ssize_t n = PyList_GET_SIZE(fields), need = 0;
+    for (int pass = 0; pass < 2; pass++) { /* 0: check and measure; 1: write */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *field = PyList_GET_ITEM(fields, i);
+            if (is_metadata_field(field))
+                continue;
+            PyObject *value = PyDict_GetItemWithError(sample, field); /* borrowed */
+            if (value == NULL) {
+                if (PyErr_Occurred())
+                    goto fail;
+                goto done;
+            }
+            Py_buffer dv;
+            if (!(PyBytes_CheckExact(value) || byte_view(value)))
+                goto done; /* encode_value's work, or data left in a file */
+            if (PyObject_GetBuffer(value, &dv, PyBUF_SIMPLE) < 0) { /* a released view */
+                PyErr_Clear();
+                goto done;
+            }
+            Py_ssize_t size = dv.len, flen = PyUnicode_GET_LENGTH(field);
+            if (size >= direct || flen > 255) {
+                PyBuffer_Release(&dv);
+                goto done;
+            }
+            memcpy(name + klen + 1, PyUnicode_1BYTE_DATA(field), (size_t)flen);
+            Py_ssize_t nlen = klen + 1 + flen;
+            if (pass == 0) {
+                need += header_size(name, nlen) + PADDED(size);
+                written++;
+            } else {
+                used = put_member(out.buf, out.len, used, tm.buf, name, nlen, dv.buf, size);
+            }
+            PyBuffer_Release(&dv);
+        }
+        if (pass == 0) {
+            if (written == 0)
+                goto done; /* no fields: the Python function names the error */
+            if (need > out.len - used) {
+                status = used == 0 ? PACK_PYTHON : PACK_FULL;
+                written = 0;
+                goto done;
+            }
+        }
+    }
+    status = PACK_DONE;
+
+done:
+    if (status != PACK_DONE)
+        written = 0;
+    Py_XDECREF(fields);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&tm);
+    return Py_BuildValue("nni", used, written, status);
+fail:
+    Py_XDECREF(fields);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&tm);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Grouper(members, url, rules): samples.read_samples' grouping (samples._group_python is the
+ * reference), an iterator of sample dicts over an iterator of (key, field, data, offset) members.
+ * Members with the key of the sample being built go into it; a member with a new key hands that
+ * sample out and starts the next. The rest -- a "__field__", a field the sample has already, a
+ * member without a key, a key that starts with "_" or comes back after other keys -- goes to the
+ * methods of `rules` (samples._Rules), which count, warn or raise as the Python grouper does. A
+ * member that starts a new key is kept until the sample before it has been handed out, so that
+ * what rules says of it comes after, as in the Python generator.
+ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *members;    /* the iterator of members */
+    PyObject *url;
+    PyObject *on_sample, *on_metadata, *metadata_name, *no_key, *duplicate_field, *reappearing_key;
+    PyObject *sample;     /* the sample being built, or NULL */
+    PyObject *offsets;    /* field -> offset, for that sample */
+    PyObject *key_offset; /* key -> offset of its first member, once keys are not in order */
+    PyObject *keys, *key_offsets; /* while every new key is greater than the one before: them, in order */
+    PyObject *cur_key;    /* the key of the members being read, or NULL */
+    PyObject *pending;    /* a member that starts a key, not handled yet, or NULL */
+    int dropping;         /* the members of a reappearing key are dropped */
+    int done;
+} Grouper;
+
+static void grouper_dealloc(Grouper *g)
+{
+    Py_XDECREF(g->members);
+    Py_XDECREF(g->url);
+    Py_XDECREF(g->on_sample);
+    Py_XDECREF(g->on_metadata);
+    Py_XDECREF(g->metadata_name);
+    Py_XDECREF(g->no_key);
+    Py_XDECREF(g->duplicate_field);
+    Py_XDECREF(g->reappearing_key);
+    Py_XDECREF(g->sample);
+    Py_XDECREF(g->offsets);
+    Py_XDECREF(g->key_offset);
+    Py_XDECREF(g->keys);
+    Py_XDECREF(g->key_offsets);
+    Py_XDECREF(g->cur_key);
+    Py_XDECREF(g->pending);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+static PyObject *grouper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *members, *url, *rules;
+    if (!PyArg_ParseTuple(args, "OOO", &members, &url, &rules))
+        return NULL;
+    if (!PyIter_Check(members)) {
+        PyErr_SetString(PyExc_TypeError, "Grouper: members must be an iterator");
+        return NULL;
+    }
+    Grouper *g = (Grouper *)type->tp_alloc(type, 0);
+    if (g == NULL)
+        return NULL;
+    Py_INCREF(members);
+    g->members = members;
+    Py_INCREF(url);
+    g->url = url;
+    if ((g->on_sample = PyObject_GetAttrString(rules, "sample")) == NULL ||
+        (g->on_metadata = PyObject_GetAttrString(rules, "metadata")) == NULL ||
+        (g->metadata_name = PyObject_GetAttrString(rules, "metadata_name")) == NULL ||
+        (g->no_key = PyObject_GetAttrString(rules, "no_key")) == NULL ||
+        (g->duplicate_field = PyObject_GetAttrString(rules, "duplicate_field")) == NULL ||
+        (g->reappearing_key = PyObject_GetAttrString(rules, "reappearing_key")) == NULL ||
+        (g->keys = PyList_New(0)) == NULL || (g->key_offsets = PyList_New(0)) == NULL) {
+        Py_DECREF(g);
+        return NULL;
+    }
+    return (PyObject *)g;
+}
+
+static int starts_dunder(PyObject *s)
+{
+    return PyUnicode_GET_LENGTH(s) >= 2 && PyUnicode_READ_CHAR(s, 0) == '_' && PyUnicode_READ_CHAR(s, 1) == '_';
+}
+
+/* Call f(args...) for what it does; -1 on an error it raised. */
+static int call_void(PyObject *f, PyObject *args)
+{
+    if (args == NULL)
+        return -1;
+    PyObject *r = PyObject_Call(f, args, NULL);
+    Py_DECREF(args);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* A member with a new key (or none): 0 when handled (the sample before, if any, is to be handed
+ * out first: the caller does that), -1 on an error. */
+static int start_key(Grouper *g, PyObject *key, PyObject *field, PyObject *data, PyObject *offset)
+{
+    Py_INCREF(key);
+    Py_XSETREF(g->cur_key, key);
+    /* Has the key been seen before? In a tar made with --sort=name keys mostly come in order: while
+     * each is greater than the last, none can have been, and they are only listed. A dict of a
+     * shard's keys (hashing, and a lookup that misses the cache) is built only if one comes out of
+     * order. */
+    if (g->key_offset == NULL) {
+        Py_ssize_t n = PyList_GET_SIZE(g->keys);
+        int after = n == 0 ? 1 : PyUnicode_Compare(key, PyList_GET_ITEM(g->keys, n - 1)) > 0;
+        if (after) {
+            g->dropping = 0;
+            if (PyList_Append(g->keys, key) < 0 || PyList_Append(g->key_offsets, offset) < 0)
+                return -1;
+            goto new_sample;
+        }
+        if (PyErr_Occurred() || (g->key_offset = PyDict_New()) == NULL)
+            return -1;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (PyDict_SetItem(g->key_offset, PyList_GET_ITEM(g->keys, i), PyList_GET_ITEM(g->key_offsets, i)) < 0)
+                return -1;
+        Py_CLEAR(g->keys);
+        Py_CLEAR(g->key_offsets);
+    }
+    PyObject *first = PyDict_GetItemWithError(g->key_offset, key); /* borrowed */
+    if (first == NULL && PyErr_Occurred())
+        return -1;
+    g->dropping = first != NULL;
+    if (first != NULL)
+        return call_void(g->reappearing_key, PyTuple_Pack(3, key, first, offset));
+    if (PyDict_SetItem(g->key_offset, key, offset) < 0)
+        return -1;
+new_sample:;
+    PyObject *sample = PyDict_New(), *offsets = PyDict_New();
+    if (sample == NULL || offsets == NULL || PyDict_SetItemString(sample, "__key__", key) < 0 ||
+        PyDict_SetItemString(sample, "__url__", g->url) < 0 || PyDict_SetItem(sample, field, data) < 0 ||
+        PyDict_SetItem(offsets, field, offset) < 0) {
+        Py_XDECREF(sample);
+        Py_XDECREF(offsets);
+        return -1;
+    }
+    Py_XSETREF(g->sample, sample);
+    Py_XSETREF(g->offsets, offsets);
+    return 0;
+}
+
+/* Hand out the sample built so far (a new reference), counting it. */
+static PyObject *hand_out(Grouper *g)
+{
+    PyObject *sample = g->sample;
+    g->sample = NULL;
+    PyObject *r = PyObject_CallNoArgs(g->on_sample);
+    if (r == NULL) {
+        Py_DECREF(sample);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return sample;
+}
+
+static PyObject *grouper_next(Grouper *g)
+{
+    if (g->done)
+        return NULL;
+    for (;;) {
+        PyObject *item;
+        if (g->pending != NULL) { /* the member that ended the sample handed out last */
+            item = g->pending;
+            g->pending = NULL;
+        } else if ((item = PyIter_Next(g->members)) == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            g->done = 1;
+            return g->sample != NULL ? hand_out(g) : NULL;
+        }
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4) {
+            Py_DECREF(item);
+            PyErr_SetString(PyExc_TypeError, "Grouper: members must be (key, field, data, offset) tuples");
+            return NULL;
+        }
+        PyObject *key = PyTuple_GET_ITEM(item, 0), *field = PyTuple_GET_ITEM(item, 1);
+        PyObject *data = PyTuple_GET_ITEM(item, 2), *offset = PyTuple_GET_ITEM(item, 3);
+        if (!PyUnicode_Check(field) || (key != Py_None && !PyUnicode_Check(key))) {
+            Py_DECREF(item);
+            PyErr_SetString(PyExc_TypeError, "Grouper: a key is a str or None, a field a str");
+            return NULL;
+        }
+        int err = 0;
+        if (g->cur_key != NULL && key != Py_None &&
+            (key == g->cur_key || PyUnicode_Compare(key, g->cur_key) == 0)) { /* the same key */
+            if (g->dropping) {
+            } else if (starts_dunder(field)) {
+                err = call_void(g->on_metadata, PyTuple_New(0));
+            } else {
+                PyObject *first = PyDict_GetItemWithError(g->offsets, field); /* borrowed */
+                if (first != NULL)
+                    err = call_void(g->duplicate_field, PyTuple_Pack(4, key, field, first, offset));
+                else if (PyErr_Occurred())
+                    err = -1;
+                else if (PyDict_SetItem(g->sample, field, data) < 0 || PyDict_SetItem(g->offsets, field, offset) < 0)
+                    err = -1;
+            }
+            Py_DECREF(item);
+            if (err < 0)
+                return NULL;
+            continue;
+        }
+        if (key == Py_None) {
+            err = call_void(g->no_key, PyTuple_Pack(1, field));
+            Py_DECREF(item);
+            if (err < 0)
+                return NULL;
+            continue;
+        }
+        if (PyUnicode_GET_LENGTH(key) > 0 && (PyUnicode_READ_CHAR(key, 0) == '_' || starts_dunder(field))) {
+            PyObject *r = PyObject_CallFunctionObjArgs(g->metadata_name, key, field, NULL);
+            int skip = r == NULL ? -1 : PyObject_IsTrue(r);
+            Py_XDECREF(r);
+            if (skip != 0) {
+                Py_DECREF(item);
+                if (skip < 0)
+                    return NULL;
+                continue;
+            }
+        }
+        /* a new key: the sample before goes out first, and this member waits for the next call */
+        if (g->sample != NULL) {
+            g->pending = item;
+            return hand_out(g);
+        }
+        err = start_key(g, key, field, data, offset);
+        Py_DECREF(item);
+        if (err < 0)
+            return NULL;
+    }
+}
+
+static PyTypeObject GrouperType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tarproc._speedups.Grouper",
+    .tp_basicsize = sizeof(Grouper),
+    .tp_dealloc = (destructor)grouper_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Grouper(members, url, rules): sample dicts from (key, field, data, offset) members",
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)grouper_next,
+    .tp_new = grouper_new,
+};
 
 static PyMethodDef methods[] = {
     {"members", members, METH_O, "members(sample) -> (key, [(name, value), ...]) or None: sample_members' common case"},
     {"scan", scan, METH_VARARGS,
      "scan(buf, pos, base, max_member_size, keyed[, views, refs, ref]) -> (items, new_pos, nbytes)"},
     {"set_range_type", set_range_type, METH_O, "set_range_type(tario.FileRange): data that pack and members pass on"},
+    {"pack_sample", pack_sample, METH_VARARGS,
+     "pack_sample(buf, used, sample, templates, direct, last_key) -> (used, members, status)"},
     {"pack", pack, METH_VARARGS, "pack(buf, used, members, start, templates, direct) -> (used, next, status)"},
     {NULL, NULL, 0, NULL},
 };
@@ -575,5 +964,16 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", "Fast pa
 
 PyMODINIT_FUNC PyInit__speedups(void)
 {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&GrouperType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&GrouperType);
+    if (PyModule_AddObject(m, "Grouper", (PyObject *)&GrouperType) < 0) {
+        Py_DECREF(&GrouperType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -11,12 +11,22 @@ In memory a sample carries ``__key__`` and ``__url__``; writers never write them
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import DuplicateError, OptionError, TarprocError
 from .tario import DEFAULT_MAX_MEMBER_SIZE, FileRange, ReadStats, iter_keyed_members, split_key
+
+# the C grouper (tarproc/_speedups.c); _group_python is the reference. TARPROC_PURE_PYTHON=1 turns it
+# off, and so does setting _Grouper to None (the tests do, to compare the two).
+_Grouper: Any = None
+if not os.environ.get("TARPROC_PURE_PYTHON"):
+    try:
+        from ._speedups import Grouper as _Grouper  # type: ignore[no-redef]
+    except ImportError:  # pragma: no cover - built by pip install; absent only without a compiler
+        _Grouper = None
 
 Sample = dict[str, Any]
 DUP_POLICIES = ("error", "warn", "skip")
@@ -103,6 +113,58 @@ def group_keyed(
     return _group(members, url, dup, stats, warn)
 
 
+class _Rules:
+    """What grouping does with the members that don't simply go into a sample -- a repeated field,
+    a key that reappears, a name without a key, metadata -- and the count of samples: shared by the
+    Python grouper (``_group``, the reference) and the C one (``_speedups.Grouper``), so that both
+    count, warn and raise alike."""
+
+    __slots__ = ("dup", "stats", "url", "warn")
+
+    def __init__(self, url: str | None, dup: str, stats: ReadStats, warn: Callable[[str], None]) -> None:
+        self.url, self.dup, self.stats, self.warn = url, dup, stats, warn
+
+    def sample(self) -> None:
+        """A sample is handed out."""
+        self.stats.samples += 1
+
+    def metadata(self) -> None:
+        """A ``__field__`` member is skipped."""
+        self.stats.metadata += 1
+
+    def metadata_name(self, key: str, field: str) -> bool:
+        """Whether a member that starts a key is metadata (``__name__/...``, ``KEY.__field__``):
+        then it is counted, and skipped."""
+        if is_metadata_name(f"{key}.{field}"):
+            self.stats.metadata += 1
+            return True
+        return False
+
+    def no_key(self, field: str) -> None:
+        """A member whose name has no key (``field`` is the whole name) is counted, and skipped."""
+        self.stats.no_key_count += 1
+        if len(self.stats.no_key) < _NO_KEY_EXAMPLES:
+            self.stats.no_key.append(field)
+
+    def duplicate_field(self, key: str, field: str, first: int, offset: int) -> None:
+        """A field a sample has already: an error, or counted (and warned of) and skipped."""
+        self._duplicate(f"duplicate field {field!r} in sample {key!r} (members at bytes {first} and {offset})",
+                        key, "keeping the first")
+
+    def reappearing_key(self, key: str, first: int, offset: int) -> None:
+        """A key that comes back after other keys: an error, or counted (and warned of); its
+        members are then dropped."""
+        self._duplicate(f"key {key!r} reappears at byte {offset} after other keys (first seen at byte {first}); "
+                        "was the tar made without --sort=name?", key, "dropping the later members")
+
+    def _duplicate(self, message: str, key: str, then: str) -> None:
+        if self.dup == "error":
+            raise DuplicateError(message, self.url, key)
+        self.stats.duplicates += 1
+        if self.dup == "warn":
+            self.warn(f"{self.url}: {message}; {then}")
+
+
 def _group(
     members: Iterable[tuple[str | None, str, bytes | memoryview | FileRange, int]],
     url: str | None,
@@ -110,6 +172,19 @@ def _group(
     stats: ReadStats,
     warn: Callable[[str], None],
 ) -> Iterator[Sample]:
+    """Group keyed members into samples: the C grouper where it is built, else ``_group_python``."""
+    rules = _Rules(url, dup, stats, warn)
+    if _Grouper is not None:
+        return _Grouper(iter(members), url, rules)  # type: ignore[no-any-return]
+    return _group_python(members, url, rules)
+
+
+def _group_python(
+    members: Iterable[tuple[str | None, str, bytes | memoryview | FileRange, int]],
+    url: str | None,
+    rules: _Rules,
+) -> Iterator[Sample]:
+    """The grouper, the reference of the C one: consecutive members with the same key make a sample."""
     sample: Sample | None = None
     offsets: dict[str, int] = {}  # field -> offset, for the current sample
     key_offset: dict[str, int] = {}  # key -> offset of its first member, for this shard
@@ -120,58 +195,35 @@ def _group(
         if key == cur_key:
             if dropping:
                 continue
-            assert sample is not None
-            if field in sample:
-                if field.startswith("__"):
-                    stats.metadata += 1
-                    continue
-                message = (
-                    f"duplicate field {field!r} in sample {key!r} (members at bytes {offsets[field]} and {offset})"
-                )
-                if dup == "error":
-                    raise DuplicateError(message, url, key)
-                stats.duplicates += 1
-                if dup == "warn":
-                    warn(f"{url}: {message}; keeping the first")
-                continue
+            assert sample is not None and key is not None
             if field.startswith("__"):
-                stats.metadata += 1
-                continue
-            sample[field] = data
-            offsets[field] = offset
+                rules.metadata()
+            elif field in sample:
+                rules.duplicate_field(key, field, offsets[field], offset)
+            else:
+                sample[field] = data
+                offsets[field] = offset
             continue
         if key is None:
-            stats.no_key_count += 1
-            if len(stats.no_key) < _NO_KEY_EXAMPLES:
-                stats.no_key.append(field)
+            rules.no_key(field)
             continue
-        if (key[0] == "_" or field.startswith("__")) and is_metadata_name(f"{key}.{field}"):
-            stats.metadata += 1
+        if (key[0] == "_" or field.startswith("__")) and rules.metadata_name(key, field):
             continue
         # a new key
         if sample is not None:
-            stats.samples += 1
+            rules.sample()
             yield sample
             sample = None
         cur_key = key
-        dropping = False
-        if key in key_offset:
-            message = (
-                f"key {key!r} reappears at byte {offset} after other keys (first seen at byte "
-                f"{key_offset[key]}); was the tar made without --sort=name?"
-            )
-            if dup == "error":
-                raise DuplicateError(message, url, key)
-            stats.duplicates += 1
-            if dup == "warn":
-                warn(f"{url}: {message}; dropping the later members")
-            dropping = True
+        dropping = key in key_offset
+        if dropping:
+            rules.reappearing_key(key, key_offset[key], offset)
             continue
         key_offset[key] = offset
         sample = {"__key__": key, "__url__": url, field: data}
         offsets = {field: offset}
     if sample is not None:
-        stats.samples += 1
+        rules.sample()
         yield sample
 
 

@@ -42,14 +42,16 @@ from .errors import LinkError, OptionError, SampleError, SourceError, TarFormatE
 # to compare the two paths).
 _scan: Any = None
 _pack: Any = None
+_pack_sample: Any = None
 _members: Any = None
 if not os.environ.get("TARPROC_PURE_PYTHON"):
     try:
         from ._speedups import members as _members  # type: ignore[no-redef]
         from ._speedups import pack as _pack  # type: ignore[no-redef]
+        from ._speedups import pack_sample as _pack_sample  # type: ignore[no-redef]
         from ._speedups import scan as _scan  # type: ignore[no-redef]
     except ImportError:  # pragma: no cover - built by pip install; absent only without a compiler
-        _scan = _pack = _members = None
+        _scan = _pack = _pack_sample = _members = None
 
 BLOCK = 512
 RECORD = 10240  # 20 blocks: the record size GNU tar and Python's tarfile pad archives to
@@ -1244,6 +1246,21 @@ class TarWriter:
 
     def write_sample(self, sample: dict[str, Any]) -> None:
         """Write a sample dict as members ``KEY.FIELD`` in sorted field order (see ``sample_members``)."""
+        if _pack is not None and _pack_sample is not None and not self.closed:  # the C writer's common case
+            while True:
+                before = self._used
+                used, members, status = _pack_sample(self._buf, before, sample, self._templates, _DIRECT_WRITE,
+                                                     self.last_key)
+                if status == _PACK_DONE:
+                    self._used = used
+                    self.offset += used - before
+                    self.members += members
+                    self.samples += 1
+                    self.last_key = sample["__key__"]
+                    return
+                if status != _PACK_FULL:
+                    break
+                self._flush()
         self.write_members(*sample_members(sample))
 
     def write_members(self, key: str, members: list[tuple[str, MemberData]]) -> None:

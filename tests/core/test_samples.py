@@ -6,9 +6,24 @@ import io
 
 import pytest
 
+import tarproc.samples as samples_module
 from tarproc.errors import DuplicateError, OptionError, SourceError, TarFormatError
 from tarproc.samples import group_samples, is_metadata_name, read_samples, split_name
 from tarproc.tario import ReadStats, iter_members
+
+_C_GROUPER = samples_module._Grouper  # None when the extension is not built (or TARPROC_PURE_PYTHON is set)
+
+
+@pytest.fixture(autouse=True, params=["c-grouper", "python-grouper"])
+def grouper(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here with the C grouper and with the Python one (the reference)."""
+    if request.param == "c-grouper":
+        if _C_GROUPER is None:
+            pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
+        monkeypatch.setattr(samples_module, "_Grouper", _C_GROUPER)
+    else:
+        monkeypatch.setattr(samples_module, "_Grouper", None)
+    return str(request.param)
 
 
 @pytest.mark.parametrize(

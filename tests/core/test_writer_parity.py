@@ -156,6 +156,53 @@ def test_write_sample_with_every_value_type(monkeypatch, c_pack):
     assert by_c == 400 * 7
 
 
+def test_write_sample_in_one_call_where_every_value_is_bytes(monkeypatch, c_pack):
+    """write_sample's one C call (_pack_sample) for samples of bytes: the Python writer's bytes,
+    offsets and counts, buffer boundaries included; anything else (a repeated key, a value to
+    encode, big or non-contiguous data, upper-case or '/' fields, a released view) is left to the
+    rest of the writer, with the same result or error."""
+    calls = {"done": 0}
+    real = tario._pack_sample
+
+    def counting(*args: Any) -> Any:
+        result = real(*args)
+        calls["done"] += result[2] == tario._PACK_DONE
+        return result
+
+    monkeypatch.setattr(tario, "_pack_sample", counting)
+    released = memoryview(b"gone")
+    released.release()
+
+    def script(w: TarWriter, errors: list) -> None:
+        rng = random.Random(11)
+        for i in range(3000):
+            key = rng.choice([f"s{i:05d}", f"{'d' * rng.choice([90, 150, 250])}/s{i:05d}", f"é日/{i}", f"{i}"])
+            sample: dict[str, Any] = {"__key__": key, "__url__": "u", "jpg": rng.randbytes(rng.choice([0, 1, 511, 512,
+                                      5000, 60_000, 65_535, 65_536, 100_000]))}
+            sample[rng.choice(["cls", "txt", "x" * 200, "a.b"])] = memoryview(rng.randbytes(rng.randint(0, 900)))
+            odd = rng.random()
+            if odd < 0.02:
+                sample["Upper"] = b"u"
+            elif odd < 0.04:
+                sample["json"] = {"a": 1}
+            elif odd < 0.05:
+                sample["view"] = memoryview(b"abcdef")[::2]
+            elif odd < 0.06:
+                sample["gone"] = released
+            elif odd < 0.07:
+                sample["__key__"] = w.last_key or key
+            elif odd < 0.08:
+                sample = {"__key__": key, "__url__": "u"}
+            try:
+                w.write_sample(sample)
+            except (TarprocError, ValueError, TypeError) as e:
+                errors.append((type(e).__name__, str(e)))
+
+    c, py, _ = _write_both(monkeypatch, c_pack, script)
+    assert c == py
+    assert len(c[4]) > 50 and calls["done"] > 2000
+
+
 def test_surrogate_names_go_through_python_and_match(monkeypatch, c_pack):
     names = ["bad-\udcff.txt", "\udce9" * 120 + ".bin", "ok.txt", "dir/\udc80/" + "x" * 200]
 
