@@ -60,7 +60,38 @@ static PyObject *decode(const unsigned char *p, Py_ssize_t n)
     return PyUnicode_DecodeUTF8((const char *)p, n, "surrogateescape");
 }
 
+/* The field names of the last members scanned, decoded: most members reuse one of a few names,
+ * and the same str object again spares decoding it and, in the dicts it is a key of, hashing it. */
+#define FIELD_CACHE 8
+#define FIELD_CACHE_MAX 32
+static PyObject *field_cache[FIELD_CACHE];
+static int field_cache_next;
+
+static PyObject *decode_lower_uncached(const unsigned char *p, Py_ssize_t n);
+
 static PyObject *decode_lower(const unsigned char *p, Py_ssize_t n)
+{
+    if (n > FIELD_CACHE_MAX)
+        return decode_lower_uncached(p, n);
+    for (int i = 0; i < FIELD_CACHE; i++) {
+        PyObject *f = field_cache[i];
+        if (f != NULL && PyUnicode_GET_LENGTH(f) == n && PyUnicode_IS_ASCII(f) &&
+            memcmp(PyUnicode_1BYTE_DATA(f), p, (size_t)n) == 0) {
+            Py_INCREF(f);
+            return f;
+        }
+    }
+    PyObject *f = decode_lower_uncached(p, n);
+    if (f != NULL && PyUnicode_IS_ASCII(f) && PyUnicode_GET_LENGTH(f) == n &&
+        memcmp(PyUnicode_1BYTE_DATA(f), p, (size_t)n) == 0) { /* already lower case, plain ASCII */
+        Py_INCREF(f);
+        Py_XSETREF(field_cache[field_cache_next], f);
+        field_cache_next = (field_cache_next + 1) % FIELD_CACHE;
+    }
+    return f;
+}
+
+static PyObject *decode_lower_uncached(const unsigned char *p, Py_ssize_t n)
 {
     int needs = 0;
     for (Py_ssize_t i = 0; i < n; i++)
@@ -230,6 +261,9 @@ fail:
     return NULL;
 }
 
+/* "__key__", "__url__" and "samples", made once (PyInit__speedups) */
+static PyObject *str_key, *str_url, *str_samples;
+
 /* tario.FileRange, once tario has registered it (set_range_type): member data left in a file. */
 static PyObject *range_type = NULL;
 
@@ -293,10 +327,36 @@ static Py_ssize_t split_ustar(const char *raw, Py_ssize_t n)
     return -1;
 }
 
-/* One header at h: the template, then name, prefix, size and the checksum. */
-static void put_header(unsigned char *h, const unsigned char *tmpl, const char *name, Py_ssize_t nlen,
+/* TarWriter's three header templates (ustar, GNU, GNU "L"), with the unsigned sum of each but its
+ * size field, summed once per call of pack, pack_sample or pack_samples and only if used. */
+typedef struct {
+    const unsigned char *p;
+    long sum[3];
+} Templates;
+
+static void templates_init(Templates *t, const unsigned char *p)
+{
+    t->p = p;
+    t->sum[0] = t->sum[1] = t->sum[2] = -1;
+}
+
+static unsigned int bytes_sum(const unsigned char *p, Py_ssize_t n)
+{
+    unsigned int sum = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        sum += p[i];
+    return sum;
+}
+
+/* One header at h: template `kind`, then name, prefix, size and the checksum, the unsigned sum of
+ * the 512 bytes (with the checksum field as the template's 8 spaces): the template's sum without
+ * its size field, plus name, prefix and size (the template's name and prefix fields are empty). */
+static void put_header(unsigned char *h, Templates *t, int kind, const char *name, Py_ssize_t nlen,
                        const char *prefix, Py_ssize_t plen, unsigned long long size)
 {
+    const unsigned char *tmpl = t->p + 512 * kind;
+    if (t->sum[kind] < 0)
+        t->sum[kind] = (long)(bytes_sum(tmpl, 124) + bytes_sum(tmpl + 136, 512 - 136));
     memcpy(h, tmpl, 512);
     memcpy(h, name, (size_t)nlen);
     if (plen)
@@ -314,9 +374,8 @@ static void put_header(unsigned char *h, const unsigned char *tmpl, const char *
             size >>= 8;
         }
     }
-    unsigned int sum = 0; /* the template's checksum field is 8 spaces */
-    for (int i = 0; i < 512; i++)
-        sum += h[i];
+    unsigned int sum = (unsigned int)t->sum[kind] + bytes_sum((const unsigned char *)name, nlen) +
+                       bytes_sum((const unsigned char *)prefix, plen) + bytes_sum(h + 124, 12);
     for (int i = 5; i >= 0; i--) { /* "%06o\0 " */
         h[148 + i] = (unsigned char)('0' + (sum & 7));
         sum >>= 3;
@@ -334,10 +393,11 @@ static Py_ssize_t header_size(const char *raw, Py_ssize_t nlen)
 /* A member's header(s) into buf at used, then its data and padding unless data is NULL (big data,
  * written by the caller); returns the new used, or -1 (nothing written) when that does not fit
  * in cap. templates: TarWriter's three header kinds (see above). */
-static Py_ssize_t put_member(unsigned char *buf, Py_ssize_t cap, Py_ssize_t used, const unsigned char *templates,
+enum { USTAR = 0, GNU = 1, LONGLINK = 2 };
+
+static Py_ssize_t put_member(unsigned char *buf, Py_ssize_t cap, Py_ssize_t used, Templates *t,
                              const char *raw, Py_ssize_t nlen, const void *data, Py_ssize_t size)
 {
-    const unsigned char *ustar = templates, *gnu = templates + 512, *longlink = templates + 1024;
     Py_ssize_t split = nlen > 100 ? split_ustar(raw, nlen) : -1;
     int long_name = nlen > 100 && split < 0;
     Py_ssize_t head = long_name ? 512 + PADDED(nlen + 1) + 512 : 512;
@@ -346,14 +406,14 @@ static Py_ssize_t put_member(unsigned char *buf, Py_ssize_t cap, Py_ssize_t used
     unsigned char *h = buf + used;
     if (long_name) {
         Py_ssize_t record = PADDED(nlen + 1);
-        put_header(h, longlink, "", 0, "", 0, (unsigned long long)(nlen + 1));
+        put_header(h, t, LONGLINK, "", 0, "", 0, (unsigned long long)(nlen + 1));
         memcpy(h + 512, raw, (size_t)nlen);
         memset(h + 512 + nlen, 0, (size_t)(record - nlen));
-        put_header(h + 512 + record, gnu, raw, 100, "", 0, (unsigned long long)size);
+        put_header(h + 512 + record, t, GNU, raw, 100, "", 0, (unsigned long long)size);
     } else if (split >= 0) {
-        put_header(h, ustar, raw + split + 1, nlen - split - 1, raw, split, (unsigned long long)size);
+        put_header(h, t, USTAR, raw + split + 1, nlen - split - 1, raw, split, (unsigned long long)size);
     } else {
-        put_header(h, ustar, raw, nlen, "", 0, (unsigned long long)size);
+        put_header(h, t, USTAR, raw, nlen, "", 0, (unsigned long long)size);
     }
     used += head;
     if (data != NULL) {
@@ -376,6 +436,8 @@ static PyObject *pack(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "pack: bad templates, used or start");
         goto fail;
     }
+    Templates templates;
+    templates_init(&templates, tm.buf);
     seq = PySequence_Fast(members, "pack: members must be a list or a tuple");
     if (seq == NULL)
         goto fail;
@@ -425,7 +487,7 @@ static PyObject *pack(PyObject *self, PyObject *args)
             size = dv.len;
         }
         int big = is_range || size >= direct;
-        Py_ssize_t next = put_member(buf, cap, used, tm.buf, raw, nlen, big ? NULL : dv.buf, size);
+        Py_ssize_t next = put_member(buf, cap, used, &templates, raw, nlen, big ? NULL : dv.buf, size);
         if (!is_range)
             PyBuffer_Release(&dv);
         if (next < 0) {
@@ -514,7 +576,9 @@ static PyObject *common_fields(PyObject *sample, PyObject **key, const char **k,
 {
     if (!PyDict_CheckExact(sample))
         Py_RETURN_NONE;
-    *key = PyDict_GetItemString(sample, "__key__"); /* borrowed */
+    *key = PyDict_GetItemWithError(sample, str_key); /* borrowed */
+    if (*key == NULL && PyErr_Occurred())
+        return NULL;
     if (*key == NULL || !PyUnicode_CheckExact(*key))
         Py_RETURN_NONE;
     if ((*k = PyUnicode_AsUTF8AndSize(*key, klen)) == NULL) {
@@ -617,27 +681,21 @@ fail:
  */
 #define NAME_MAX_BYTES 4096
 
-static PyObject *pack_sample(PyObject *self, PyObject *args)
+/* One sample into buf at *used (see pack_sample): a PACK_ status, with *written members and the
+ * sample's key (borrowed) in *key when it is PACK_DONE; -1 on an error. */
+static int pack_one(unsigned char *buf, Py_ssize_t cap, Py_ssize_t *used, PyObject *sample, Templates *tm,
+                    Py_ssize_t direct, PyObject *last_key, Py_ssize_t *written, PyObject **key)
 {
-    Py_buffer out, tm;
-    Py_ssize_t used, direct;
-    PyObject *sample, *last_key;
-    if (!PyArg_ParseTuple(args, "w*nOy*nO", &out, &used, &sample, &tm, &direct, &last_key))
-        return NULL;
-    PyObject *key = NULL, *fields = NULL;
     const char *k;
-    Py_ssize_t klen, written = 0;
+    Py_ssize_t klen, count = 0;
     int status = PACK_PYTHON;
-    if (tm.len != 3 * 512 || used < 0 || used > out.len) {
-        PyErr_SetString(PyExc_ValueError, "pack_sample: bad templates or used");
-        goto fail;
-    }
-    fields = common_fields(sample, &key, &k, &klen);
+    *written = 0;
+    PyObject *fields = common_fields(sample, key, &k, &klen);
     if (fields == NULL)
-        goto fail;
+        return -1;
     if (fields == Py_None || klen + 1 + 256 > NAME_MAX_BYTES)
         goto done;
-    int same = PyObject_RichCompareBool(key, last_key, Py_EQ);
+    int same = last_key == Py_None ? 0 : PyObject_RichCompareBool(*key, last_key, Py_EQ);
     if (same < 0)
         goto fail;
     if (same)
@@ -645,7 +703,7 @@ static PyObject *pack_sample(PyObject *self, PyObject *args)
     char name[NAME_MAX_BYTES];
     memcpy(name, k, (size_t)klen);
     name[klen] = '.';
-    Py_ssize_t n = PyList_GET_SIZE(fields), need = 0;
+    Py_ssize_t n = PyList_GET_SIZE(fields), need = 0, at = *used;
     for (int pass = 0; pass < 2; pass++) { /* 0: check and measure; 1: write */
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *field = PyList_GET_ITEM(fields, i);
@@ -673,33 +731,114 @@ static PyObject *pack_sample(PyObject *self, PyObject *args)
             Py_ssize_t nlen = klen + 1 + flen;
             if (pass == 0) {
                 need += header_size(name, nlen) + PADDED(size);
-                written++;
+                count++;
             } else {
-                used = put_member(out.buf, out.len, used, tm.buf, name, nlen, dv.buf, size);
+                at = put_member(buf, cap, at, tm, name, nlen, dv.buf, size);
             }
             PyBuffer_Release(&dv);
         }
         if (pass == 0) {
-            if (written == 0)
+            if (count == 0)
                 goto done; /* no fields: the Python function names the error */
-            if (need > out.len - used) {
-                status = used == 0 ? PACK_PYTHON : PACK_FULL;
-                written = 0;
+            if (need > cap - *used) {
+                status = *used == 0 ? PACK_PYTHON : PACK_FULL;
                 goto done;
             }
         }
     }
     status = PACK_DONE;
-
+    *used = at;
+    *written = count;
 done:
-    if (status != PACK_DONE)
-        written = 0;
-    Py_XDECREF(fields);
+    Py_DECREF(fields);
+    return status;
+fail:
+    Py_DECREF(fields);
+    return -1;
+}
+
+static PyObject *pack_sample(PyObject *self, PyObject *args)
+{
+    Py_buffer out, tm;
+    Py_ssize_t used, direct, written = 0;
+    PyObject *sample, *last_key, *key = NULL;
+    if (!PyArg_ParseTuple(args, "w*nOy*nO", &out, &used, &sample, &tm, &direct, &last_key))
+        return NULL;
+    int status = -1;
+    Templates templates;
+    templates_init(&templates, tm.buf);
+    if (tm.len != 3 * 512 || used < 0 || used > out.len)
+        PyErr_SetString(PyExc_ValueError, "pack_sample: bad templates or used");
+    else
+        status = pack_one(out.buf, out.len, &used, sample, &templates, direct, last_key, &written, &key);
     PyBuffer_Release(&out);
     PyBuffer_Release(&tm);
+    if (status < 0)
+        return NULL;
     return Py_BuildValue("nni", used, written, status);
+}
+
+/* pack_samples(buf, used, samples, templates, direct, last_key)
+ *     -> (used, members, count, last_key, status, item)
+ *
+ * TarWriter.write_samples: pack_sample for each sample of the iterator `samples` in turn, until
+ * one is not done (status PACK_FULL or PACK_PYTHON: item is that sample, for the caller to write
+ * after writing buf out or with the Python writer, before calling again), the iterator ends
+ * (PACK_DONE, item None) or raises (PACK_RAISED: item is the exception, for the caller to raise
+ * once it has counted what was packed). count samples of members members were packed; last_key
+ * is the key of the last of them. */
+enum { PACK_RAISED = 4 };
+
+static PyObject *pack_samples(PyObject *self, PyObject *args)
+{
+    Py_buffer out, tm;
+    Py_ssize_t used, direct, members = 0, count = 0;
+    PyObject *samples, *last_key, *item = NULL;
+    if (!PyArg_ParseTuple(args, "w*nOy*nO", &out, &used, &samples, &tm, &direct, &last_key))
+        return NULL;
+    int status = PACK_DONE;
+    Templates templates;
+    templates_init(&templates, tm.buf);
+    Py_INCREF(last_key);
+    if (tm.len != 3 * 512 || used < 0 || used > out.len || !PyIter_Check(samples)) {
+        PyErr_SetString(PyExc_ValueError, "pack_samples: bad templates, used or samples");
+        goto fail;
+    }
+    for (;;) {
+        item = PyIter_Next(samples);
+        Py_ssize_t written;
+        PyObject *key;
+        status = item == NULL ? (PyErr_Occurred() ? -1 : PACK_DONE)
+                              : pack_one(out.buf, out.len, &used, item, &templates, direct, last_key, &written, &key);
+        if (status < 0) { /* what was packed is counted first: the caller raises the error after */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb != NULL)
+                PyException_SetTraceback(value, tb);
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+            Py_XSETREF(item, value);
+            status = PACK_RAISED;
+        }
+        if (item == NULL || status != PACK_DONE)
+            break;
+        Py_INCREF(key);
+        Py_SETREF(last_key, key);
+        Py_CLEAR(item);
+        members += written;
+        count++;
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&tm);
+    if (item == NULL) {
+        item = Py_None;
+        Py_INCREF(item);
+    }
+    return Py_BuildValue("nnnNiN", used, members, count, last_key, status, item);
 fail:
-    Py_XDECREF(fields);
+    Py_XDECREF(item);
+    Py_DECREF(last_key);
     PyBuffer_Release(&out);
     PyBuffer_Release(&tm);
     return NULL;
@@ -711,7 +850,8 @@ fail:
  * Members with the key of the sample being built go into it; a member with a new key hands that
  * sample out and starts the next. The rest -- a "__field__", a field the sample has already, a
  * member without a key, a key that starts with "_" or comes back after other keys -- goes to the
- * methods of `rules` (samples._Rules), which count, warn or raise as the Python grouper does. A
+ * methods of `rules` (samples._Rules), which count, warn or raise as the Python grouper does; it
+ * counts samples in rules.stats itself. A
  * member that starts a new key is kept until the sample before it has been handed out, so that
  * what rules says of it comes after, as in the Python generator.
  */
@@ -719,9 +859,11 @@ typedef struct {
     PyObject_HEAD
     PyObject *members;    /* the iterator of members */
     PyObject *url;
-    PyObject *on_sample, *on_metadata, *metadata_name, *no_key, *duplicate_field, *reappearing_key;
+    PyObject *stats;      /* rules.stats, whose samples it counts */
+    PyObject *on_metadata, *metadata_name, *no_key, *duplicate_field, *reappearing_key;
     PyObject *sample;     /* the sample being built, or NULL */
-    PyObject *offsets;    /* field -> offset, for that sample */
+    PyObject **offsets;   /* field, offset, field, offset...: where that sample's fields were (owned) */
+    Py_ssize_t noffsets, offsets_cap;
     PyObject *key_offset; /* key -> offset of its first member, once keys are not in order */
     PyObject *keys, *key_offsets; /* while every new key is greater than the one before: them, in order */
     PyObject *cur_key;    /* the key of the members being read, or NULL */
@@ -730,18 +872,62 @@ typedef struct {
     int done;
 } Grouper;
 
+static void clear_offsets(Grouper *g)
+{
+    for (Py_ssize_t i = 0; i < g->noffsets; i++)
+        Py_DECREF(g->offsets[i]);
+    g->noffsets = 0;
+}
+
+/* Note where a field of the sample being built was: 0, or -1 on an error. */
+static int add_offset(Grouper *g, PyObject *field, PyObject *offset)
+{
+    if (g->noffsets + 2 > g->offsets_cap) {
+        Py_ssize_t cap = g->offsets_cap ? 2 * g->offsets_cap : 16;
+        PyObject **more = PyMem_Realloc(g->offsets, (size_t)cap * sizeof(PyObject *));
+        if (more == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        g->offsets = more;
+        g->offsets_cap = cap;
+    }
+    Py_INCREF(field);
+    Py_INCREF(offset);
+    g->offsets[g->noffsets++] = field;
+    g->offsets[g->noffsets++] = offset;
+    return 0;
+}
+
+/* Where the sample being built has `field` (borrowed), or NULL. */
+static PyObject *find_offset(Grouper *g, PyObject *field)
+{
+    for (Py_ssize_t i = 0; i < g->noffsets; i += 2) {
+        PyObject *f = g->offsets[i];
+        if (f == field)
+            return g->offsets[i + 1];
+        int eq = PyUnicode_Compare(f, field);
+        if (eq == 0)
+            return g->offsets[i + 1];
+        if (eq == -1 && PyErr_Occurred())
+            PyErr_Clear();
+    }
+    return NULL;
+}
+
 static void grouper_dealloc(Grouper *g)
 {
     Py_XDECREF(g->members);
     Py_XDECREF(g->url);
-    Py_XDECREF(g->on_sample);
+    Py_XDECREF(g->stats);
     Py_XDECREF(g->on_metadata);
     Py_XDECREF(g->metadata_name);
     Py_XDECREF(g->no_key);
     Py_XDECREF(g->duplicate_field);
     Py_XDECREF(g->reappearing_key);
     Py_XDECREF(g->sample);
-    Py_XDECREF(g->offsets);
+    clear_offsets(g);
+    PyMem_Free(g->offsets);
     Py_XDECREF(g->key_offset);
     Py_XDECREF(g->keys);
     Py_XDECREF(g->key_offsets);
@@ -766,7 +952,7 @@ static PyObject *grouper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     g->members = members;
     Py_INCREF(url);
     g->url = url;
-    if ((g->on_sample = PyObject_GetAttrString(rules, "sample")) == NULL ||
+    if ((g->stats = PyObject_GetAttrString(rules, "stats")) == NULL ||
         (g->on_metadata = PyObject_GetAttrString(rules, "metadata")) == NULL ||
         (g->metadata_name = PyObject_GetAttrString(rules, "metadata_name")) == NULL ||
         (g->no_key = PyObject_GetAttrString(rules, "no_key")) == NULL ||
@@ -833,30 +1019,36 @@ static int start_key(Grouper *g, PyObject *key, PyObject *field, PyObject *data,
     if (PyDict_SetItem(g->key_offset, key, offset) < 0)
         return -1;
 new_sample:;
-    PyObject *sample = PyDict_New(), *offsets = PyDict_New();
-    if (sample == NULL || offsets == NULL || PyDict_SetItemString(sample, "__key__", key) < 0 ||
-        PyDict_SetItemString(sample, "__url__", g->url) < 0 || PyDict_SetItem(sample, field, data) < 0 ||
-        PyDict_SetItem(offsets, field, offset) < 0) {
+    PyObject *sample = PyDict_New();
+    clear_offsets(g);
+    if (sample == NULL || PyDict_SetItem(sample, str_key, key) < 0 || PyDict_SetItem(sample, str_url, g->url) < 0 ||
+        PyDict_SetItem(sample, field, data) < 0 || add_offset(g, field, offset) < 0) {
         Py_XDECREF(sample);
-        Py_XDECREF(offsets);
         return -1;
     }
     Py_XSETREF(g->sample, sample);
-    Py_XSETREF(g->offsets, offsets);
     return 0;
 }
 
-/* Hand out the sample built so far (a new reference), counting it. */
+/* Hand out the sample built so far (a new reference), counting it in stats.samples (as
+ * rules.sample does for the Python grouper). */
 static PyObject *hand_out(Grouper *g)
 {
     PyObject *sample = g->sample;
     g->sample = NULL;
-    PyObject *r = PyObject_CallNoArgs(g->on_sample);
-    if (r == NULL) {
+    PyObject *n = PyObject_GetAttr(g->stats, str_samples), *n1 = NULL;
+    if (n != NULL) {
+        Py_ssize_t v = PyLong_AsSsize_t(n);
+        if (!(v == -1 && PyErr_Occurred()))
+            n1 = PyLong_FromSsize_t(v + 1);
+        Py_DECREF(n);
+    }
+    if (n1 == NULL || PyObject_SetAttr(g->stats, str_samples, n1) < 0) {
+        Py_XDECREF(n1);
         Py_DECREF(sample);
         return NULL;
     }
-    Py_DECREF(r);
+    Py_DECREF(n1);
     return sample;
 }
 
@@ -894,13 +1086,15 @@ static PyObject *grouper_next(Grouper *g)
             } else if (starts_dunder(field)) {
                 err = call_void(g->on_metadata, PyTuple_New(0));
             } else {
-                PyObject *first = PyDict_GetItemWithError(g->offsets, field); /* borrowed */
-                if (first != NULL)
-                    err = call_void(g->duplicate_field, PyTuple_Pack(4, key, field, first, offset));
-                else if (PyErr_Occurred())
+                int has = PyDict_Contains(g->sample, field);
+                if (has < 0) {
                     err = -1;
-                else if (PyDict_SetItem(g->sample, field, data) < 0 || PyDict_SetItem(g->offsets, field, offset) < 0)
+                } else if (has) {
+                    PyObject *first = find_offset(g, field); /* borrowed; always there */
+                    err = call_void(g->duplicate_field, PyTuple_Pack(4, key, field, first ? first : Py_None, offset));
+                } else if (PyDict_SetItem(g->sample, field, data) < 0 || add_offset(g, field, offset) < 0) {
                     err = -1;
+                }
             }
             Py_DECREF(item);
             if (err < 0)
@@ -956,6 +1150,8 @@ static PyMethodDef methods[] = {
     {"set_range_type", set_range_type, METH_O, "set_range_type(tario.FileRange): data that pack and members pass on"},
     {"pack_sample", pack_sample, METH_VARARGS,
      "pack_sample(buf, used, sample, templates, direct, last_key) -> (used, members, status)"},
+    {"pack_samples", pack_samples, METH_VARARGS,
+     "pack_samples(buf, used, samples, templates, direct, last_key) -> (used, members, count, last_key, status, item)"},
     {"pack", pack, METH_VARARGS, "pack(buf, used, members, start, templates, direct) -> (used, next, status)"},
     {NULL, NULL, 0, NULL},
 };
@@ -964,7 +1160,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", "Fast pa
 
 PyMODINIT_FUNC PyInit__speedups(void)
 {
-    if (PyType_Ready(&GrouperType) < 0)
+    if ((str_key = PyUnicode_InternFromString("__key__")) == NULL ||
+        (str_url = PyUnicode_InternFromString("__url__")) == NULL ||
+        (str_samples = PyUnicode_InternFromString("samples")) == NULL || PyType_Ready(&GrouperType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -43,15 +43,17 @@ from .errors import LinkError, OptionError, SampleError, SourceError, TarFormatE
 _scan: Any = None
 _pack: Any = None
 _pack_sample: Any = None
+_pack_samples: Any = None
 _members: Any = None
 if not os.environ.get("TARPROC_PURE_PYTHON"):
     try:
         from ._speedups import members as _members  # type: ignore[no-redef]
         from ._speedups import pack as _pack  # type: ignore[no-redef]
         from ._speedups import pack_sample as _pack_sample  # type: ignore[no-redef]
+        from ._speedups import pack_samples as _pack_samples  # type: ignore[no-redef]
         from ._speedups import scan as _scan  # type: ignore[no-redef]
     except ImportError:  # pragma: no cover - built by pip install; absent only without a compiler
-        _scan = _pack = _pack_sample = _members = None
+        _scan = _pack = _pack_sample = _pack_samples = _members = None
 
 BLOCK = 512
 RECORD = 10240  # 20 blocks: the record size GNU tar and Python's tarfile pad archives to
@@ -65,7 +67,7 @@ _GATHER = 1 << 20  # the writer gathers small pieces in a buffer of this size, w
 _DIRECT_WRITE = 1 << 16  # member data at least this big is written as it is, not copied
 _VIEW = 1 << 16  # with views=True, the reader hands out member data at least this big as views
 # what _pack says about where it stopped (see pack in _speedups.c)
-_PACK_DONE, _PACK_FULL, _PACK_PYTHON, _PACK_BIG = 0, 1, 2, 3
+_PACK_DONE, _PACK_FULL, _PACK_PYTHON, _PACK_BIG, _PACK_RAISED = 0, 1, 2, 3, 4
 _OCTAL_12 = 8**11  # sizes below this fit a 12-byte octal field
 _NO_PREFIX = bytes(BLOCK - 345)  # an empty ustar prefix field and the header's last 12 bytes
 
@@ -496,6 +498,10 @@ class Unread:
         return self.size
 
 
+def _unread(offset: int, size: int) -> Unread:
+    return Unread(size)
+
+
 def _skipper(stream: Any) -> Callable[[int], int] | None:
     make = getattr(stream, "skipper", None)
     return make() if make is not None else None  # type: ignore[no-any-return]
@@ -701,10 +707,12 @@ def _read_members(
     # refs (for data written out as it comes, from a plain local file): a regular member of _VIEW
     # bytes or more whose data isn't all in the buffer is skipped as with skip_data, and handed out
     # as a FileRange that a writer copies in the kernel; with small reads after it, most of such
-    # data is never read
-    ref = _ranges(stream, url) if refs and skip is not None else None
-    ref_size = _VIEW if ref is not None else 0
-    skip_size = 0 if skip_data else ref_size  # data this big may be skipped (when skip is not None)
+    # data is never read. ref(stream offset, size) stands for data left unread, in the C scanner and
+    # here alike; ref_size: data this big may be left unread (0: none)
+    ref: Callable[[int, int], Any] | None = None
+    if skip is not None:
+        ref = _unread if skip_data else _ranges(stream, url)
+    ref_size = 0 if ref is None else 1 if skip_data else _VIEW
     chunk = _CHUNK  # _SKIP_CHUNK for one read after a skip: the next header is all that is sure to be needed
     rereader: Any = False  # made on the first link that the recent members don't have
     zeros_seen = False  # with ignore_zeros: end-of-archive blocks were skipped
@@ -745,7 +753,7 @@ def _read_members(
                 cut: TarFormatError | None = None
                 if new_pos > len(buf):  # the last member's data was left in the file: move past it
                     at, size = items[-1][-1] + BLOCK, len(items[-1][-2])
-                    assert skip is not None  # ref_size is 0 without it
+                    assert skip is not None  # ref is None without it
                     try:
                         stream_pos = _skip_member(skip, base + len(buf), at, size, url, last)
                     except TarFormatError as e:  # raised after the members before it, as where data is read
@@ -863,9 +871,10 @@ def _read_members(
             if end <= len(buf):
                 data = buf[start:end]
                 stream_pos = _read_padding(read, stream_pos, padded_end - len(buf), url, name or last)
-            elif skip is not None and size >= skip_size and is_reg and sparse is None and not pax_sparse:
+            elif ref is not None and size >= ref_size and is_reg and sparse is None and not pax_sparse:
+                assert skip is not None
                 stream_pos = _skip_member(skip, stream_pos, base + start, size, url, name or last)
-                data = Unread(size) if ref is None else ref(base + start, size)  # type: ignore[assignment]
+                data = ref(base + start, size)
                 chunk = _SKIP_CHUNK
             else:
                 parts = [buf[start:]]
@@ -1262,6 +1271,30 @@ class TarWriter:
                     break
                 self._flush()
         self.write_members(*sample_members(sample))
+
+    def write_samples(self, samples: Iterable[dict[str, Any]]) -> None:
+        """``write_sample`` for each sample in turn; with the C writer, a loop in C packs them."""
+        if _pack is None or _pack_samples is None or self.closed:
+            for sample in samples:
+                self.write_sample(sample)
+            return
+        it = iter(samples)
+        while True:
+            before = self._used
+            used, members, count, last_key, status, item = _pack_samples(self._buf, before, it, self._templates,
+                                                                         _DIRECT_WRITE, self.last_key)
+            self._used = used
+            self.offset += used - before
+            self.members += members
+            self.samples += count
+            self.last_key = last_key
+            if status == _PACK_DONE:
+                return
+            if status == _PACK_RAISED:
+                raise item
+            if status == _PACK_FULL:
+                self._flush()
+            self.write_sample(item)  # after the flush, or not the common case: the Python writer
 
     def write_members(self, key: str, members: list[tuple[str, MemberData]]) -> None:
         """Write one sample's members, as ``sample_members`` returns them.

@@ -605,12 +605,15 @@ def _stdin_is_terminal() -> bool:
 # progress and stats
 
 
-def progress(items: Iterable[T], quiet: bool, desc: str, unit: str = "sample") -> Iterator[T]:
-    """Yield ``items`` with a tqdm bar on stderr, only when stderr is a terminal and not quiet."""
-    enabled = not quiet and _stderr_is_terminal()
-    if not enabled:
-        yield from items
-        return
+def progress(items: Iterable[T], quiet: bool, desc: str, unit: str = "sample") -> Iterable[T]:
+    """``items`` with a tqdm bar on stderr, only when stderr is a terminal and not quiet (else
+    ``items`` themselves: no layer in between)."""
+    if quiet or not _stderr_is_terminal():
+        return items
+    return _with_bar(items, desc, unit)
+
+
+def _with_bar(items: Iterable[T], desc: str, unit: str) -> Iterator[T]:
     from tqdm import tqdm
 
     with tqdm(items, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, miniters=100) as bar:
@@ -631,8 +634,7 @@ def write_tar(samples: Iterable[Sample], output: str, writing: WriteOptions) -> 
     """
     with open_sink(output, force=writing.force) as sink:
         writer = TarWriter(sink, **writing.tar)
-        for sample in samples:
-            writer.write_sample(sample)
+        writer.write_samples(samples)
         writer.close()
     return writer
 

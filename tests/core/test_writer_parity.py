@@ -203,6 +203,48 @@ def test_write_sample_in_one_call_where_every_value_is_bytes(monkeypatch, c_pack
     assert len(c[4]) > 50 and calls["done"] > 2000
 
 
+def test_write_samples_loops_in_c_as_write_sample_does(monkeypatch, c_pack):
+    """write_samples (the C loop, _pack_samples) gives what write_sample gives sample by sample:
+    bytes, counts and errors, with samples that fill the buffer, need the Python writer, repeat a
+    key; and what it packed before an iterator raises is written, not lost."""
+    rng = random.Random(5)
+    samples: list[dict[str, Any]] = []
+    for i in range(4000):
+        sample: dict[str, Any] = {"__key__": f"s{i:05d}", "jpg": rng.randbytes(rng.choice([0, 100, 3000, 70_000])),
+                                  "cls": str(i).encode()}
+        if i % 97 == 0:
+            sample["json"] = {"i": i}  # encoded by the Python writer
+        samples.append(sample)
+
+    def in_one_call(w: TarWriter, errors: list) -> None:
+        w.write_samples(iter(samples))
+
+    def one_by_one(w: TarWriter, errors: list) -> None:
+        for sample in samples:
+            w.write_sample(sample)
+
+    loop, _, _ = _write_both(monkeypatch, c_pack, in_one_call)
+    single, py, _ = _write_both(monkeypatch, c_pack, one_by_one)
+    assert loop == single == py
+
+    def failing() -> Any:
+        yield from samples[:1000]
+        raise OSError("the input broke")
+
+    for pack in (c_pack, None):
+        monkeypatch.setattr(tario, "_pack", pack)
+        buf = io.BytesIO()
+        w = TarWriter(buf)
+        with pytest.raises(OSError, match="the input broke") as caught:
+            w.write_samples(failing())
+        assert "failing" in "".join(str(entry.name) for entry in caught.traceback)  # where it was raised
+        w.close()
+        assert w.samples == 1000
+        assert [name for name, _, _ in iter_members(io.BytesIO(buf.getvalue()))][-1] == "s00999.jpg"
+    with pytest.raises(TarprocError, match="written twice in a row"):
+        TarWriter(io.BytesIO()).write_samples([samples[0], dict(samples[0])])
+
+
 def test_surrogate_names_go_through_python_and_match(monkeypatch, c_pack):
     names = ["bad-\udcff.txt", "\udce9" * 120 + ".bin", "ok.txt", "dir/\udc80/" + "x" * 200]
 
