@@ -48,12 +48,15 @@ def _archives(kit) -> dict[str, bytes]:
     return archives
 
 
-def _read(path, reader_refs: bool, **kw):
-    """The keyed members of a local file, with FileRange data read at once (before the file closes)."""
+def _read(path, mode: str, **kw):
+    """The keyed members of a local file, read as mode says ("refs": ranges, read at once, before the
+    file closes; "file": plain reading; "memory": the same bytes from a BytesIO, the reference),
+    and the types of data seen."""
     items, kinds = [], set()
-    with open_source(str(path)) as stream:
+    with (open_source(str(path)) if mode != "memory" else io.BytesIO(path.read_bytes())) as stream:
         try:
-            for key, field, data, offset in iter_keyed_members(stream, str(path), views=True, refs=reader_refs, **kw):
+            for key, field, data, offset in iter_keyed_members(stream, str(path), views=mode == "refs",
+                                                               refs=mode == "refs", **kw):
                 kinds.add(type(data))
                 items.append((key, field, data.read() if type(data) is FileRange else bytes(data), offset))
         except TarprocError as e:
@@ -62,8 +65,9 @@ def _read(path, reader_refs: bool, **kw):
 
 
 def test_ranges_give_the_members_and_errors_of_reading(kit, reader, tmp_path):
-    """Valid and damaged archives: with refs, the same members, offsets and errors (offset, reason,
-    member) as a plain read; and big members of a plain file do come as ranges."""
+    """Valid and damaged archives: with refs, and reading a file plainly, the same members, offsets
+    and errors (offset, reason, member) as reading the bytes from memory; and big members of a
+    plain file do come as ranges with refs, as bytes without."""
     path = tmp_path / "a.tar"
     ranged = 0
     for name, raw in _archives(kit).items():
@@ -73,11 +77,13 @@ def test_ranges_give_the_members_and_errors_of_reading(kit, reader, tmp_path):
             variants += [(f"cut@{cut}", raw[:cut]) for cut in range(BIG, len(raw), 77_777)]
         for label, data in variants:
             path.write_bytes(data)
-            got = _read(path, True)
-            want = _read(path, False)
+            got = _read(path, "refs")
+            plain = _read(path, "file")
+            want = _read(path, "memory")
             assert got[:2] == want[:2], (name, label)
+            assert plain[:2] == want[:2], (name, label)
             ranged += FileRange in got[2]
-            assert FileRange not in want[2]
+            assert plain[2] <= {bytes} and want[2] <= {bytes}
     assert ranged > 40
 
 
