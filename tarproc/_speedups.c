@@ -476,8 +476,11 @@ static PyObject *pack(PyObject *self, PyObject *args)
         Py_buffer dv = {0};
         Py_ssize_t size;
         if (is_range) {
-            if ((size = PyObject_Size(data)) < 0)
-                goto fail;
+            if ((size = PyObject_Size(data)) < 0) { /* the Python writer raises it, after what is packed */
+                PyErr_Clear();
+                status = PACK_PYTHON;
+                break;
+            }
         } else {
             if (PyObject_GetBuffer(data, &dv, PyBUF_SIMPLE) < 0) { /* not contiguous, or released */
                 PyErr_Clear();
@@ -695,11 +698,12 @@ static int pack_one(unsigned char *buf, Py_ssize_t cap, Py_ssize_t *used, PyObje
         return -1;
     if (fields == Py_None || klen + 1 + 256 > NAME_MAX_BYTES)
         goto done;
-    int same = last_key == Py_None ? 0 : PyObject_RichCompareBool(*key, last_key, Py_EQ);
-    if (same < 0)
-        goto fail;
-    if (same)
-        goto done; /* the Python writer raises the error */
+    /* the key is borrowed from the sample: nothing that runs Python code (a str subclass's __eq__)
+     * may happen while it is used, so a last key that is not a plain str is the Python writer's */
+    if (last_key != Py_None && !PyUnicode_CheckExact(last_key))
+        goto done;
+    if (last_key != Py_None && PyUnicode_Compare(*key, last_key) == 0)
+        goto done; /* the same key twice in a row: the Python writer raises the error */
     char name[NAME_MAX_BYTES];
     memcpy(name, k, (size_t)klen);
     name[klen] = '.';
@@ -869,7 +873,8 @@ typedef struct {
     PyObject *cur_key;    /* the key of the members being read, or NULL */
     PyObject *pending;    /* a member that starts a key, not handled yet, or NULL */
     int dropping;         /* the members of a reappearing key are dropped */
-    int done;
+    int done;             /* ended, or raised: nothing more, as with a generator */
+    int busy;             /* in __next__ (a callback must not call it again) */
 } Grouper;
 
 static void clear_offsets(Grouper *g)
@@ -915,24 +920,53 @@ static PyObject *find_offset(Grouper *g, PyObject *field)
     return NULL;
 }
 
+static int grouper_traverse(Grouper *g, visitproc visit, void *arg)
+{
+    Py_VISIT(g->members);
+    Py_VISIT(g->url);
+    Py_VISIT(g->stats);
+    Py_VISIT(g->on_metadata);
+    Py_VISIT(g->metadata_name);
+    Py_VISIT(g->no_key);
+    Py_VISIT(g->duplicate_field);
+    Py_VISIT(g->reappearing_key);
+    Py_VISIT(g->sample);
+    Py_VISIT(g->key_offset);
+    Py_VISIT(g->keys);
+    Py_VISIT(g->key_offsets);
+    Py_VISIT(g->cur_key);
+    Py_VISIT(g->pending);
+    for (Py_ssize_t i = 0; i < g->noffsets; i++)
+        Py_VISIT(g->offsets[i]);
+    return 0;
+}
+
+static int grouper_clear(Grouper *g)
+{
+    Py_CLEAR(g->members);
+    Py_CLEAR(g->url);
+    Py_CLEAR(g->stats);
+    Py_CLEAR(g->on_metadata);
+    Py_CLEAR(g->metadata_name);
+    Py_CLEAR(g->no_key);
+    Py_CLEAR(g->duplicate_field);
+    Py_CLEAR(g->reappearing_key);
+    Py_CLEAR(g->sample);
+    Py_CLEAR(g->key_offset);
+    Py_CLEAR(g->keys);
+    Py_CLEAR(g->key_offsets);
+    Py_CLEAR(g->cur_key);
+    Py_CLEAR(g->pending);
+    clear_offsets(g);
+    g->done = 1;
+    return 0;
+}
+
 static void grouper_dealloc(Grouper *g)
 {
-    Py_XDECREF(g->members);
-    Py_XDECREF(g->url);
-    Py_XDECREF(g->stats);
-    Py_XDECREF(g->on_metadata);
-    Py_XDECREF(g->metadata_name);
-    Py_XDECREF(g->no_key);
-    Py_XDECREF(g->duplicate_field);
-    Py_XDECREF(g->reappearing_key);
-    Py_XDECREF(g->sample);
-    clear_offsets(g);
+    PyObject_GC_UnTrack(g);
+    grouper_clear(g);
     PyMem_Free(g->offsets);
-    Py_XDECREF(g->key_offset);
-    Py_XDECREF(g->keys);
-    Py_XDECREF(g->key_offsets);
-    Py_XDECREF(g->cur_key);
-    Py_XDECREF(g->pending);
     Py_TYPE(g)->tp_free((PyObject *)g);
 }
 
@@ -1052,10 +1086,29 @@ static PyObject *hand_out(Grouper *g)
     return sample;
 }
 
+static PyObject *grouper_step(Grouper *g);
+
 static PyObject *grouper_next(Grouper *g)
 {
     if (g->done)
         return NULL;
+    if (g->busy) {
+        PyErr_SetString(PyExc_ValueError, "Grouper already executing");
+        return NULL;
+    }
+    g->busy = 1;
+    PyObject *sample = grouper_step(g);
+    g->busy = 0;
+    if (sample == NULL) { /* the end, or an error: over either way, as for a generator */
+        g->done = 1;
+        Py_CLEAR(g->sample);
+        Py_CLEAR(g->pending);
+    }
+    return sample;
+}
+
+static PyObject *grouper_step(Grouper *g)
+{
     for (;;) {
         PyObject *item;
         if (g->pending != NULL) { /* the member that ended the sample handed out last */
@@ -1082,7 +1135,7 @@ static PyObject *grouper_next(Grouper *g)
         int err = 0;
         if (g->cur_key != NULL && key != Py_None &&
             (key == g->cur_key || PyUnicode_Compare(key, g->cur_key) == 0)) { /* the same key */
-            if (g->dropping) {
+            if (g->dropping || g->sample == NULL) {
             } else if (starts_dunder(field)) {
                 err = call_void(g->on_metadata, PyTuple_New(0));
             } else {
@@ -1108,7 +1161,7 @@ static PyObject *grouper_next(Grouper *g)
                 return NULL;
             continue;
         }
-        if (PyUnicode_GET_LENGTH(key) > 0 && (PyUnicode_READ_CHAR(key, 0) == '_' || starts_dunder(field))) {
+        if ((PyUnicode_GET_LENGTH(key) > 0 && PyUnicode_READ_CHAR(key, 0) == '_') || starts_dunder(field)) {
             PyObject *r = PyObject_CallFunctionObjArgs(g->metadata_name, key, field, NULL);
             int skip = r == NULL ? -1 : PyObject_IsTrue(r);
             Py_XDECREF(r);
@@ -1136,7 +1189,9 @@ static PyTypeObject GrouperType = {
     .tp_name = "tarproc._speedups.Grouper",
     .tp_basicsize = sizeof(Grouper),
     .tp_dealloc = (destructor)grouper_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)grouper_traverse,
+    .tp_clear = (inquiry)grouper_clear,
     .tp_doc = "Grouper(members, url, rules): sample dicts from (key, field, data, offset) members",
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)grouper_next,

@@ -104,7 +104,8 @@ def group_keyed(
     stats: ReadStats | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> Iterator[Sample]:
-    """``group_samples`` for ``(key, field, data, offset)`` members (``iter_keyed_members``)."""
+    """``group_samples`` for ``(key, field, data, offset)`` members (``iter_keyed_members``): tuples
+    of a str key (None for a name without one), a str field, the data and an int offset."""
     _check_dup_policy(dup)
     if stats is None:
         stats = ReadStats()
@@ -207,7 +208,7 @@ def _group_python(
         if key is None:
             rules.no_key(field)
             continue
-        if (key[0] == "_" or field.startswith("__")) and rules.metadata_name(key, field):
+        if (key[:1] == "_" or field.startswith("__")) and rules.metadata_name(key, field):
             continue
         # a new key
         if sample is not None:

@@ -17,7 +17,6 @@ Used as a context manager a sink commits on success and aborts on any exception 
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import stat
@@ -122,9 +121,11 @@ class Sink:
         except BrokenPipeError:
             raise
         except OSError as e:
-            if at != data.offset or e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            if at != data.offset:
                 raise self._failed(e) from None
-            # a destination sendfile can't write to (a file opened to append): read and write
+            # nothing sent: a destination sendfile can't write to (a file opened to append, or any
+            # but a socket on some systems) is read and written from now on; a real write error
+            # is raised by that write
             self._sendfile = False
             self._raw_write(data.read())
             return

@@ -186,13 +186,14 @@ class Source:
         return MemberFinder(self.raw.fileno(), 0, max_member_size).find
 
     def file_origin(self) -> tuple[io.FileIO, int] | None:
-        """For a plain (uncompressed) local file: the file, and the file offset of this stream's
-        first byte (stdin may be a file opened further on), so that data can be left in the file
-        and copied from there (``tario.FileRange``); else None."""
+        """For a plain (uncompressed) local file: the file, and the file offset of the next byte
+        this stream will hand out (what a reader starting now counts as its byte 0: some may have
+        been read already), so that data can be left in the file and copied from there
+        (``tario.FileRange``); else None."""
         if not self._regular_file():
             return None
         try:
-            return self.raw, self.raw.tell() - self.offset
+            return self.raw, self.raw.tell() - len(self._prefix)
         except (OSError, ValueError):
             return None
 

@@ -740,15 +740,10 @@ def _read_members(
 
         scan = _scan
         if scan is not None and long_name is None and not pax and long_link is None and "path" not in pax_global:
+            scanned = _Scanned(scan, buf, pos, base, scan_limit, keyed, view_size, ref_size, ref)
             items, new_pos, nb = scan(buf, pos, base, scan_limit, keyed, view_size, ref_size, ref)
             if items:
                 zeros_seen = False
-                if recent.limit > 0:
-                    recent.add_scanned(_Scanned(scan, buf, pos, base, scan_limit, keyed, view_size, ref_size, ref),
-                                       items, nb)
-                if record is not None:
-                    for name, data, at in items:
-                        record(name, at, at + BLOCK, data)
                 last = _header_name(buf, items[-1][-1] - base)
                 cut: TarFormatError | None = None
                 if new_pos > len(buf):  # the last member's data was left in the file: move past it
@@ -763,6 +758,11 @@ def _read_members(
                         buf, pos, base, chunk = b"", 0, stream_pos, _SKIP_CHUNK
                 else:
                     pos = new_pos
+                if recent.limit > 0 and cut is None:
+                    recent.add_scanned(scanned, items, nb)
+                if record is not None:
+                    for name, data, at in items:
+                        record(name, at, at + BLOCK, data)
                 it = iter(items)
                 try:
                     yield from it
@@ -1122,6 +1122,7 @@ class TarWriter:
         self._view = memoryview(self._buf)
         self._used = 0
         self.last_key: str | None = None  # key of the last sample written
+        self._busy = False  # in write_samples' C loop, which no write may interleave with
 
     # -- low level --
 
@@ -1143,7 +1144,13 @@ class TarWriter:
             )
         )
 
+    def _check_idle(self) -> None:
+        if self._busy:
+            raise RuntimeError("TarWriter.write_samples is running: its samples can't write to the same writer")
+
     def _flush(self) -> None:
+        if self._busy:
+            self._check_idle()
         if self._used:
             self.stream.write(self._view[: self._used])
             self._used = 0
@@ -1199,6 +1206,8 @@ class TarWriter:
         """Write one regular-file member."""
         if self.closed:
             raise ValueError("TarWriter is closed")
+        if self._busy:
+            self._check_idle()
         if _pack is not None:
             self._add_packed(((name, data),))
         else:
@@ -1255,6 +1264,8 @@ class TarWriter:
 
     def write_sample(self, sample: dict[str, Any]) -> None:
         """Write a sample dict as members ``KEY.FIELD`` in sorted field order (see ``sample_members``)."""
+        if self._busy:
+            self._check_idle()
         if _pack is not None and _pack_sample is not None and not self.closed:  # the C writer's common case
             while True:
                 before = self._used
@@ -1273,7 +1284,10 @@ class TarWriter:
         self.write_members(*sample_members(sample))
 
     def write_samples(self, samples: Iterable[dict[str, Any]]) -> None:
-        """``write_sample`` for each sample in turn; with the C writer, a loop in C packs them."""
+        """``write_sample`` for each sample in turn; with the C writer, a loop in C packs them (the
+        samples' iterator must not write to this writer meanwhile: that is a ``RuntimeError``)."""
+        if self._busy:
+            self._check_idle()
         if _pack is None or _pack_samples is None or self.closed:
             for sample in samples:
                 self.write_sample(sample)
@@ -1281,8 +1295,12 @@ class TarWriter:
         it = iter(samples)
         while True:
             before = self._used
-            used, members, count, last_key, status, item = _pack_samples(self._buf, before, it, self._templates,
-                                                                         _DIRECT_WRITE, self.last_key)
+            self._busy = True  # the C loop holds the buffer's state while the iterator runs
+            try:
+                used, members, count, last_key, status, item = _pack_samples(self._buf, before, it, self._templates,
+                                                                             _DIRECT_WRITE, self.last_key)
+            finally:
+                self._busy = False
             self._used = used
             self.offset += used - before
             self.members += members
@@ -1301,6 +1319,8 @@ class TarWriter:
 
         The same key twice in a row would merge two samples into one on reading: an error.
         """
+        if self._busy:
+            self._check_idle()
         if key == self.last_key:
             raise SampleError(f"key {key!r} written twice in a row; readers would merge the two samples", key=key)
         if _pack is not None and not self.closed:
@@ -1320,6 +1340,8 @@ class TarWriter:
         """Write the end-of-archive blocks and pad to a full 10240-byte record."""
         if self.closed:
             return
+        if self._busy:
+            self._check_idle()
         end = tar_end_size(self.offset)
         self._put(bytes(end))
         self.offset += end

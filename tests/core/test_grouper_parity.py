@@ -116,3 +116,40 @@ def test_bad_members_are_type_errors(c_grouper):
         list(c_grouper(iter([(1, "f", b"", 0)]), "u", rules))
     with pytest.raises(TypeError):
         c_grouper([], "u", rules)  # not an iterator
+
+
+def test_after_an_error_the_grouper_is_over_as_a_generator_is(c_grouper):
+    """An error ends the C grouper as it ends a generator: what follows is StopIteration, not the
+    sample it was building; and a callback can't re-enter it."""
+    members = [("a", "t", b"1", 0), ("a", "t", b"2", 512), ("b", "t", b"3", 1024)]
+    for grouper in (c_grouper, None):
+        rules = _Rules("u", "error", ReadStats(), print)
+        it = grouper(iter(members), "u", rules) if grouper else _group_python(iter(members), "u", rules)
+        with pytest.raises(DuplicateError):
+            next(it)
+        with pytest.raises(StopIteration):
+            next(it)
+
+    def boom() -> Any:
+        yield ("a", "t", b"1", 0)
+        raise OSError("read failed")
+
+    for grouper in (c_grouper, None):
+        rules = _Rules("u", "error", ReadStats(), print)
+        it = grouper(boom(), "u", rules) if grouper else _group_python(boom(), "u", rules)
+        with pytest.raises(OSError):
+            next(it)
+        with pytest.raises(StopIteration):
+            next(it)
+
+    holder: list[Any] = []
+    rules = _Rules("u", "warn", ReadStats(), lambda message: next(holder[0]))
+    holder.append(c_grouper(iter(members), "u", rules))
+    with pytest.raises(ValueError, match="already executing"):
+        next(holder[0])
+
+
+def test_an_empty_key_groups_alike(c_grouper):
+    members = [("", "t", b"1", 0), ("", "__x__", b"2", 512), ("", "u", b"3", 1024), ("b", "t", b"4", 1536)]
+    for dup in ("error", "warn"):
+        assert _run(c_grouper, members, dup) == _run(None, members, dup)

@@ -208,8 +208,9 @@ def _tarcat(*args, **kw):
 
 
 def test_tarcat_from_a_file_equals_tarcat_from_a_pipe(kit, tmp_path):
-    """Through the command: a file read with ranges (to a file, a pipe, a file opened to append,
-    and from stdin that is a file opened further on) gives the bytes a pipe gives."""
+    """Through the command: a file read with ranges (to a file, a pipe, a file opened to append)
+    gives the bytes a pipe gives; and so does stdin that is a file opened further on (read, not
+    ranged: stdin is read as a stream)."""
     raw = _archives(kit)["big-members"]
     path = tmp_path / "a.tar"
     path.write_bytes(raw)
@@ -225,3 +226,41 @@ def test_tarcat_from_a_file_equals_tarcat_from_a_pipe(kit, tmp_path):
     with open(shifted, "rb") as fh:
         fh.seek(1536)
         assert _tarcat(stdin=fh).stdout == piped
+
+
+def test_ranges_from_a_source_read_in_part_first(kit, tmp_path):
+    """A reader that starts where a Source already is counts offsets from there: its ranges point
+    at the right bytes (they pointed that much too early once)."""
+    raw = kit.writer_tar([("a.txt", b"x" * 100), ("b.bin", bytes(range(256)) * 1000), ("c.bin", b"C" * 3_000_000)])
+    path = tmp_path / "a.tar"
+    path.write_bytes(raw)
+    for refs in (False, True):
+        with open_source(str(path)) as stream:
+            got = 0
+            while got < 1024:  # a.txt: its header and its data block
+                got += len(stream.read(1024 - got))
+            members = [(k, f, d.read() if type(d) is FileRange else bytes(d), o)
+                       for k, f, d, o in iter_keyed_members(stream, str(path), views=True, refs=refs)]
+        assert [(k, f, d) for k, f, d, _ in members] == [("b", "bin", bytes(range(256)) * 1000),
+                                                          ("c", "bin", b"C" * 3_000_000)]
+
+
+def test_a_destination_sendfile_refuses_is_written_by_reading(kit, tmp_path, monkeypatch):
+    """sendfile failing before it sent anything (ENOTSOCK on some systems, EINVAL for a file opened
+    to append) falls back to reading and writing, for the rest of the sink's life."""
+    import errno
+
+    calls = []
+
+    def refusing(*args):
+        calls.append(args)
+        raise OSError(errno.ENOTSOCK, "Socket operation on non-socket")
+
+    monkeypatch.setattr(os, "sendfile", refusing)
+    raw = _archives(kit)["big-members"]
+    src = tmp_path / "a.tar"
+    src.write_bytes(raw)
+    out = tmp_path / "out.tar"
+    with open_sink(str(out)) as sink:
+        _write_all(sink, src)
+    assert len(calls) == 1 and out.read_bytes() == _tarcat(str(src)).stdout

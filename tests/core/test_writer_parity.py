@@ -245,6 +245,45 @@ def test_write_samples_loops_in_c_as_write_sample_does(monkeypatch, c_pack):
         TarWriter(io.BytesIO()).write_samples([samples[0], dict(samples[0])])
 
 
+def test_the_c_writer_runs_no_python_code_while_it_holds_a_borrowed_key(c_pack):
+    """A last key that is a str subclass (whose __eq__ could drop the sample's key while the C
+    writer holds it) is left to the Python writer: no crash, the same output."""
+    class Odd(str):
+        def __eq__(self, other: object) -> bool:
+            sample.pop("__key__", None)
+            return False
+
+        __hash__ = str.__hash__
+
+    sample = {"__key__": "".join(["ke", "y-", "one"]), "txt": b"hello"}
+    buf = io.BytesIO()
+    w = TarWriter(buf)
+    w.last_key = Odd("zzz")
+    w.write_samples([dict(sample)])
+    w.close()
+    assert [name for name, _, _ in iter_members(io.BytesIO(buf.getvalue()))] == ["key-one.txt"]
+
+
+def test_write_samples_refuses_writes_from_its_own_iterator(monkeypatch, c_pack):
+    """The C loop holds the buffer's state while the samples' iterator runs: a write to the same
+    writer from there is an error, not bytes overwritten."""
+    for pack in (c_pack, None):
+        monkeypatch.setattr(tario, "_pack", pack)
+        w = TarWriter(io.BytesIO())
+
+        def samples(w: TarWriter = w) -> Any:
+            yield {"__key__": "a", "t": b"1"}
+            w.add("side.txt", b"s")
+            yield {"__key__": "b", "t": b"2"}
+
+        if pack is None:  # the Python writer has no such state: it just writes
+            w.write_samples(samples())
+            assert w.members == 3
+        else:
+            with pytest.raises(RuntimeError, match="write_samples is running"):
+                w.write_samples(samples())
+
+
 def test_surrogate_names_go_through_python_and_match(monkeypatch, c_pack):
     names = ["bad-\udcff.txt", "\udce9" * 120 + ".bin", "ok.txt", "dir/\udc80/" + "x" * 200]
 
