@@ -411,12 +411,17 @@ def parallel_samples(
     warn: Callable[[str], None] | None = None,
     links: str = "follow",
     ignore_zeros: bool = False,
+    views: bool = False,
 ) -> Iterator[Sample]:
     """Read up to ``readers`` shards concurrently and yield their samples interleaved.
 
     See the module docstring for the exact order, memory bound, errors and stopping. ``urls`` are
     expanded like ``read_samples``'s; ``stats``, ``warn``, ``links`` and ``ignore_zeros`` work as there. Close the generator
-    (or exhaust it) to stop the reader threads.
+    (or exhaust it) to stop the reader threads. ``views=True`` is for a consumer that writes each
+    sample out before asking for the next (``tarpcat``): where every input is a local file (read in
+    the consumer's thread, each sample handed out as it is read), big values may then be views of
+    what was read or data left in the file, as with ``read_samples``' ``views`` and ``refs``;
+    elsewhere samples wait in buffers, and it changes nothing.
 
     >>> import os, tempfile
     >>> from tarproc import TarWriter
@@ -442,7 +447,7 @@ def parallel_samples(
     return _interleave(
         url_list, readers, prefetch, prefetch_bytes, order, seed, on_error, dup,
         {"max_member_size": max_member_size, "links": links, "ignore_zeros": ignore_zeros},
-        stats if stats is not None else ReadStats(), warn if warn is not None else _warn_stderr,
+        stats if stats is not None else ReadStats(), warn if warn is not None else _warn_stderr, views,
     )
 
 
@@ -464,9 +469,13 @@ def _interleave(
     tar: dict[str, Any],
     stats: ReadStats,
     warn: Callable[[str], None],
+    views: bool = False,
 ) -> Iterator[Sample]:
     if not urls:
         return
+    inline = all(local_path(url) is not None for url in urls)
+    if views and inline:  # each sample is written before the next is read: see parallel_samples
+        tar = {**tar, "views": True, "refs": True}
 
     def read_shard(index: int, local: ReadStats, shard_warn: Callable[[str], None]) -> Iterator[Sample]:
         url = urls[index]
@@ -476,7 +485,7 @@ def _interleave(
             yield from group_keyed(members, url, dup=dup, stats=local, warn=shard_warn)
 
     pool: _Pool | _InlinePool
-    if all(local_path(url) is not None for url in urls):
+    if inline:
         pool = _InlinePool(urls, readers, on_error, read_shard, stats, warn)
     else:
         pool = _Pool(urls, readers, prefetch, prefetch_bytes, on_error, read_shard, stats)

@@ -91,7 +91,7 @@ def main(
     stats = ReadStats()
     source = parallel_samples(
         reading.urls, readers=readers, prefetch=prefetch, prefetch_bytes=prefetch_bytes, order=order, seed=seed,
-        on_error=reading.on_error, dup=reading.dup, stats=stats, warn=warn, **reading.tar,
+        on_error=reading.on_error, dup=reading.dup, stats=stats, warn=warn, views=not shuffle_size, **reading.tar,
     )
     with contextlib.closing(source):
         samples = iter(source)

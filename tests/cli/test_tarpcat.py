@@ -182,3 +182,29 @@ def test_real_pipeline_into_tarcat(many, cli):
     assert proc.returncode == 0, proc.stderr
     assert by_key(cli.samples(proc.stdout)) == expected
     assert f"wrote {sum(SIZES)} samples" in proc.stderr.decode()
+
+
+def test_local_shards_with_big_members_pass_through_the_kernel_alike(tmp_path):
+    """Local shards are read in the consumer's thread, big data left in the files and copied by
+    the kernel (sendfile) to a real file: the same bytes as the threaded path (pipe: inputs),
+    which reads everything, for every order."""
+    import random
+
+    from tarproc.tario import TarWriter
+
+    rng = random.Random(3)
+    paths = []
+    for s in range(5):
+        path = tmp_path / f"big-{s}.tar"
+        with open(path, "wb") as f, TarWriter(f) as w:
+            for i in range(rng.randint(0, 12)):
+                w.write_sample({"__key__": f"b{s}/{i:03d}", "jpg": rng.randbytes(rng.choice([10, 70_000, 300_000])),
+                                "cls": b"%d" % i})
+        paths.append(str(path))
+    run = [sys.executable, "-m", "tarproc.cli.tarpcat", "-q", "-p", "3"]
+    for order in (["--order", "roundrobin"], ["--order", "random", "--seed", "4"]):
+        out = tmp_path / "local.tar"
+        assert subprocess.run([*run, *order, "-o", str(out), *paths], timeout=120).returncode == 0
+        piped = subprocess.run([*run, *order, *(f"pipe:cat {shlex.quote(p)}" for p in paths)],
+                               capture_output=True, timeout=120)
+        assert piped.returncode == 0 and out.read_bytes() == piped.stdout and len(piped.stdout) > 1_000_000
