@@ -414,7 +414,7 @@ def _expand_sparse(regions: Iterable[tuple[int, int]], real: int, data: bytes, m
     return bytes(out)
 
 
-_SKIP_CHUNK = 16 << 10  # read size when data is skipped: a header, and the small members after it
+_SKIP_CHUNK = 4 << 10  # read size when data is skipped: a header, and the small members after it
 
 
 class FileRange:
