@@ -29,7 +29,7 @@ BIG = 1 << 16  # data this big may be left in the file
 def _archives(kit) -> dict[str, bytes]:
     rng = random.Random(7)
     archives = dict(_varied_archives(kit))
-    # big members at and around the threshold, across the reader's 1 MiB reads, between small ones
+    # big members at and around the threshold, across the reader's reads, between small ones
     sizes = [BIG - 1, BIG, BIG + 1, 100_000, 3, 1 << 20, (1 << 20) - 512, 700_000, 0, 2_500_001, 90_000, 90_000]
     archives["big-members"] = kit.writer_tar(
         (f"s{i // 3:04d}.{'abc'[i % 3]}", rng.randbytes(size)) for i, size in enumerate(sizes * 4)
