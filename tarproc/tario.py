@@ -701,18 +701,18 @@ def _read_members(
     scan_limit = min(max_member_size, 1 << 62)
     view_size = _VIEW if views else 0  # data this big comes as views of buf (iter_keyed_members)
     recent = _RecentMembers(link_cache if links == "follow" else 0, keyed)
-    # skip_data (for indexing a local file): a regular member's data that isn't in the buffer is
-    # skipped (seek), not read, and given as Unread(size); small reads, so that most of it isn't
+    # skip_data (for indexing a local file): the data of a regular member of _VIEW bytes or more that
+    # isn't all in the buffer is skipped (seek), not read, and given as Unread(size); refs (for data
+    # written out as it comes, from a plain local file): the same, handed out as a FileRange that a
+    # writer copies in the kernel. A small read after such a member, so that most of the next big
+    # one's data isn't read either; smaller data is read, as skipping it would cost reads of its
+    # own. ref(stream offset, size) stands for data left unread, in the C scanner and here alike;
+    # ref_size: data this big may be left unread (0: none)
     skip = _skipper(stream) if skip_data or refs else None
-    # refs (for data written out as it comes, from a plain local file): a regular member of _VIEW
-    # bytes or more whose data isn't all in the buffer is skipped as with skip_data, and handed out
-    # as a FileRange that a writer copies in the kernel; with small reads after it, most of such
-    # data is never read. ref(stream offset, size) stands for data left unread, in the C scanner and
-    # here alike; ref_size: data this big may be left unread (0: none)
     ref: Callable[[int, int], Any] | None = None
     if skip is not None:
         ref = _unread if skip_data else _ranges(stream, url)
-    ref_size = 0 if ref is None else 1 if skip_data else _VIEW
+    ref_size = 0 if ref is None else _VIEW
     chunk = _CHUNK  # _SKIP_CHUNK for one read after a skip: the next header is all that is sure to be needed
     rereader: Any = False  # made on the first link that the recent members don't have
     zeros_seen = False  # with ignore_zeros: end-of-archive blocks were skipped
