@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
+from tarhelpers import c_or_python
 
 import tarproc.tario as tario
 from tarproc.errors import TarprocError
@@ -194,13 +195,7 @@ def kit() -> type[TarKit]:
 @pytest.fixture(params=["c-fastpath", "pure-python"])
 def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with the C fast path and with the pure-Python reference reader."""
-    if request.param == "c-fastpath":
-        if _C_SCAN is None:
-            pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
-        monkeypatch.setattr(tario, "_scan", _C_SCAN)
-    else:
-        monkeypatch.setattr(tario, "_scan", None)
-    return request.param
+    return c_or_python(request, monkeypatch, tario, "_scan", _C_SCAN)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pytest
 from click.testing import CliRunner
 
 from tarproc import TarWriter, read_samples
@@ -142,3 +143,16 @@ def settled(probe: Callable[[], list[int]], timeout: float = 5.0, interval: floa
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(interval)
+
+
+def c_or_python(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, module: Any, name: str,
+                c_value: Any) -> str:
+    """For a fixture with params ["c-...", "python-..."]: set ``module.name`` to the C fast path
+    (``c_value``; the test is skipped when it is not built) or to None (the Python reference)."""
+    if request.param.startswith("c-"):
+        if c_value is None:
+            pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
+        monkeypatch.setattr(module, name, c_value)
+    else:
+        monkeypatch.setattr(module, name, None)
+    return str(request.param)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from tarhelpers import c_or_python
 
 import tarproc.samples as samples_module
 from tarproc.errors import DuplicateError, OptionError, SourceError, TarFormatError
@@ -17,13 +18,7 @@ _C_GROUPER = samples_module._Grouper  # None when the extension is not built (or
 @pytest.fixture(autouse=True, params=["c-grouper", "python-grouper"])
 def grouper(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test here with the C grouper and with the Python one (the reference)."""
-    if request.param == "c-grouper":
-        if _C_GROUPER is None:
-            pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
-        monkeypatch.setattr(samples_module, "_Grouper", _C_GROUPER)
-    else:
-        monkeypatch.setattr(samples_module, "_Grouper", None)
-    return str(request.param)
+    return c_or_python(request, monkeypatch, samples_module, "_Grouper", _C_GROUPER)
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import os
 import tarfile
 
 import pytest
+from tarhelpers import c_or_python
 
 import tarproc.tario as tario
 from tarproc.errors import SampleError
@@ -22,13 +23,7 @@ _C_PACK = tario._pack  # None when the extension is not built (or TARPROC_PURE_P
 @pytest.fixture(autouse=True, params=["c-writer", "python-writer"])
 def writer_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with the C writer, then with the Python one (module global read at each call)."""
-    if request.param == "c-writer":
-        if _C_PACK is None:
-            pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
-        monkeypatch.setattr(tario, "_pack", _C_PACK)
-    else:
-        monkeypatch.setattr(tario, "_pack", None)
-    return str(request.param)
+    return c_or_python(request, monkeypatch, tario, "_pack", _C_PACK)
 
 
 NAME_100 = "n" * 96 + ".txt"
