@@ -612,6 +612,21 @@ static int is_metadata_field(PyObject *field)
     return PyUnicode_GET_LENGTH(field) >= 2 && f[0] == '_' && f[1] == '_';
 }
 
+/* A sample's value for one of its fields (borrowed, in *value): 1; 0 for a "__field__", which is
+ * not written; -1 on an error (a field from the dict's own keys is always there). */
+static int field_value(PyObject *sample, PyObject *field, PyObject **value)
+{
+    if (is_metadata_field(field))
+        return 0;
+    *value = PyDict_GetItemWithError(sample, field);
+    if (*value == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_KeyError, field);
+        return -1;
+    }
+    return 1;
+}
+
 static PyObject *members(PyObject *self, PyObject *sample)
 {
     PyObject *key = NULL;
@@ -627,15 +642,12 @@ static PyObject *members(PyObject *self, PyObject *sample)
     if (prefix == NULL || out == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *field = PyList_GET_ITEM(fields, i);
-        if (is_metadata_field(field))
+        PyObject *field = PyList_GET_ITEM(fields, i), *value;
+        int got = field_value(sample, field, &value);
+        if (got == 0)
             continue;
-        PyObject *value = PyDict_GetItemWithError(sample, field); /* borrowed */
-        if (value == NULL) {
-            if (PyErr_Occurred())
-                goto fail;
-            goto none; /* cannot happen: the field came from the dict */
-        }
+        if (got < 0)
+            goto fail;
         if (!PyBytes_CheckExact(value) && !byte_view(value) &&
             !(range_type != NULL && (PyObject *)Py_TYPE(value) == range_type))
             goto none; /* encode_value's work: the Python function does it */
@@ -710,15 +722,12 @@ static int pack_one(unsigned char *buf, Py_ssize_t cap, Py_ssize_t *used, PyObje
     Py_ssize_t n = PyList_GET_SIZE(fields), need = 0, at = *used;
     for (int pass = 0; pass < 2; pass++) { /* 0: check and measure; 1: write */
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *field = PyList_GET_ITEM(fields, i);
-            if (is_metadata_field(field))
+            PyObject *field = PyList_GET_ITEM(fields, i), *value;
+            int got = field_value(sample, field, &value);
+            if (got == 0)
                 continue;
-            PyObject *value = PyDict_GetItemWithError(sample, field); /* borrowed */
-            if (value == NULL) {
-                if (PyErr_Occurred())
-                    goto fail;
-                goto done;
-            }
+            if (got < 0)
+                goto fail;
             Py_buffer dv;
             if (!(PyBytes_CheckExact(value) || byte_view(value)))
                 goto done; /* encode_value's work, or data left in a file */
