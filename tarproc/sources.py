@@ -312,6 +312,19 @@ def _reap(proc: subprocess.Popen[Any], url: str, early: bool) -> None:
         raise SourceError(f"command exited with status {status}", url)
 
 
+def _regular_stdin(stream: Any) -> io.FileIO | None:
+    """stdin as an ``io.FileIO`` over its descriptor, which closing leaves open, where it is a
+    regular file (``cmd < file``) of which nothing is buffered yet, so that it is read as a local
+    file is (``Source.skipper``, ``Source.file_origin``) from where it stands; else None."""
+    try:
+        fd = stream.fileno()
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or stream.tell() != os.lseek(fd, 0, os.SEEK_CUR):
+            return None
+        return io.FileIO(fd, "rb", closefd=False)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return None
+
+
 def enlarge_pipe(fileobj: Any, size: int = 1 << 20) -> None:
     """Grow a pipe's kernel buffer (Linux): fewer context switches between the two ends.
 
@@ -338,6 +351,9 @@ def open_source(
     """
     if url == "-":
         stream = stdin if stdin is not None else sys.stdin.buffer
+        redirected = _regular_stdin(stream)
+        if redirected is not None:  # '< file': read as the file it is (skips, data left in it)
+            return Source("-", redirected)
         enlarge_pipe(stream)
         return Source("-", _Unclosable(stream))
     if url.startswith("pipe:"):

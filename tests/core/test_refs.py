@@ -208,9 +208,8 @@ def _tarcat(*args, **kw):
 
 
 def test_tarcat_from_a_file_equals_tarcat_from_a_pipe(kit, tmp_path):
-    """Through the command: a file read with ranges (to a file, a pipe, a file opened to append)
-    gives the bytes a pipe gives; and so does stdin that is a file opened further on (read, not
-    ranged: stdin is read as a stream)."""
+    """Through the command: a file read with ranges (to a file, a pipe, a file opened to append,
+    and a file given as stdin, at its start or further on) gives the bytes a pipe gives."""
     raw = _archives(kit)["big-members"]
     path = tmp_path / "a.tar"
     path.write_bytes(raw)
@@ -221,6 +220,8 @@ def test_tarcat_from_a_file_equals_tarcat_from_a_pipe(kit, tmp_path):
     with open(out, "ab") as fh:
         assert subprocess.run([sys.executable, "-m", "tarproc.cli.tarcat", str(path)], stdout=fh).returncode == 0
     assert out.read_bytes() == piped * 2
+    with open(path, "rb") as fh:
+        assert _tarcat(stdin=fh).stdout == piped
     shifted = tmp_path / "shifted"
     shifted.write_bytes(b"\x01" * 1536 + raw)
     with open(shifted, "rb") as fh:
@@ -264,3 +265,26 @@ def test_a_destination_sendfile_refuses_is_written_by_reading(kit, tmp_path, mon
     with open_sink(str(out)) as sink:
         _write_all(sink, src)
     assert len(calls) == 1 and out.read_bytes() == _tarcat(str(src)).stdout
+
+
+def test_a_file_given_as_stdin_is_read_as_a_file(kit, tmp_path):
+    """'< file' is a regular file on stdin: read from where it stands, with seeks and ranges, and
+    left open; a pipe on stdin is read as a stream."""
+    raw = _archives(kit)["big-members"]
+    path = tmp_path / "a.tar"
+    path.write_bytes(b"\x01" * 1024 + raw)
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(1024)
+        with open_source("-", stdin=fh) as stream:
+            assert stream.file_origin() is not None
+            items = [(k, f, d.read() if type(d) is FileRange else bytes(d), o)
+                     for k, f, d, o in iter_keyed_members(stream, "-", views=True, refs=True)]
+        assert not fh.closed
+    with open(tmp_path / "b.tar", "wb") as f:
+        f.write(raw)
+    assert items == _read(tmp_path / "b.tar", "memory")[0]
+    r, w = os.pipe()
+    with open(r, "rb") as piped, open(w, "wb") as writer:
+        writer.write(b"x")
+        writer.close()
+        assert open_source("-", stdin=piped).file_origin() is None
