@@ -85,6 +85,15 @@ def pure_python_times(path: Path, reps: int, expect: int) -> list[float]:
 
 
 
+def check_samples(shards: list[Path], expect: int) -> None:
+    """That the shards tarsplit wrote hold the samples they should (checked once per measure)."""
+    import tarproc
+
+    got = sum(1 for p in shards for _ in tarproc.read_samples(str(p)))
+    if got != expect:
+        raise RuntimeError(f"tarsplit's shards hold {got} samples, expected {expect}")
+
+
 def run(ctx: Context) -> tuple[list[Row], list[str]]:
     import webdataset
 
@@ -156,9 +165,7 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
         if not shards or abs(written - big_size) > 20480 * len(shards):
             raise RuntimeError(f"tarsplit wrote {len(shards)} shards, {written} bytes, from {big_size} bytes")
         if r == 0:
-            got = sum(1 for p in shards for _ in tarproc.read_samples(str(p)))
-            if got != n:
-                raise RuntimeError(f"tarsplit's shards hold {got} samples, expected {n}")
+            check_samples(shards, n)
         clear_out()
         t, _ = timed(lambda: sh(copy))
         tb.append(t)
@@ -272,10 +279,7 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
         t, _ = timed(lambda: sh(split_pipe))
         ta.append(t)
         if r == 0:
-            shards = sorted(out_dir.glob("z-*.tar"))
-            got = sum(1 for p in shards for _ in tarproc.read_samples(str(p)))
-            if got != data.small_samples:
-                raise RuntimeError(f"tarsplit -n wrote {got} samples, expected {data.small_samples}")
+            check_samples(sorted(out_dir.glob("z-*.tar")), data.small_samples)
         clear_splits()
         t, _ = timed(lambda: sh(split_tar))
         tt.append(t)

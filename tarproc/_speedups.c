@@ -328,7 +328,7 @@ static Py_ssize_t split_ustar(const char *raw, Py_ssize_t n)
 }
 
 /* TarWriter's three header templates (ustar, GNU, GNU "L"), with the unsigned sum of each but its
- * size field, summed once per call of pack, pack_sample or pack_samples and only if used. */
+ * size field, summed once per call of pack or pack_samples and only if used. */
 typedef struct {
     const unsigned char *p;
     long sum[3];
@@ -684,20 +684,17 @@ fail:
 }
 
 /* ------------------------------------------------------------------------------------------
- * pack_sample(buf, used, sample, templates, direct, last_key) -> (used, members, status)
- *
- * TarWriter.write_sample for the common case, in one call: members(sample) and pack of what it
+ * pack_one: TarWriter.write_sample for the common case -- members(sample) and pack of what it
  * gives, where every value is bytes (or a memoryview of single bytes) under `direct` bytes and
  * the key is not last_key. All of the sample's members go into buf, or none:
- *   PACK_DONE   written (members: how many);
- *   PACK_FULL   they do not fit in what is left of buf: write buf[:used] out, call again;
+ *   PACK_DONE   written (*written: how many members; *key: the sample's key, borrowed);
+ *   PACK_FULL   they do not fit in what is left of buf: write buf[:used] out, then write it;
  *   PACK_PYTHON not the common case, or too big for an empty buf: nothing written, the Python
- *               writer does it (or raises the error).
+ *               writer does it (or raises the error);
+ * -1 on an error.
  */
 #define NAME_MAX_BYTES 4096
 
-/* One sample into buf at *used (see pack_sample): a PACK_ status, with *written members and the
- * sample's key (borrowed) in *key when it is PACK_DONE; -1 on an error. */
 static int pack_one(unsigned char *buf, Py_ssize_t cap, Py_ssize_t *used, PyObject *sample, Templates *tm,
                     Py_ssize_t direct, PyObject *last_key, Py_ssize_t *written, PyObject **key)
 {
@@ -770,33 +767,13 @@ fail:
     return -1;
 }
 
-static PyObject *pack_sample(PyObject *self, PyObject *args)
-{
-    Py_buffer out, tm;
-    Py_ssize_t used, direct, written = 0;
-    PyObject *sample, *last_key, *key = NULL;
-    if (!PyArg_ParseTuple(args, "w*nOy*nO", &out, &used, &sample, &tm, &direct, &last_key))
-        return NULL;
-    int status = -1;
-    Templates templates;
-    templates_init(&templates, tm.buf);
-    if (tm.len != 3 * 512 || used < 0 || used > out.len)
-        PyErr_SetString(PyExc_ValueError, "pack_sample: bad templates or used");
-    else
-        status = pack_one(out.buf, out.len, &used, sample, &templates, direct, last_key, &written, &key);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&tm);
-    if (status < 0)
-        return NULL;
-    return Py_BuildValue("nni", used, written, status);
-}
-
 /* pack_samples(buf, used, samples, templates, direct, last_key)
  *     -> (used, members, count, last_key, status, item)
  *
- * TarWriter.write_samples: pack_sample for each sample of the iterator `samples` in turn, until
- * one is not done (status PACK_FULL or PACK_PYTHON: item is that sample, for the caller to write
- * after writing buf out or with the Python writer, before calling again), the iterator ends
+ * TarWriter.write_samples (and write_sample): pack_one for each sample of the iterator `samples`
+ * in turn, until one is not done (status PACK_FULL or PACK_PYTHON: item is that sample, for the
+ * caller to write after writing buf out or with the Python writer, before calling again), the
+ * iterator ends
  * (PACK_DONE, item None) or raises (PACK_RAISED: item is the exception, for the caller to raise
  * once it has counted what was packed). count samples of members members were packed; last_key
  * is the key of the last of them. */
@@ -1212,8 +1189,6 @@ static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buf, pos, base, max_member_size, keyed[, views, refs, ref]) -> (items, new_pos, nbytes)"},
     {"set_range_type", set_range_type, METH_O, "set_range_type(tario.FileRange): data that pack and members pass on"},
-    {"pack_sample", pack_sample, METH_VARARGS,
-     "pack_sample(buf, used, sample, templates, direct, last_key) -> (used, members, status)"},
     {"pack_samples", pack_samples, METH_VARARGS,
      "pack_samples(buf, used, samples, templates, direct, last_key) -> (used, members, count, last_key, status, item)"},
     {"pack", pack, METH_VARARGS, "pack(buf, used, members, start, templates, direct) -> (used, next, status)"},

@@ -96,8 +96,6 @@ class Sink:
                         rest.append(memoryview(piece)[skip:])
                         skip = 0
                 written += os.writev(fd, rest)
-        except BrokenPipeError:
-            raise
         except OSError as e:
             raise self._failed(e) from None
         self._wrote(pieces)
@@ -118,10 +116,8 @@ class Sink:
                 if not sent:
                     raise data.shrank(at)
                 at += sent
-        except BrokenPipeError:
-            raise
         except OSError as e:
-            if at != data.offset:
+            if at != data.offset or isinstance(e, BrokenPipeError):
                 raise self._failed(e) from None
             # nothing sent: a destination sendfile can't write to (a file opened to append, or any
             # but a socket on some systems) is read and written from now on; a real write error
@@ -139,16 +135,16 @@ class Sink:
                 view = memoryview(data)
                 while written < len(view):
                     written += self._fh.write(view[written:])
-        except BrokenPipeError:
-            raise
         except OSError as e:
             raise self._failed(e) from None
         self._wrote((data,))
 
-    def _failed(self, e: OSError) -> SinkError:
-        """A failed write as the ``SinkError`` naming the destination. (A reader that went away,
-        ``BrokenPipeError``, is not one: it is left to the caller, which ends quietly or names the
-        command.)"""
+    def _failed(self, e: OSError) -> OSError | SinkError:
+        """What to raise for a failed write: a ``SinkError`` naming the destination -- but a reader
+        that went away (``BrokenPipeError``) as it is, left to the caller, which ends quietly or
+        names the command."""
+        if isinstance(e, BrokenPipeError):
+            return e
         return SinkError(f"write failed: {e.strerror or e}", self.url)
 
     def _wrote(self, pieces: Iterable[bytes | bytearray | memoryview]) -> None:

@@ -42,18 +42,16 @@ from .errors import LinkError, OptionError, SampleError, SourceError, TarFormatE
 # to compare the two paths).
 _scan: Any = None
 _pack: Any = None
-_pack_sample: Any = None
 _pack_samples: Any = None
 _members: Any = None
 if not os.environ.get("TARPROC_PURE_PYTHON"):
     try:
         from ._speedups import members as _members  # type: ignore[no-redef]
         from ._speedups import pack as _pack  # type: ignore[no-redef]
-        from ._speedups import pack_sample as _pack_sample  # type: ignore[no-redef]
         from ._speedups import pack_samples as _pack_samples  # type: ignore[no-redef]
         from ._speedups import scan as _scan  # type: ignore[no-redef]
     except ImportError:  # pragma: no cover - built by pip install; absent only without a compiler
-        _scan = _pack = _pack_sample = _pack_samples = _members = None
+        _scan = _pack = _pack_samples = _members = None
 
 BLOCK = 512
 RECORD = 10240  # 20 blocks: the record size GNU tar and Python's tarfile pad archives to
@@ -581,7 +579,7 @@ class _Scanned:
 
     __slots__ = ("args", "scan")
 
-    def __init__(self, scan: Any, *args: Any) -> None:
+    def __init__(self, scan: Any, args: tuple[Any, ...]) -> None:
         self.scan, self.args = scan, args
 
     def items(self) -> list[Any]:
@@ -740,8 +738,8 @@ def _read_members(
 
         scan = _scan
         if scan is not None and long_name is None and not pax and long_link is None and "path" not in pax_global:
-            scanned = _Scanned(scan, buf, pos, base, scan_limit, keyed, view_size, ref_size, ref)
-            items, new_pos, nb = scan(buf, pos, base, scan_limit, keyed, view_size, ref_size, ref)
+            args = (buf, pos, base, scan_limit, keyed, view_size, ref_size, ref)
+            items, new_pos, nb = scan(*args)
             if items:
                 zeros_seen = False
                 last = _header_name(buf, items[-1][-1] - base)
@@ -759,7 +757,7 @@ def _read_members(
                 else:
                     pos = new_pos
                 if recent.limit > 0 and cut is None:
-                    recent.add_scanned(scanned, items, nb)
+                    recent.add_scanned(_Scanned(scan, args), items, nb)
                 if record is not None:
                     for name, data, at in items:
                         record(name, at, at + BLOCK, data)
@@ -1264,24 +1262,7 @@ class TarWriter:
 
     def write_sample(self, sample: dict[str, Any]) -> None:
         """Write a sample dict as members ``KEY.FIELD`` in sorted field order (see ``sample_members``)."""
-        if self._busy:
-            self._check_idle()
-        if _pack is not None and _pack_sample is not None and not self.closed:  # the C writer's common case
-            while True:
-                before = self._used
-                used, members, status = _pack_sample(self._buf, before, sample, self._templates, _DIRECT_WRITE,
-                                                     self.last_key)
-                if status == _PACK_DONE:
-                    self._used = used
-                    self.offset += used - before
-                    self.members += members
-                    self.samples += 1
-                    self.last_key = sample["__key__"]
-                    return
-                if status != _PACK_FULL:
-                    break
-                self._flush()
-        self.write_members(*sample_members(sample))
+        self.write_samples((sample,))
 
     def write_samples(self, samples: Iterable[dict[str, Any]]) -> None:
         """``write_sample`` for each sample in turn; with the C writer, a loop in C packs them (the
@@ -1290,7 +1271,7 @@ class TarWriter:
             self._check_idle()
         if _pack is None or _pack_samples is None or self.closed:
             for sample in samples:
-                self.write_sample(sample)
+                self.write_members(*sample_members(sample))
             return
         it = iter(samples)
         while True:
@@ -1312,7 +1293,8 @@ class TarWriter:
                 raise item
             if status == _PACK_FULL:
                 self._flush()
-            self.write_sample(item)  # after the flush, or not the common case: the Python writer
+            # into the buffer just written out, or not the common case: the rest of the writer
+            self.write_members(*sample_members(item))
 
     def write_members(self, key: str, members: list[tuple[str, MemberData]]) -> None:
         """Write one sample's members, as ``sample_members`` returns them.

@@ -157,19 +157,19 @@ def test_write_sample_with_every_value_type(monkeypatch, c_pack):
 
 
 def test_write_sample_in_one_call_where_every_value_is_bytes(monkeypatch, c_pack):
-    """write_sample's one C call (_pack_sample) for samples of bytes: the Python writer's bytes,
+    """write_sample's one C call (_pack_samples) for samples of bytes: the Python writer's bytes,
     offsets and counts, buffer boundaries included; anything else (a repeated key, a value to
     encode, big or non-contiguous data, upper-case or '/' fields, a released view) is left to the
     rest of the writer, with the same result or error."""
     calls = {"done": 0}
-    real = tario._pack_sample
+    real = tario._pack_samples
 
     def counting(*args: Any) -> Any:
         result = real(*args)
-        calls["done"] += result[2] == tario._PACK_DONE
+        calls["done"] += result[2]  # samples packed
         return result
 
-    monkeypatch.setattr(tario, "_pack_sample", counting)
+    monkeypatch.setattr(tario, "_pack_samples", counting)
     released = memoryview(b"gone")
     released.release()
 
