@@ -577,13 +577,21 @@ class _Scanned:
     from the same place with the same arguments, so it gives the same items (equal, not the same
     objects)."""
 
-    __slots__ = ("args", "scan")
+    __slots__ = ("args", "fetch", "scan")
 
-    def __init__(self, scan: Any, args: tuple[Any, ...]) -> None:
-        self.scan, self.args = scan, args
+    def __init__(self, scan: Any, args: tuple[Any, ...], fetch: bool) -> None:
+        self.scan, self.args, self.fetch = scan, args, fetch
 
     def items(self) -> list[Any]:
-        return self.scan(*self.args)[0]  # type: ignore[no-any-return]
+        items: list[Any] = self.scan(*self.args)[0]
+        if self.fetch and items and type(items[-1][-2]) is FileRange:  # read then, as it is again now
+            items[-1] = _fetched(items[-1])
+        return items
+
+
+def _fetched(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A scanner's item with its ``FileRange`` read (``fetch``): the same item with the bytes."""
+    return (*item[:-2], item[-2].read(), item[-1])
 
 
 def _rereader(stream: Any, consumed: int, max_member_size: int) -> Callable[[str, int], bytes | None] | None:
@@ -705,11 +713,14 @@ def _read_members(
     # writer copies in the kernel. A small read after such a member, so that most of the next big
     # one's data isn't read either; smaller data is read, as skipping it would cost reads of its
     # own. ref(stream offset, size) stands for data left unread, in the C scanner and here alike;
-    # ref_size: data this big may be left unread (0: none)
-    skip = _skipper(stream) if skip_data or refs else None
+    # ref_size: data this big may be left unread (0: none). Without skip_data or refs, such data is
+    # read at once with pread into a bytes object of its own (fetch): one copy, where reading it
+    # into the buffer and slicing it out is two
+    skip = _skipper(stream)
     ref: Callable[[int, int], Any] | None = None
     if skip is not None:
         ref = _unread if skip_data else _ranges(stream, url)
+    fetch = ref is not None and not skip_data and not refs
     ref_size = 0 if ref is None else _VIEW
     chunk = _CHUNK  # _SKIP_CHUNK for one read after a skip: the next header is all that is sure to be needed
     rereader: Any = False  # made on the first link that the recent members don't have
@@ -754,10 +765,12 @@ def _read_members(
                         del items[-1]
                     else:
                         buf, pos, base, chunk = b"", 0, stream_pos, _SKIP_CHUNK
+                        if fetch:
+                            items[-1] = _fetched(items[-1])
                 else:
                     pos = new_pos
                 if recent.limit > 0 and cut is None:
-                    recent.add_scanned(_Scanned(scan, args), items, nb)
+                    recent.add_scanned(_Scanned(scan, args, fetch), items, nb)
                 if record is not None:
                     for name, data, at in items:
                         record(name, at, at + BLOCK, data)
@@ -873,6 +886,8 @@ def _read_members(
                 assert skip is not None
                 stream_pos = _skip_member(skip, stream_pos, base + start, size, url, name or last)
                 data = ref(base + start, size)
+                if fetch:
+                    data = data.read()
                 chunk = _SKIP_CHUNK
             else:
                 parts = [buf[start:]]

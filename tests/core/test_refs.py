@@ -101,6 +101,46 @@ def test_range_reading_skips_the_data(kit, tmp_path):
     assert sum(reads) < len(raw) / 4
 
 
+def test_plain_reading_of_a_file_reads_big_data_once(kit, reader, tmp_path):
+    """Without refs, a plain file's big members that run past the buffer are read with pread into
+    bytes of their own (the stream skips them), not through the buffer; all data is bytes."""
+    raw = _archives(kit)["big-members"]
+    path = tmp_path / "a.tar"
+    path.write_bytes(raw)
+    preads = []
+    real_pread = os.pread
+    with open_source(str(path)) as stream:
+        reads = []
+        read = stream.read
+        stream.read = lambda n=-1: reads.append(len(got := read(n))) or got  # type: ignore[method-assign]
+        os.pread = lambda fd, n, at: preads.append(n) or real_pread(fd, n, at)  # type: ignore[assignment]
+        try:
+            members = [(k, f, d, o) for k, f, d, o in iter_keyed_members(stream, str(path))]
+        finally:
+            os.pread = real_pread
+    assert members == _read(path, "memory")[0] and {type(d) for _, _, d, _ in members} == {bytes}
+    assert sum(reads) < len(raw) / 4 and sum(preads) > len(raw) * 3 / 4
+
+
+def test_a_link_to_big_data_read_with_pread_is_its_bytes(kit, reader, tmp_path):
+    """A link to a member that was read with pread (the last of a scanned buffer) gets its bytes,
+    from the buffers the link cache keeps, as from a stream."""
+    target = bytes(range(256)) * 1200  # 307,200 bytes: past the end of the first 512 KiB read
+    raw = kit.archive(
+        kit.member("a.bin", b"A" * 400_000),
+        kit.member("b.bin", target),
+        kit.header("c.bin", typeflag=b"1", linkname=b"b.bin"),
+        kit.header("d.bin", typeflag=b"1", linkname=b"a.bin"),
+    )
+    path = tmp_path / "a.tar"
+    path.write_bytes(raw)
+    with open_source(str(path)) as stream:
+        got = {k: d for k, _, d, _ in iter_keyed_members(stream, str(path))}
+    assert got == {"a": b"A" * 400_000, "b": target, "c": target, "d": b"A" * 400_000}
+    assert {type(d) for d in got.values()} == {bytes}
+    assert got == {k: d for k, _, d, _ in _read(path, "memory")[0]} | {"c": target, "d": b"A" * 400_000}
+
+
 def test_ranges_only_from_plain_local_files(kit, tmp_path):
     raw = _archives(kit)["big-members"]
     gz = tmp_path / "a.tar.gz"
