@@ -54,6 +54,14 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, result
 
 
+def timed_write(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """``timed`` for a command that writes files: the dirty pages of the runs before it are written
+    back first (``sync``, not timed), so that no run pays for its predecessor's writeback -- with a
+    gigabyte written per run, that made the same command's times swing 2-3x from run to run."""
+    os.sync()
+    return timed(fn)
+
+
 def sh(cmd: str, **kw: Any) -> None:
     """Run a bash command line; any failing stage of a pipeline is an error."""
     proc = subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], **kw)
