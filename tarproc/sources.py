@@ -176,14 +176,18 @@ class Source:
         except (OSError, ValueError):
             return False
 
-    def member_rereader(self, max_member_size: int) -> Callable[[str, int], bytes | None] | None:
-        """For a plain regular local file: a function that reads a member back by name from the
-        start, up to a stream offset (a link's target; ``tario.MemberFinder``); else None."""
-        if not self._regular_file():
+    def member_rereader(self, max_member_size: int, consumed: int) -> Callable[[str, int], bytes | None] | None:
+        """For a plain regular local file: a function that reads a member back by name from where
+        the reader started, up to a stream offset (a link's target; ``tario.MemberFinder``); else
+        None. ``consumed``: the bytes the reader has had so far (read or skipped), so that a reader
+        that did not start at the file's first byte (stdin positioned further on) looks there."""
+        found = self.file_origin()
+        if found is None:
             return None
         from .tario import MemberFinder
 
-        return MemberFinder(self.raw.fileno(), 0, max_member_size).find
+        file, at = found
+        return MemberFinder(file.fileno(), at - consumed, max_member_size).find
 
     def file_origin(self) -> tuple[io.FileIO, int] | None:
         """For a plain (uncompressed) local file: the file, and the file offset of the next byte
@@ -202,13 +206,17 @@ class Source:
         reading them and returns how many it moved (fewer at the end of the file); else None."""
         if not self._regular_file():
             return None
-        raw, size = self.raw, os.fstat(self.raw.fileno()).st_size
+        raw, fd = self.raw, self.raw.fileno()
+        size = os.fstat(fd).st_size
         origin = raw.tell() - self.offset  # where the file is is origin + self.offset: one seek a skip
 
         def skip(n: int) -> int:
+            nonlocal size
             held = min(n, len(self._prefix))  # bytes read already to detect compression
             if held:
                 self._prefix = self._prefix[held:]
+            if n - held > size - origin - self.offset:
+                size = os.fstat(fd).st_size  # short of the size seen last: a file written as it is read may have grown
             moved = max(0, min(n - held, size - origin - self.offset))
             if moved:
                 raw.seek(moved, os.SEEK_CUR)

@@ -447,11 +447,18 @@ class FileRange:
 
     def read(self) -> bytes:
         """The bytes (``os.pread``); a file that no longer holds them all is a ``SourceError``."""
+        data = self.read_available()
+        if len(data) < self.size:
+            raise self.shrank(self.offset + len(data))
+        return data
+
+    def read_available(self) -> bytes:
+        """The bytes, fewer where the file now ends before their end."""
         fd, parts, at, end = self.fileno(), [], self.offset, self.offset + self.size
         while at < end:
             piece = os.pread(fd, min(end - at, _PIECE), at)
             if not piece:
-                raise self.shrank(at)
+                break
             parts.append(piece)
             at += len(piece)
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -585,13 +592,24 @@ class _Scanned:
     def items(self) -> list[Any]:
         items: list[Any] = self.scan(*self.args)[0]
         if self.fetch and items and type(items[-1][-2]) is FileRange:  # read then, as it is again now
-            items[-1] = _fetched(items[-1])
+            items[-1] = (*items[-1][:-2], items[-1][-2].read(), items[-1][-1])
         return items
 
 
-def _fetched(item: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A scanner's item with its ``FileRange`` read (``fetch``): the same item with the bytes."""
-    return (*item[:-2], item[-2].read(), item[-1])
+def _fetch(data: FileRange, start: int, url: str | None, name: str | None) -> bytes:
+    """The bytes of member data left in the file (``fetch``), read at once; ``start``: the stream
+    offset of the data. The seek past it found the file long enough; a shorter read means that the
+    file was cut since: the ``TarFormatError`` that reading the same bytes as a stream gives."""
+    got = data.read_available()
+    if len(got) < data.size:
+        raise TarFormatError(url, start + len(got), f"truncated member data (expected {data.size} bytes, got "
+                             f"{len(got)})", name)
+    return got
+
+
+def _fetched(item: tuple[Any, ...], url: str | None, name: str | None) -> tuple[Any, ...]:
+    """A scanner's item with its ``FileRange`` read (``_fetch``): the same item with the bytes."""
+    return (*item[:-2], _fetch(item[-2], item[-1] + BLOCK, url, name), item[-1])
 
 
 def _rereader(stream: Any, consumed: int, max_member_size: int) -> Callable[[str, int], bytes | None] | None:
@@ -600,7 +618,7 @@ def _rereader(stream: Any, consumed: int, max_member_size: int) -> Callable[[str
     from the stream so far."""
     make = getattr(stream, "member_rereader", None)
     if make is not None:  # a Source: it knows whether it can
-        return make(max_member_size)  # type: ignore[no-any-return]
+        return make(max_member_size, consumed)  # type: ignore[no-any-return]
     try:
         if not stream.seekable() or not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
             return None  # a pipe, a fifo or a device can't be read again
@@ -760,13 +778,13 @@ def _read_members(
                     assert skip is not None  # ref is None without it
                     try:
                         stream_pos = _skip_member(skip, base + len(buf), at, size, url, last)
+                        if fetch:
+                            items[-1] = _fetched(items[-1], url, last)
                     except TarFormatError as e:  # raised after the members before it, as where data is read
                         cut, nb = e, nb - size
                         del items[-1]
                     else:
                         buf, pos, base, chunk = b"", 0, stream_pos, _SKIP_CHUNK
-                        if fetch:
-                            items[-1] = _fetched(items[-1])
                 else:
                     pos = new_pos
                 if recent.limit > 0 and cut is None:
@@ -887,7 +905,7 @@ def _read_members(
                 stream_pos = _skip_member(skip, stream_pos, base + start, size, url, name or last)
                 data = ref(base + start, size)
                 if fetch:
-                    data = data.read()
+                    data = _fetch(data, base + start, url, name or last)
                 chunk = _SKIP_CHUNK
             else:
                 parts = [buf[start:]]

@@ -19,7 +19,7 @@ import tarproc.tario as tario
 from tarproc.errors import SourceError, TarprocError
 from tarproc.sinks import open_sink
 from tarproc.sources import open_source
-from tarproc.tario import FileRange, TarWriter, iter_keyed_members
+from tarproc.tario import FileRange, TarWriter, iter_keyed_members, iter_members
 
 from .test_parity import _damaged_variants, _varied_archives
 
@@ -328,3 +328,77 @@ def test_a_file_given_as_stdin_is_read_as_a_file(kit, tmp_path):
         writer.write(b"x")
         writer.close()
         assert open_source("-", stdin=piped).file_origin() is None
+
+
+class _StreamOnly:
+    """A Source as a stream alone: read (and links read back), no seeks, no ranges -- the reference."""
+
+    def __init__(self, source):
+        self.read, self.member_rereader = source.read, source.member_rereader
+
+
+def _read_while(path, raw, change, wrap):
+    """Members' names read from path (holding raw) while ``change(path)`` runs after the first
+    member, and the error (type, offset, reason, member) that ended the read, if any."""
+    path.write_bytes(raw)
+    names = []
+    try:
+        with open_source(str(path)) as source:
+            members = iter_members(wrap(source), str(path))
+            names.append(next(members)[0])
+            change(path)
+            for name, _, _ in members:
+                names.append(name)
+    except TarprocError as e:
+        return names, (type(e).__name__, e.offset, e.reason, e.member)
+    return names, None
+
+
+def test_a_file_cut_or_grown_while_read_reads_as_a_stream_does(kit, reader, tmp_path):
+    """Data read with pread that the file no longer holds is truncated member data, after the
+    members before it, as reading the same file as a stream says; data appended since reading
+    began (a file still being written) is read, not called truncated."""
+    rng = random.Random(0)
+    small = [kit.member(f"s{i}.txt", b"x" * 100) for i in range(10)]
+    raw = kit.archive(kit.member("m1.bin", rng.randbytes(600_000)), *small, kit.member("m2.bin", rng.randbytes(600_000)))
+    cut = raw.index(b"m2.bin") + 512 + 100_000
+    path = tmp_path / "a.tar"
+
+    def shrink(p):
+        os.truncate(p, cut)
+
+    got = _read_while(path, raw, shrink, lambda s: s)
+    assert got == _read_while(path, raw, shrink, _StreamOnly)
+    assert len(got[0]) == 11 and got[1] == ("TarFormatError", cut, "truncated member data (expected 600000 "
+                                            "bytes, got 100000)", "m2.bin")
+
+    first = 600_000 + 2 * 512 + 100_000  # m1, m2's header and some of its data
+
+    two = kit.archive(kit.member("m1.bin", rng.randbytes(600_000)), kit.member("m2.bin", rng.randbytes(600_000)))
+
+    def grow(p):
+        with open(p, "ab") as f:
+            f.write(two[first:])
+
+    path.write_bytes(two[:first])
+    names = []
+    with open_source(str(path)) as source:
+        members = iter_members(source, str(path))
+        names.append(next(members)[0])
+        grow(path)
+        names += [name for name, _, _ in members]
+    assert names == ["m1.bin", "m2.bin"]
+
+
+def test_a_link_read_back_from_stdin_positioned_further_on(kit, tmp_path):
+    """stdin, a file positioned past an earlier archive: a link whose target the reader no longer
+    holds is read back from where the reader started, not from the file's first byte."""
+    first = kit.archive(kit.member("a.bin", b"FIRST" * 60_000))
+    second = kit.archive(kit.member("a.bin", b"SECOND" * 20_000), kit.header("l.bin", typeflag=b"1", linkname=b"a.bin"))
+    path = tmp_path / "two.tar"
+    path.write_bytes(first + second)
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(len(first))
+        with open_source("-", stdin=fh) as source:
+            got = {name: data for name, data, _ in iter_members(source, "-", link_cache=0)}
+    assert got == {"a.bin": b"SECOND" * 20_000, "l.bin": b"SECOND" * 20_000}
