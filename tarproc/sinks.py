@@ -49,15 +49,20 @@ class Sink:
     def __init__(self, url: str, compression: str | None = None, level: int | None = None, digest: bool = False):
         self.url = url
         self.bytes = 0  # bytes written to the destination (after compression)
-        self._sha = _Hasher() if digest else None
+        self._digest = digest
+        self._sha: _Hasher | _FileHasher | None = None  # made by _start, which knows the destination
         self._fh: Any = None
         self._writer: Any = None  # either the counting raw writer or a compressor over it
         self.compression = compression
         self._level = level
         self.done = False
 
-    def _start(self, fh: Any) -> None:
+    def _start(self, fh: Any, readable: int | None = None) -> None:
+        """Write to ``fh``. ``readable``: its descriptor, where what is written can be read back
+        (a temporary file): sha256 is then computed from there (``_FileHasher``)."""
         self._fh = fh
+        if self._digest:
+            self._sha = _FileHasher(readable, self.url) if readable is not None else _Hasher()
         counted = _Counting(self)
         self._writer = CompressingWriter(counted, self.compression, self._level) if self.compression else counted
         self._fd: int | None = None  # for write_pieces: the descriptor written to, when writev may be used
@@ -102,10 +107,11 @@ class Sink:
 
     def write_range(self, data: Any) -> None:
         """Write member data left in a local file (``tario.FileRange``): where the destination is a
-        file descriptor and nothing compresses or hashes, the kernel copies it (``os.sendfile``:
-        file to file, pipe or socket, never through this process); else it is read and written."""
+        file descriptor and nothing compresses (nor hashes, but from the file written), the kernel
+        copies it (``os.sendfile``: file to file, pipe or socket, never through this process); else
+        it is read and written."""
         fd = self._fd
-        if fd is None or self._sha is not None or not self._sendfile:
+        if fd is None or not self._sendfile or (self._sha is not None and self._sha.needs_bytes):
             self.write(data.read())
             return
         src, at, end = data.fileno(), data.offset, data.offset + data.size
@@ -151,8 +157,8 @@ class Sink:
         """Count what went out, and hash it."""
         for piece in pieces:
             self.bytes += len(piece)
-            if self._sha is not None:
-                self._sha.update(piece)
+        if self._sha is not None:
+            self._sha.wrote(pieces)
 
     def _close_quietly(self) -> None:
         """Close the destination on the way out of an error; a second error would hide the first."""
@@ -164,8 +170,12 @@ class Sink:
             pass
 
     def _finish_stream(self) -> None:
+        """Write what a compressor holds, and finish the sha256: before anything is published, so
+        that a digest that can't be made stops the commit."""
         if isinstance(self._writer, CompressingWriter):
             self._writer.finish()
+        if self._sha is not None:
+            self._sha.hexdigest()
 
     def commit(self) -> None:
         raise NotImplementedError
@@ -193,11 +203,13 @@ class Sink:
 
 
 class _Hasher:
-    """sha256 of the bytes written, computed in a thread of its own: hashlib releases the GIL on
+    """sha256 of the bytes written (to a destination that can't be read back: stdout, a pipe),
+    computed in a thread of its own: hashlib releases the GIL on
     big buffers, so hashing runs beside the writing instead of in its path. ``update`` takes bytes
     and read-only views of bytes as they are (immutable: the thread reads them later); anything
     else (a writer's reused buffer) is copied first."""
 
+    needs_bytes = True
     _END = None
 
     def __init__(self) -> None:
@@ -214,6 +226,11 @@ class _Hasher:
     def _run(self) -> None:
         while (data := self._queue.get()) is not None:
             self._sha.update(data)
+
+    def wrote(self, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
+        """What one write wrote."""
+        for piece in pieces:
+            self.update(piece)
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         if type(data) is memoryview and type(data.obj) is bytes:
@@ -232,6 +249,78 @@ class _Hasher:
         if self._digest is None:
             self._queue.put(self._END)
             self._thread.join()
+            self._digest = self._sha.hexdigest()
+        return self._digest
+
+
+class _FileHasher:
+    """sha256 of a file as it is written, computed in a thread of its own that reads back what was
+    written (from the page cache, with ``pread`` into one reused buffer, hashed while it is in the
+    CPU's cache) up to the byte count it is told after each write. Hashing the file itself, the
+    digest is that of the bytes written whichever way they went in: data can go file to file in
+    the kernel (``sendfile``) and still be hashed, and the writer's thread hands over only counts.
+    The thread has a descriptor of its own (``dup``), closed when it ends."""
+
+    needs_bytes = False
+    _END = -1
+    _BUFFER = 256 << 10  # read back in pieces that stay in the CPU's cache until hashed
+
+    def __init__(self, fd: int, url: str) -> None:
+        import hashlib
+        import queue
+        import threading
+
+        self._fd, self._url = os.dup(fd), url
+        self._sha = hashlib.sha256()
+        self._written = 0  # bytes the writer has written
+        self._counts: queue.SimpleQueue[int] = queue.SimpleQueue()  # C, no Python-level locks: one put a write
+        self._error: OSError | None = None
+        self._hashed = 0
+        self._thread = threading.Thread(target=self._run, name="tarproc-sha256", daemon=True)
+        self._thread.start()
+        self._digest: str | None = None
+
+    def _run(self) -> None:
+        buf = memoryview(bytearray(self._BUFFER))
+        get, update, fd = self._counts.get, self._sha.update, self._fd
+        try:
+            while (upto := get()) != self._END:
+                while self._hashed < upto and self._error is None:
+                    try:
+                        n = os.preadv(fd, [buf[: min(self._BUFFER, upto - self._hashed)]], self._hashed)
+                    except OSError as e:
+                        self._error = e
+                        break
+                    if not n:  # shorter than what was written: something cut the file
+                        self._error = OSError(0, f"the file ends at byte {self._hashed}, before the "
+                                                 f"{upto} bytes written")
+                        break
+                    update(buf[:n])
+                    self._hashed += n
+        finally:
+            os.close(fd)
+
+    def wrote(self, pieces: Iterable[Any]) -> None:
+        """What one write wrote (its length is what counts)."""
+        for piece in pieces:
+            self._written += len(piece)
+        self._counts.put(self._written)
+
+    def stop(self) -> None:
+        """End the thread without a digest (the sink was aborted)."""
+        if self._digest is None:
+            self._digest = ""
+            self._counts.put(self._END)
+
+    def hexdigest(self) -> str:
+        if self._digest is None:
+            self._counts.put(self._written)
+            self._counts.put(self._END)
+            self._thread.join()
+            if self._error is not None or self._hashed != self._written:
+                self._digest = ""
+                why = self._error.strerror if self._error is not None else "not all of it was read"
+                raise SinkError(f"cannot read back what was written, for its sha256: {why}", self._url)
             self._digest = self._sha.hexdigest()
         return self._digest
 
@@ -287,7 +376,7 @@ class _TempFileSink(Sink):
         except OSError as e:
             raise SinkError(f"cannot create a file there: {e.strerror}", self.url) from None
         _LIVE_TEMPS.add(self.tmp)
-        self._start(os.fdopen(fd, "wb", buffering=0))
+        self._start(os.fdopen(fd, "wb", buffering=0), readable=fd)  # mkstemp opens it to read and write
 
     def _publish(self) -> None:
         raise NotImplementedError

@@ -101,8 +101,8 @@ def main(
     # the manifest is opened first, so a bad path fails before any shard is written
     manifest_sink = open_sink(manifest, compression=None, force=True) if manifest is not None else None
     # each sample is written before the next is read: big values can be views of what was read, or
-    # data left in the input file -- except where the manifest's sha256 needs the bytes anyway
-    source = reading.samples(stats, views=True, refs=manifest is None)
+    # data left in the input file (the manifest's sha256 is read back from the shards written)
+    source = reading.samples(stats, views=True, refs=True)
     with contextlib.ExitStack() as stack:
         if manifest_sink is not None:
             stack.enter_context(manifest_sink)

@@ -349,3 +349,45 @@ def test_write_pieces_through_a_compressor_and_to_a_full_device(tmp_path, reader
     if os.path.exists("/dev/full"):
         with pytest.raises(SinkError, match="No space left"), open_sink("/dev/full") as sink:
             sink.write_pieces(_pieces())
+
+
+@pytest.mark.parametrize("name", ["d.tar", "d.tar.gz", "memory://tarproc-core-tests/hashed.tar"])
+def test_a_file_sink_hashes_the_file_it_wrote_data_sent_by_the_kernel_included(kit, tmp_path, monkeypatch, name):
+    """A sink writing a temporary file (local, compressed or to upload) hashes that file as it is
+    written, read back: member data left in the input file goes over with sendfile, never read
+    into the process, and the sha256 is still that of every byte written."""
+    import fsspec
+
+    from tarproc.samples import read_samples
+    from tarproc.tario import FileRange
+
+    src = tmp_path / "in.tar"
+    src.write_bytes(kit.writer_tar((f"k{i:03d}.bin", bytes([i]) * (70_000 + 997 * i)) for i in range(60)))
+    monkeypatch.setattr(FileRange, "read", lambda self: pytest.fail("data was read into the process"))
+    if name.endswith(".gz"):
+        monkeypatch.undo()  # a compressor needs the bytes
+    url = name if "://" in name else str(tmp_path / name)
+    with open_sink(url, digest=True) as sink:
+        assert type(sink._sha) is sinks._FileHasher
+        writer = TarWriter(sink)
+        for sample in read_samples(str(src), views=True, refs=True):
+            writer.write_sample(sample)
+        writer.close()
+    written = fsspec.open(url, "rb").open().read() if "://" in url else (tmp_path / name).read_bytes()
+    assert sink.sha256 == hashlib.sha256(written).hexdigest() and sink.bytes == len(written)
+    if "://" in url:
+        fsspec.filesystem("memory").rm("/tarproc-core-tests", recursive=True)
+    assert not any(t.name == "tarproc-sha256" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_file_sink_that_cannot_read_back_what_it_wrote_publishes_nothing(tmp_path, monkeypatch):
+    """The digest is finished before the file is renamed into place: a file that can't be read
+    back (cut behind the writer, here a read that comes up short) is an error naming the
+    destination, and neither the file nor its temporary is left."""
+    monkeypatch.setattr(sinks.os, "preadv", lambda fd, buffers, offset: 0)
+    path = tmp_path / "d.tar"
+    with pytest.raises(SinkError, match=r"d\.tar: cannot read back what was written, for its sha256: the file ends"):
+        with open_sink(str(path), digest=True) as sink:
+            sink.write(b"x" * 100_000)
+    assert os.listdir(tmp_path) == []
+    assert not any(t.name == "tarproc-sha256" and t.is_alive() for t in threading.enumerate())
