@@ -61,8 +61,6 @@ class Sink:
         """Write to ``fh``. ``readable``: its descriptor, where what is written can be read back
         (a temporary file): sha256 is then computed from there (``_FileHasher``)."""
         self._fh = fh
-        if self._digest:
-            self._sha = _FileHasher(readable, self.url) if readable is not None else _Hasher()
         counted = _Counting(self)
         self._writer = CompressingWriter(counted, self.compression, self._level) if self.compression else counted
         self._fd: int | None = None  # for write_pieces: the descriptor written to, when writev may be used
@@ -71,6 +69,8 @@ class Sink:
                 self._fd = fh.fileno()
             except (AttributeError, OSError, ValueError):  # not a real file (a BytesIO in tests)
                 self._fd = None
+        if self._digest:  # last: nothing after it can fail and leave its thread running
+            self._sha = _FileHasher(readable, self.url) if readable is not None else _Hasher()
 
     @property
     def sha256(self) -> str | None:
@@ -270,7 +270,11 @@ class _FileHasher:
         import queue
         import threading
 
-        self._fd, self._url = os.dup(fd), url
+        try:
+            self._fd, self._url = os.dup(fd), url
+        except OSError as e:
+            raise SinkError(f"cannot open the file again to hash it: {e.strerror}", url) from None
+        self._stopped = False
         self._sha = hashlib.sha256()
         self._written = 0  # bytes the writer has written
         self._counts: queue.SimpleQueue[int] = queue.SimpleQueue()  # C, no Python-level locks: one put a write
@@ -283,11 +287,18 @@ class _FileHasher:
     def _run(self) -> None:
         buf = memoryview(bytearray(self._BUFFER))
         get, update, fd = self._counts.get, self._sha.update, self._fd
+        preadv = getattr(os, "preadv", None)
         try:
             while (upto := get()) != self._END:
-                while self._hashed < upto and self._error is None:
+                while self._hashed < upto and self._error is None and not self._stopped:
+                    want = min(self._BUFFER, upto - self._hashed)
                     try:
-                        n = os.preadv(fd, [buf[: min(self._BUFFER, upto - self._hashed)]], self._hashed)
+                        if preadv is not None:  # into the reused buffer
+                            n = preadv(fd, [buf[:want]], self._hashed)
+                        else:  # where there is no preadv
+                            piece = os.pread(fd, want, self._hashed)
+                            n = len(piece)
+                            buf[:n] = piece
                     except OSError as e:
                         self._error = e
                         break
@@ -307,9 +318,10 @@ class _FileHasher:
         self._counts.put(self._written)
 
     def stop(self) -> None:
-        """End the thread without a digest (the sink was aborted)."""
+        """End the thread without a digest (the sink was aborted), without reading on."""
         if self._digest is None:
             self._digest = ""
+            self._stopped = True
             self._counts.put(self._END)
 
     def hexdigest(self) -> str:
@@ -376,7 +388,15 @@ class _TempFileSink(Sink):
         except OSError as e:
             raise SinkError(f"cannot create a file there: {e.strerror}", self.url) from None
         _LIVE_TEMPS.add(self.tmp)
-        self._start(os.fdopen(fd, "wb", buffering=0), readable=fd)  # mkstemp opens it to read and write
+        try:
+            self._start(os.fdopen(fd, "wb", buffering=0), readable=fd)  # mkstemp opens it to read and write
+        except BaseException:
+            self.done = True
+            if self._fh is None:  # not even wrapped
+                os.close(fd)
+            self._close_quietly()
+            _remove(self.tmp)
+            raise
 
     def _publish(self) -> None:
         raise NotImplementedError

@@ -391,3 +391,30 @@ def test_a_file_sink_that_cannot_read_back_what_it_wrote_publishes_nothing(tmp_p
             sink.write(b"x" * 100_000)
     assert os.listdir(tmp_path) == []
     assert not any(t.name == "tarproc-sha256" and t.is_alive() for t in threading.enumerate())
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _hash_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "tarproc-sha256" and t.is_alive()]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_an_aborted_or_failed_file_sink_ends_its_hash_thread_and_closes_its_descriptor(tmp_path):
+    """Abort stops the read-back at once (no hashing on through a discarded file), and the
+    thread's own descriptor is closed; a sink that fails while opening leaves nothing either."""
+    before = _open_fds()
+    with pytest.raises(RuntimeError):
+        with open_sink(str(tmp_path / "a.tar"), digest=True) as sink:
+            for _ in range(64):
+                sink.write(b"x" * (1 << 20))
+            thread = sink._sha._thread
+            raise RuntimeError("the writer failed")
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert _open_fds() == before and os.listdir(tmp_path) == [] and not _hash_threads()
+    with pytest.raises(ValueError):
+        open_sink(str(tmp_path / "b.tar.gz"), digest=True, level=99)  # the compressor refuses the level
+    assert _open_fds() == before and os.listdir(tmp_path) == [] and not _hash_threads()
