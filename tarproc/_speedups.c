@@ -612,19 +612,24 @@ static int is_metadata_field(PyObject *field)
     return PyUnicode_GET_LENGTH(field) >= 2 && f[0] == '_' && f[1] == '_';
 }
 
-/* A sample's value for one of its fields (borrowed, in *value): 1; 0 for a "__field__", which is
- * not written; -1 on an error (a field from the dict's own keys is always there). */
-static int field_value(PyObject *sample, PyObject *field, PyObject **value)
+/* The next field of `fields` from *i on that is written (not a "__field__"), in *field, and the
+ * sample's value for it (borrowed), in *value: 1; 0 when there is none left; -1 on an error (a
+ * field from the dict's own keys is always there). */
+static int next_field(PyObject *sample, PyObject *fields, Py_ssize_t *i, PyObject **field, PyObject **value)
 {
-    if (is_metadata_field(field))
-        return 0;
-    *value = PyDict_GetItemWithError(sample, field);
-    if (*value == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetObject(PyExc_KeyError, field);
-        return -1;
+    while (*i < PyList_GET_SIZE(fields)) {
+        *field = PyList_GET_ITEM(fields, (*i)++);
+        if (is_metadata_field(*field))
+            continue;
+        *value = PyDict_GetItemWithError(sample, *field);
+        if (*value == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, *field);
+            return -1;
+        }
+        return 1;
     }
-    return 1;
+    return 0;
 }
 
 static PyObject *members(PyObject *self, PyObject *sample)
@@ -635,19 +640,14 @@ static PyObject *members(PyObject *self, PyObject *sample)
     PyObject *fields = common_fields(sample, &key, &k, &klen);
     if (fields == NULL || fields == Py_None)
         return fields;
-    Py_ssize_t n = PyList_GET_SIZE(fields);
-    PyObject *out = NULL;
+    PyObject *out = NULL, *field, *value;
     PyObject *prefix = PyUnicode_FromFormat("%U.", key);
     out = PyList_New(0);
     if (prefix == NULL || out == NULL)
         goto fail;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *field = PyList_GET_ITEM(fields, i), *value;
-        int got = field_value(sample, field, &value);
-        if (got == 0)
-            continue;
-        if (got < 0)
-            goto fail;
+    Py_ssize_t i = 0;
+    int got;
+    while ((got = next_field(sample, fields, &i, &field, &value)) > 0) {
         if (!PyBytes_CheckExact(value) && !byte_view(value) &&
             !(range_type != NULL && (PyObject *)Py_TYPE(value) == range_type))
             goto none; /* encode_value's work: the Python function does it */
@@ -663,6 +663,8 @@ static PyObject *members(PyObject *self, PyObject *sample)
         if (err < 0)
             goto fail;
     }
+    if (got < 0)
+        goto fail;
     if (PyList_GET_SIZE(out) == 0)
         goto none; /* no fields: the Python function names the error */
     PyObject *result = PyTuple_Pack(2, key, out);
@@ -716,15 +718,12 @@ static int pack_one(unsigned char *buf, Py_ssize_t cap, Py_ssize_t *used, PyObje
     char name[NAME_MAX_BYTES];
     memcpy(name, k, (size_t)klen);
     name[klen] = '.';
-    Py_ssize_t n = PyList_GET_SIZE(fields), need = 0, at = *used;
+    Py_ssize_t need = 0, at = *used;
     for (int pass = 0; pass < 2; pass++) { /* 0: check and measure; 1: write */
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *field = PyList_GET_ITEM(fields, i), *value;
-            int got = field_value(sample, field, &value);
-            if (got == 0)
-                continue;
-            if (got < 0)
-                goto fail;
+        Py_ssize_t i = 0;
+        int got;
+        PyObject *field, *value;
+        while ((got = next_field(sample, fields, &i, &field, &value)) > 0) {
             Py_buffer dv;
             if (!(PyBytes_CheckExact(value) || byte_view(value)))
                 goto done; /* encode_value's work, or data left in a file */
@@ -747,6 +746,8 @@ static int pack_one(unsigned char *buf, Py_ssize_t cap, Py_ssize_t *used, PyObje
             }
             PyBuffer_Release(&dv);
         }
+        if (got < 0)
+            goto fail;
         if (pass == 0) {
             if (count == 0)
                 goto done; /* no fields: the Python function names the error */

@@ -326,8 +326,7 @@ class _FileHasher:
 
     def hexdigest(self) -> str:
         if self._digest is None:
-            self._counts.put(self._written)
-            self._counts.put(self._END)
+            self._counts.put(self._END)  # after the count of the last write
             self._thread.join()
             if self._error is not None or self._hashed != self._written:
                 self._digest = ""

@@ -592,8 +592,13 @@ class _Scanned:
     def items(self) -> list[Any]:
         items: list[Any] = self.scan(*self.args)[0]
         if self.fetch and items and type(items[-1][-2]) is FileRange:  # read then, as it is again now
-            items[-1] = (*items[-1][:-2], items[-1][-2].read(), items[-1][-1])
+            items[-1] = _with_data(items[-1], items[-1][-2].read())
         return items
+
+
+def _with_data(item: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    """A scanner's item, ``(name, data, offset)`` or ``(key, field, data, offset)``, with other data."""
+    return (*item[:-2], data, item[-1])
 
 
 def _fetch(data: FileRange, start: int, url: str | None, name: str | None) -> bytes:
@@ -609,7 +614,7 @@ def _fetch(data: FileRange, start: int, url: str | None, name: str | None) -> by
 
 def _fetched(item: tuple[Any, ...], url: str | None, name: str | None) -> tuple[Any, ...]:
     """A scanner's item with its ``FileRange`` read (``_fetch``): the same item with the bytes."""
-    return (*item[:-2], _fetch(item[-2], item[-1] + BLOCK, url, name), item[-1])
+    return _with_data(item, _fetch(item[-2], item[-1] + BLOCK, url, name))
 
 
 def _rereader(stream: Any, consumed: int, max_member_size: int) -> Callable[[str, int], bytes | None] | None:

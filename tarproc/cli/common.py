@@ -242,13 +242,12 @@ class ReadOptions:
         """How to read each tar stream: the keyword arguments of ``iter_members`` and ``read_samples``."""
         return {"max_member_size": self.max_member_size, "links": self.links, "ignore_zeros": self.ignore_zeros}
 
-    def samples(self, stats: ReadStats, *, views: bool = False, refs: bool | None = None) -> Iterator[Sample]:
+    def samples(self, stats: ReadStats, *, views: bool = False) -> Iterator[Sample]:
         """The samples of all inputs, reading as the options say (warnings to stderr); ``views``
         for a command that writes each sample out before reading the next: big values may then be
-        views of what was read or data left in a local file (``read_samples``'s views and refs;
-        ``refs`` defaults to ``views``: False where the output must see the bytes anyway)."""
+        views of what was read or data left in a local file (``read_samples``'s views and refs)."""
         return read_samples(self.urls, on_error=self.on_error, dup=self.dup, stats=stats, warn=warn, views=views,
-                            refs=views if refs is None else refs, **self.tar)
+                            refs=views, **self.tar)
 
 
 @dataclass

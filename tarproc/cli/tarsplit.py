@@ -102,7 +102,7 @@ def main(
     manifest_sink = open_sink(manifest, compression=None, force=True) if manifest is not None else None
     # each sample is written before the next is read: big values can be views of what was read, or
     # data left in the input file (the manifest's sha256 is read back from the shards written)
-    source = reading.samples(stats, views=True, refs=True)
+    source = reading.samples(stats, views=True)
     with contextlib.ExitStack() as stack:
         if manifest_sink is not None:
             stack.enter_context(manifest_sink)
