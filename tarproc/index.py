@@ -43,6 +43,7 @@ import json
 import os
 import posixpath
 from collections.abc import Callable, Iterable, Iterator
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, NamedTuple, TypeGuard
 
 from .compression import detect
@@ -58,6 +59,19 @@ from .errors import (
 from .samples import Sample, _warn_stderr, group_keyed
 from .sources import is_fsspec_url, local_path, open_source
 from .tario import BLOCK, DEFAULT_MAX_MEMBER_SIZE, ReadStats, _read_members, _skipper, iter_members, split_key
+
+# The C fast paths (tarproc/_speedups.c): the builder for plain local shards (_index_file), which
+# hands every other shard to index_stream's Python code, and the tarproc format's lines
+# (_jsonl_lines); the Python code is the reference. TARPROC_PURE_PYTHON=1 turns them off, and the
+# tests set them to None to compare.
+_index_file: Any = None
+_jsonl_lines: Any = None
+if not os.environ.get("TARPROC_PURE_PYTHON"):
+    try:
+        from ._speedups import index_file as _index_file  # type: ignore[no-redef]
+        from ._speedups import jsonl_lines as _jsonl_lines  # type: ignore[no-redef]
+    except ImportError:  # pragma: no cover - built by pip install; absent only without a compiler
+        _index_file = _jsonl_lines = None
 
 INDEX_FORMAT = "tarproc-index"
 INDEX_VERSION = 1
@@ -117,9 +131,20 @@ class ShardIndex:
 
     def jsonl_text(self) -> str:
         """The ``tarproc`` format (JSON Lines)."""
+        return self.jsonl_bytes().decode("ascii")
+
+    def jsonl_bytes(self) -> bytes:
+        """The ``tarproc`` format, as the bytes of a file (JSON escapes all but ASCII)."""
         header = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "shard": self.shard, "size": self.size,
                   "samples": len(self.entries)}
-        lines = [json.dumps(header)]
+        lines = _jsonl_lines(self.entries, encode_basestring_ascii) if _jsonl_lines is not None else None
+        if lines is None:
+            lines = self._jsonl_lines().encode("ascii")
+        return (json.dumps(header) + "\n").encode("ascii") + lines
+
+    def _jsonl_lines(self) -> str:
+        """A line per sample (the reference of ``_speedups.jsonl_lines``)."""
+        lines = []
         quoted: dict[str, str] = {}  # field names repeat on every line: encode each once
         for e in self.entries:
             parts = []
@@ -130,9 +155,9 @@ class ShardIndex:
                 parts.append(f"{q}:[{offset},{size}]")
             names = f',"names":{json.dumps(e.names, separators=(",", ":"))}' if e.names else ""
             lines.append(
-                f'{{"key":{json.dumps(e.key)},"offset":{e.offset},"size":{e.size},"fields":{{{",".join(parts)}}}{names}}}'
+                f'{{"key":{json.dumps(e.key)},"offset":{e.offset},"size":{e.size},"fields":{{{",".join(parts)}}}{names}}}\n'
             )
-        return "\n".join(lines) + "\n"
+        return "".join(lines)
 
     def dali_text(self, url: str | None = None) -> str:
         """DALI's ``v1.2`` index (``wds2idx``): ``EXT OFFSET SIZE NAME`` groups, a line per sample.
@@ -186,6 +211,10 @@ def index_stream(
     ignore_zeros: bool = False,
 ) -> ShardIndex:
     """Index a plain tar stream (see ``build_index``); the size is the bytes the stream held."""
+    if not ignore_zeros:
+        index = _index_local_file(stream, url, max_member_size, stats)
+        if index is not None:
+            return index
     counter = _CountingReader(stream)
     misplaced: set[int] = set()  # data offsets of members whose bytes aren't stored there
 
@@ -208,6 +237,29 @@ def index_stream(
     samples = group_keyed(members(), url, dup=dup, stats=stats, warn=warn)
     entries = [_entry(sample, misplaced, url) for sample in samples]
     return ShardIndex(_base_name(url or "-"), counter.bytes, entries)
+
+
+def _index_local_file(stream: Any, url: str | None, max_member_size: int, stats: ReadStats | None) -> ShardIndex | None:
+    """The index of a plain local file by the C builder, which reads only its headers (pread, from
+    where the stream stands, which it leaves there); None where it is not built, the stream is not
+    such a file, or the shard has anything but regular members with keys, directories and a proper
+    end (links, long names, metadata, duplicates, damage): the Python builder then indexes it."""
+    file_origin = getattr(stream, "file_origin", None)
+    found = file_origin() if _index_file is not None and file_origin is not None else None
+    if found is None:
+        return None
+    file, origin = found
+    got = _index_file(file.fileno(), origin, min(max_member_size, 1 << 62), IndexEntry)
+    if got is None:
+        return None
+    entries, size, members, nbytes, directories = got
+    if stats is not None:
+        stats.members += members
+        stats.bytes += nbytes
+        stats.samples += len(entries)
+        if directories:
+            stats.skipped_entries["directory"] = stats.skipped_entries.get("directory", 0) + directories
+    return ShardIndex(_base_name(url or "-"), size, entries)
 
 
 def _entry(sample: Sample, misplaced: set[int], url: str | None) -> IndexEntry:
@@ -874,12 +926,10 @@ def _short(e: BaseException) -> str:
 def index_bytes(index: ShardIndex, fmt: str, url: str | None = None) -> bytes:
     """The index in a per-shard format (``tarproc`` or ``dali``) as bytes to write."""
     if fmt == "tarproc":
-        text = index.jsonl_text()
-    elif fmt == "dali":
-        text = index.dali_text(url)
-    else:
-        raise OptionError(f"bad index format {fmt!r}; per-shard formats are tarproc and dali")
-    return text.encode("utf-8", "surrogateescape")
+        return index.jsonl_bytes()
+    if fmt == "dali":
+        return index.dali_text(url).encode("utf-8", "surrogateescape")
+    raise OptionError(f"bad index format {fmt!r}; per-shard formats are tarproc and dali")
 
 
 __all__ = [
