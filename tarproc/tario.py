@@ -484,6 +484,33 @@ def _ranges(stream: Any, url: str | None) -> Callable[[int, int], FileRange] | N
     return lambda offset, size: FileRange(file, origin + offset, size, url)
 
 
+def _fetcher(stream: Any, url: str | None) -> Callable[[int, int], bytes | FileRange] | None:
+    """For fetch: a function reading the data at (stream offset, size) at once, with one pread
+    into a bytes object of its own, where the stream is a plain local file (``_ranges``), else
+    None. Where the file ends before the data's end (a damaged size field must not make it
+    allocate what the header claims) or that read gives fewer bytes, it gives their ``FileRange``
+    instead: the reader then moves past the data, and reads it (``_fetch``) or calls it truncated."""
+    where = getattr(stream, "file_origin", None)
+    found = where() if where is not None else None
+    if found is None:
+        return None
+    file, origin = found
+    fd, pread = file.fileno(), os.pread
+    file_size = os.fstat(fd).st_size
+
+    def fetch(offset: int, size: int) -> bytes | FileRange:
+        nonlocal file_size
+        at = origin + offset
+        if at + size > file_size:
+            file_size = os.fstat(fd).st_size  # a file written as it is read may have grown
+            if at + size > file_size:
+                return FileRange(file, at, size, url)
+        data = pread(fd, size, at)
+        return data if len(data) == size else FileRange(file, at, size, url)
+
+    return fetch
+
+
 if _pack is not None:
     from ._speedups import set_range_type
 
@@ -742,7 +769,7 @@ def _read_members(
     skip = _skipper(stream)
     ref: Callable[[int, int], Any] | None = None
     if skip is not None:
-        ref = _unread if skip_data else _ranges(stream, url)
+        ref = _unread if skip_data else _ranges(stream, url) if refs else _fetcher(stream, url)
     fetch = ref is not None and not skip_data and not refs
     ref_size = 0 if ref is None else _VIEW
     chunk = _CHUNK  # _SKIP_CHUNK for one read after a skip: the next header is all that is sure to be needed
@@ -783,7 +810,7 @@ def _read_members(
                     assert skip is not None  # ref is None without it
                     try:
                         stream_pos = _skip_member(skip, base + len(buf), at, size, url, last)
-                        if fetch:
+                        if fetch and type(items[-1][-2]) is FileRange:  # the file was short of it
                             items[-1] = _fetched(items[-1], url, last)
                     except TarFormatError as e:  # raised after the members before it, as where data is read
                         cut, nb = e, nb - size
@@ -909,7 +936,7 @@ def _read_members(
                 assert skip is not None
                 stream_pos = _skip_member(skip, stream_pos, base + start, size, url, name or last)
                 data = ref(base + start, size)
-                if fetch:
+                if fetch and type(data) is FileRange:
                     data = _fetch(data, base + start, url, name or last)
                 chunk = _SKIP_CHUNK
             else:
