@@ -2,7 +2,8 @@
  * tarproc._speedups: the hot loops of the tar reader and writer, for the common case only.
  *
  * scan(buf, pos, base, max_member_size, keyed[, views, refs, ref]) walks complete ustar/GNU/v7 headers of regular files in
- * `buf` starting at `pos` and returns (items, new_pos, nbytes). It stops -- returning what it has
+ * `buf` starting at `pos` and returns (items, new_pos, nbytes, last): last is the last item's
+ * member name (None without items), which the reader names in the errors after it. It stops -- returning what it has
  * -- at the first header it does not handle itself: any non-regular type, a checksum that does not
  * match the unsigned sum, a size that is not plain octal or is over the limit, an empty name, a name
  * ending in '/' (an old-style directory entry), or a
@@ -124,6 +125,7 @@ static PyObject *scan(PyObject *self, PyObject *args)
     const unsigned char *buf = (const unsigned char *)view.buf;
     Py_ssize_t n = view.len;
     long long nbytes = 0;
+    Py_ssize_t last_header = -1; /* where in buf the last item's header is */
     unsigned char name[256 + 2];
     PyObject *whole = NULL; /* a memoryview of all of buf, sliced for each member given as a view */
     if (views > 0 && !PyBytes_CheckExact(view.obj))
@@ -248,13 +250,33 @@ static PyObject *scan(PyObject *self, PyObject *args)
         }
         Py_DECREF(item);
         nbytes += size;
+        last_header = pos;
         pos += 512 + padded;
         if (as_ref)
             break; /* pos is past the end of buf: the caller moves the stream past that data */
     }
+    /* the last member's name (the reader names it in errors that follow) */
+    PyObject *last = Py_None;
+    Py_INCREF(last);
+    if (last_header >= 0) {
+        const unsigned char *h = buf + last_header;
+        Py_ssize_t nlen = (Py_ssize_t)strnlen((const char *)h, 100);
+        const unsigned char *np = h;
+        if (memcmp(h + 257, "ustar\0", 6) == 0 && h[345] != 0) {
+            Py_ssize_t plen = (Py_ssize_t)strnlen((const char *)h + 345, 155);
+            memcpy(name, h + 345, plen);
+            name[plen] = '/';
+            memcpy(name + plen + 1, h, nlen);
+            nlen += plen + 1;
+            np = name;
+        }
+        Py_SETREF(last, decode(np, nlen));
+        if (last == NULL)
+            goto fail;
+    }
     Py_XDECREF(whole);
     PyBuffer_Release(&view);
-    return Py_BuildValue("NnL", items, pos, nbytes);
+    return Py_BuildValue("NnLN", items, pos, nbytes, last);
 
 fail:
     Py_XDECREF(whole);
@@ -1684,7 +1706,7 @@ static PyTypeObject GrouperType = {
 static PyMethodDef methods[] = {
     {"members", members, METH_O, "members(sample) -> (key, [(name, value), ...]) or None: sample_members' common case"},
     {"scan", scan, METH_VARARGS,
-     "scan(buf, pos, base, max_member_size, keyed[, views, refs, ref]) -> (items, new_pos, nbytes)"},
+     "scan(buf, pos, base, max_member_size, keyed[, views, refs, ref]) -> (items, new_pos, nbytes, last)"},
     {"index_file", index_file, METH_VARARGS,
      "index_file(fd, origin, max_member_size, entry_type) -> (entries, size, members, nbytes, directories) or None"},
     {"jsonl_lines", jsonl_lines, METH_VARARGS, "jsonl_lines(entries, encode) -> bytes or None: a tarproc index's sample lines"},

@@ -800,10 +800,10 @@ def _read_members(
         scan = _scan
         if scan is not None and long_name is None and not pax and long_link is None and "path" not in pax_global:
             args = (buf, pos, base, scan_limit, keyed, view_size, ref_size, ref)
-            items, new_pos, nb = scan(*args)
+            items, new_pos, nb, scanned_last = scan(*args)
             if items:
                 zeros_seen = False
-                last = _header_name(buf, items[-1][-1] - base)
+                last = scanned_last
                 cut: TarFormatError | None = None
                 if new_pos > len(buf):  # the last member's data was left in the file: move past it
                     at, size = items[-1][-1] + BLOCK, len(items[-1][-2])
