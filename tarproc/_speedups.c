@@ -696,8 +696,15 @@ static int text_int(Text *t, PyObject *v)
         return 1;
     if (x == -1 && PyErr_Occurred())
         return -1;
-    char digits[24];
-    return text_put(t, digits, (Py_ssize_t)snprintf(digits, sizeof(digits), "%lld", x));
+    char digits[24], *end = digits + sizeof(digits), *d = end;
+    unsigned long long u = x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x;
+    do {
+        *--d = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (x < 0)
+        *--d = '-';
+    return text_put(t, d, end - d);
 }
 
 #define TEXT_TRY(call)          \

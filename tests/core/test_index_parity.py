@@ -267,7 +267,8 @@ def test_lines_alike(tmp_path, c_lines):
         key = rng.choice(odd) + str(i)
         fields = {rng.choice(odd) + f"{j}": (rng.randrange(1 << 40), rng.randrange(1 << 33)) for j in range(rng.randint(0, 3))}
         names = {f: rng.choice(odd) for f in fields} if rng.random() < 0.3 else rng.choice([None, {}])
-        entries.append(IndexEntry(key, rng.choice([0, 512, (1 << 63) - 1]), rng.randrange(1 << 50), fields, names))
+        number = rng.choice([0, 7, 512, (1 << 63) - 1, -1, -(1 << 63)])  # the int64 range, negatives too
+        entries.append(IndexEntry(key, number, rng.randrange(1 << 50), fields, names))
     assert c_lines(entries, encode_basestring_ascii) == python_lines(entries)
     assert c_lines([], encode_basestring_ascii) == b""
     # each line is the JSON of the entry
