@@ -380,9 +380,11 @@ static void sample_clear(IndexSample *s)
     Py_CLEAR(s->names);
 }
 
-/* An entry_type (a tuple subclass without instance fields: IndexEntry) of five items; it holds
-   strings, ints, and dicts of strings and int pairs: no cycle, so the collector need not track it,
-   nor walk a hundred thousand of them at its next collections. */
+/* An entry_type (a tuple subclass without instance fields: IndexEntry) of five items. It is left
+   untracked by the collector until the walk ends (index_file tracks them all then), so that the
+   collections that making a hundred thousand of them sets off don't walk them again and again
+   (they took half the time on a shard of small samples); its dicts, of strings and pairs of
+   ints, stay untracked as CPython leaves such dicts, until something else is put in one. */
 static int sample_finish(IndexSample *s, PyObject *entries, PyTypeObject *entry_type)
 {
     PyObject *offset = PyLong_FromLongLong(s->offset), *size = PyLong_FromLongLong(s->end - s->offset);
@@ -469,9 +471,6 @@ static PyObject *index_file(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "index_file: entry_type must be a tuple subclass without fields of its own");
         return NULL;
     }
-    /* the entries make no reference cycles: collecting while a hundred thousand of them are made
-       would only walk them again and again (half the time, on a shard of small samples) */
-    int collecting = PyGC_Disable();
     Window w = {fd, origin, NULL, 0, 0};
     IndexSample s;
     memset(&s, 0, sizeof(s));
@@ -599,6 +598,8 @@ static PyObject *index_file(PyObject *self, PyObject *args)
     }
     if (s.key_obj != NULL && sample_finish(&s, entries, entry_type) < 0)
         goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) /* a user may yet put a cycle through one */
+        PyObject_GC_Track(PyList_GET_ITEM(entries, i));
     result = Py_BuildValue("OLLLL", entries, length, members, nbytes, dirs);
     goto done;
 
@@ -606,8 +607,6 @@ give_up:
     result = Py_None;
     Py_INCREF(result);
 done:
-    if (collecting)
-        PyGC_Enable();
     sample_clear(&s);
     PyMem_Free(w.buf);
     Py_XDECREF(entries);

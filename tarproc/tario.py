@@ -488,8 +488,9 @@ def _fetcher(stream: Any, url: str | None) -> Callable[[int, int], bytes | FileR
     """For fetch: a function reading the data at (stream offset, size) at once, with one pread
     into a bytes object of its own, where the stream is a plain local file (``_ranges``), else
     None. Where the file ends before the data's end (a damaged size field must not make it
-    allocate what the header claims) or that read gives fewer bytes, it gives their ``FileRange``
-    instead: the reader then moves past the data, and reads it (``_fetch``) or calls it truncated."""
+    allocate what the header claims), or that read gives fewer bytes, or the data is over
+    ``_PIECE`` (one read can't give 2 GiB), it gives their ``FileRange`` instead: the reader then
+    moves past the data, and reads it in pieces (``_fetch``) or calls it truncated."""
     where = getattr(stream, "file_origin", None)
     found = where() if where is not None else None
     if found is None:
@@ -501,6 +502,8 @@ def _fetcher(stream: Any, url: str | None) -> Callable[[int, int], bytes | FileR
     def fetch(offset: int, size: int) -> bytes | FileRange:
         nonlocal file_size
         at = origin + offset
+        if size > _PIECE:
+            return FileRange(file, at, size, url)
         if at + size > file_size:
             file_size = os.fstat(fd).st_size  # a file written as it is read may have grown
             if at + size > file_size:

@@ -290,3 +290,27 @@ def test_jsonl_bytes_same_either_way(tmp_path, monkeypatch):
     monkeypatch.setattr(index_module, "_jsonl_lines", None)
     assert index.jsonl_bytes() == fast
     assert fast.decode("ascii") == index.jsonl_text()
+
+
+def test_c_entries_are_collected_like_python_ones(tmp_path, monkeypatch, c_index):
+    """The C builder's entries are tracked by the garbage collector when it returns, as the
+    Python builder's are: a cycle a user makes through an entry's dict is collected."""
+    import gc
+    import weakref
+
+    path = with_tarfile(tmp_path / "g.tar", tarfile.USTAR_FORMAT, [("a.jpg", b"x"), ("b.jpg", b"y")])
+
+    class Box:
+        entry: Any = None
+
+    for c in (c_index, None):
+        monkeypatch.setattr(index_module, "_index_file", c)
+        entry = build_index(str(path)).entries[0]
+        assert gc.is_tracked(entry)
+        box = Box()
+        box.entry = entry
+        entry.fields["box"] = box  # type: ignore[assignment]
+        gone = weakref.ref(box)
+        del entry, box
+        gc.collect()
+        assert gone() is None, "C" if c else "Python"
