@@ -110,6 +110,49 @@ static PyObject *decode_lower_uncached(const unsigned char *p, Py_ssize_t n)
     return low;
 }
 
+/* The member name in the header at h: the name field (not empty: the caller checks), after the
+   ustar prefix and a '/' where the POSIX magic says there is one (copied into out, which holds
+   258 bytes); *len is its length. */
+static const unsigned char *member_name(const unsigned char *h, unsigned char *out, Py_ssize_t *len)
+{
+    Py_ssize_t nlen = (Py_ssize_t)strnlen((const char *)h, 100);
+    if (memcmp(h + 257, "ustar\0", 6) != 0 || h[345] == 0) {
+        *len = nlen;
+        return h;
+    }
+    Py_ssize_t plen = (Py_ssize_t)strnlen((const char *)h + 345, 155);
+    memcpy(out, h + 345, plen);
+    out[plen] = '/';
+    memcpy(out + plen + 1, h, nlen);
+    *len = plen + 1 + nlen;
+    return out;
+}
+
+/* The key rule (tario.split_key): the index of the dot that ends the key -- the first dot of the
+   name's last path component, not its first character -- or -1 where the name has no key; *start
+   is where the key begins, after any leading "./" ('tar -C dir .'). */
+static Py_ssize_t key_dot(const unsigned char *np, Py_ssize_t nlen, Py_ssize_t *start)
+{
+    Py_ssize_t slash = -1, dot = -1;
+    for (Py_ssize_t i = nlen - 1; i >= 0; i--)
+        if (np[i] == '/') {
+            slash = i;
+            break;
+        }
+    for (Py_ssize_t i = slash + 1; i < nlen; i++)
+        if (np[i] == '.') {
+            dot = i;
+            break;
+        }
+    if (dot <= slash + 1)
+        return -1;
+    Py_ssize_t k = 0;
+    while (k + 1 < dot && np[k] == '.' && np[k + 1] == '/')
+        k += 2;
+    *start = k;
+    return dot;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args)
 {
     Py_buffer view;
@@ -162,20 +205,10 @@ static PyObject *scan(PyObject *self, PyObject *args)
             as_ref = 1;
         }
 
-        /* name, with the ustar prefix when the POSIX magic says there is one */
-        Py_ssize_t nlen = (Py_ssize_t)strnlen((const char *)h, 100);
-        if (nlen == 0)
-            break;
-        const unsigned char *np = h;
-        if (memcmp(h + 257, "ustar\0", 6) == 0 && h[345] != 0) {
-            Py_ssize_t plen = (Py_ssize_t)strnlen((const char *)h + 345, 155);
-            memcpy(name, h + 345, plen);
-            name[plen] = '/';
-            memcpy(name + plen + 1, h, nlen);
-            nlen += plen + 1;
-            np = name;
-        }
-
+        if (h[0] == 0)
+            break; /* no name */
+        Py_ssize_t nlen;
+        const unsigned char *np = member_name(h, name, &nlen);
         if (np[nlen - 1] == '/')
             break; /* an old-style directory entry: the Python parser reads it */
 
@@ -197,26 +230,13 @@ static PyObject *scan(PyObject *self, PyObject *args)
             goto fail;
         }
         if (keyed) {
-            Py_ssize_t slash = -1, dot = -1;
-            for (Py_ssize_t i = nlen - 1; i >= 0; i--)
-                if (np[i] == '/') {
-                    slash = i;
-                    break;
-                }
-            for (Py_ssize_t i = slash + 1; i < nlen; i++)
-                if (np[i] == '.') {
-                    dot = i;
-                    break;
-                }
+            Py_ssize_t start = 0, dot = key_dot(np, nlen, &start);
             PyObject *key, *field;
-            if (dot <= slash + 1) {
+            if (dot < 0) {
                 key = Py_None;
                 Py_INCREF(key);
                 field = decode(np, nlen);
             } else {
-                Py_ssize_t start = 0; /* without the leading "./" of 'tar -C dir .' */
-                while (start + 1 < dot && np[start] == '.' && np[start + 1] == '/')
-                    start += 2;
                 key = decode(np + start, dot - start);
                 field = decode_lower(np + dot + 1, nlen - dot - 1);
             }
@@ -259,17 +279,8 @@ static PyObject *scan(PyObject *self, PyObject *args)
     PyObject *last = Py_None;
     Py_INCREF(last);
     if (last_header >= 0) {
-        const unsigned char *h = buf + last_header;
-        Py_ssize_t nlen = (Py_ssize_t)strnlen((const char *)h, 100);
-        const unsigned char *np = h;
-        if (memcmp(h + 257, "ustar\0", 6) == 0 && h[345] != 0) {
-            Py_ssize_t plen = (Py_ssize_t)strnlen((const char *)h + 345, 155);
-            memcpy(name, h + 345, plen);
-            name[plen] = '/';
-            memcpy(name + plen + 1, h, nlen);
-            nlen += plen + 1;
-            np = name;
-        }
+        Py_ssize_t nlen;
+        const unsigned char *np = member_name(buf + last_header, name, &nlen);
         Py_SETREF(last, decode(np, nlen));
         if (last == NULL)
             goto fail;
@@ -519,38 +530,15 @@ static PyObject *index_file(PyObject *self, PyObject *args)
             continue;
         }
 
-        /* the name, as scan reads it */
-        Py_ssize_t nlen = (Py_ssize_t)strnlen((const char *)h, 100);
-        if (nlen == 0)
-            goto give_up;
-        const unsigned char *np = h;
-        if (memcmp(h + 257, "ustar\0", 6) == 0 && h[345] != 0) {
-            Py_ssize_t plen = (Py_ssize_t)strnlen((const char *)h + 345, 155);
-            memcpy(name, h + 345, plen);
-            name[plen] = '/';
-            memcpy(name + plen + 1, h, nlen);
-            nlen += plen + 1;
-            np = name;
-        }
+        if (h[0] == 0)
+            goto give_up; /* no name */
+        Py_ssize_t nlen, kstart = 0;
+        const unsigned char *np = member_name(h, name, &nlen);
         if (np[nlen - 1] == '/')
             goto give_up;
-        /* the key rule (tario.split_key): up to the first dot of the last path component */
-        Py_ssize_t slash = -1, dot = -1;
-        for (Py_ssize_t i = nlen - 1; i >= 0; i--)
-            if (np[i] == '/') {
-                slash = i;
-                break;
-            }
-        for (Py_ssize_t i = slash + 1; i < nlen; i++)
-            if (np[i] == '.') {
-                dot = i;
-                break;
-            }
-        if (dot <= slash + 1)
+        Py_ssize_t dot = key_dot(np, nlen, &kstart);
+        if (dot < 0)
             goto give_up; /* no key */
-        Py_ssize_t kstart = 0;
-        while (kstart + 1 < dot && np[kstart] == '.' && np[kstart + 1] == '/')
-            kstart += 2;
         const unsigned char *kp = np + kstart;
         Py_ssize_t klen = dot - kstart;
         if (kp[0] == '_' || (nlen - dot - 1 >= 2 && np[dot + 1] == '_' && np[dot + 2] == '_'))

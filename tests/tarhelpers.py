@@ -48,6 +48,26 @@ def write_tar(path: str | os.PathLike[str], samples: Iterable[dict[str, Any]], *
     return Path(path)
 
 
+def tarfile_shard(path: Path, members: Iterable[tuple[str, Any]], fmt: int = tarfile.GNU_FORMAT,
+                  link: bytes = tarfile.SYMTYPE) -> Path:
+    """A tar written by Python's tarfile in format ``fmt``: members are (name, bytes) files, (name,
+    None) directories and (name, "->target") links of type ``link`` (tarfile.LNKTYPE: hard)."""
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tf.addfile(info)
+            elif isinstance(data, str):
+                info.type = link
+                info.linkname = data[2:]
+                tf.addfile(info)
+            else:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return path
+
+
 def samples(
     source: bytes | str | os.PathLike[str] | list[str], **kw: Any
 ) -> list[tuple[str, dict[str, bytes]]]:

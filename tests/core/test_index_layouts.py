@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tarhelpers import write_sparse_file
+from tarhelpers import tarfile_shard, write_sparse_file
 
 from tarproc import TarWriter, read_samples
 from tarproc.errors import LinkError
@@ -25,17 +25,7 @@ def as_dicts(samples: Any) -> list[tuple[str, dict[str, bytes]]]:
 
 def linked_shard(path: Path, members: list[tuple[str, bytes | str]]) -> Path:
     """A GNU tar whose members are (name, bytes) or (name, "->target") for a hard link."""
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            if isinstance(data, str):
-                info.type = tarfile.LNKTYPE
-                info.linkname = data[2:]
-                tf.addfile(info)
-            else:
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-    return path
+    return tarfile_shard(path, members, link=tarfile.LNKTYPE)
 
 
 def test_hard_link_is_refused_or_left_out(tmp_path, reader):

@@ -10,7 +10,6 @@ The tarproc format's lines (``_speedups.jsonl_lines``) are compared with ``_json
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import shutil
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tarhelpers import tarfile_shard
 
 import tarproc.index as index_module
 from tarproc import TarWriter
@@ -87,20 +87,7 @@ def ours(path: Path, rng: random.Random, n: int = 12) -> Path:
 
 def with_tarfile(path: Path, fmt: int, members: list[tuple[str, Any]]) -> Path:
     """Python tarfile: (name, bytes) files, (name, None) directories, (name, "->x") symlinks."""
-    with tarfile.open(path, "w", format=fmt) as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                tf.addfile(info)
-            elif isinstance(data, str):
-                info.type = tarfile.SYMTYPE
-                info.linkname = data[2:]
-                tf.addfile(info)
-            else:
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-    return path
+    return tarfile_shard(path, members, fmt)
 
 
 PLAIN_MEMBERS = [
