@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from tarhelpers import c_or_python
+from tarhelpers import built, c_or_python
 
 import tarproc.tario as tario
 from tarproc.errors import TarprocError
@@ -201,9 +201,7 @@ def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 @pytest.fixture
 def c_scan() -> Any:
     """The C scanner, skipping the test when it is not built."""
-    if _C_SCAN is None:
-        pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
-    return _C_SCAN
+    return built(_C_SCAN)
 
 
 @pytest.fixture

@@ -165,14 +165,19 @@ def settled(probe: Callable[[], list[int]], timeout: float = 5.0, interval: floa
         time.sleep(interval)
 
 
+def built(c_value: Any) -> Any:
+    """A C fast path (``c_value``), skipping the test where it is not built (None)."""
+    if c_value is None:
+        pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
+    return c_value
+
+
 def c_or_python(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, module: Any, name: str,
                 c_value: Any) -> str:
     """For a fixture with params ["c-...", "python-..."]: set ``module.name`` to the C fast path
     (``c_value``; the test is skipped when it is not built) or to None (the Python reference)."""
     if request.param.startswith("c-"):
-        if c_value is None:
-            pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
-        monkeypatch.setattr(module, name, c_value)
+        monkeypatch.setattr(module, name, built(c_value))
     else:
         monkeypatch.setattr(module, name, None)
     return str(request.param)

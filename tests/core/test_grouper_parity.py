@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 import pytest
+from tarhelpers import built
 
 import tarproc.samples as samples_module
 from tarproc.errors import DuplicateError
@@ -22,9 +23,7 @@ C_GROUPER = samples_module._Grouper
 
 @pytest.fixture
 def c_grouper() -> Any:
-    if C_GROUPER is None:
-        pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
-    return C_GROUPER
+    return built(C_GROUPER)
 
 
 def _members(rng: random.Random, n: int) -> list[tuple[Any, str, bytes, int]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tarhelpers import tarfile_shard
+from tarhelpers import built, tarfile_shard
 
 import tarproc.index as index_module
 from tarproc import TarWriter
@@ -34,9 +34,7 @@ C_LINES = index_module._jsonl_lines
 
 @pytest.fixture
 def c_index() -> Any:
-    if C_INDEX is None:
-        pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
-    return C_INDEX
+    return built(C_INDEX)
 
 
 def outcome(monkeypatch: pytest.MonkeyPatch, path: Path, c: Any, **kw: Any) -> tuple[Any, ...]:
@@ -240,9 +238,7 @@ def python_lines(entries: list[Any]) -> bytes:
 
 @pytest.fixture
 def c_lines() -> Any:
-    if C_LINES is None:
-        pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
-    return C_LINES
+    return built(C_LINES)
 
 
 def test_lines_alike(tmp_path, c_lines):

@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 import pytest
+from tarhelpers import built
 
 import tarproc.tario as tario
 from tarproc.errors import TarprocError
@@ -22,9 +23,7 @@ C_PACK = tario._pack  # what the import found: None when the extension is not bu
 
 @pytest.fixture
 def c_pack() -> Any:
-    if C_PACK is None:
-        pytest.skip("tarproc._speedups is not built (or TARPROC_PURE_PYTHON is set)")
-    return C_PACK
+    return built(C_PACK)
 
 
 class CountingPack:
