@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import random
 import shutil
 import stat
 import subprocess
@@ -378,6 +379,23 @@ def test_a_file_sink_hashes_the_file_it_wrote_data_sent_by_the_kernel_included(k
     if "://" in url:
         fsspec.filesystem("memory").rm("/tarproc-core-tests", recursive=True)
     assert not any(t.name == "tarproc-sha256" and t.is_alive() for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("total", [0, 1, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) + 5])
+def test_a_file_sink_hashes_every_byte_whatever_the_batches(tmp_path, total):
+    """The writer tells the hashing thread its count a MiB at a time, and the rest when the digest
+    is asked for: short files, files of whole batches and files with a partial last batch are all
+    hashed whole."""
+    assert sinks._FileHasher._BATCH == 1 << 20
+    rng = random.Random(total)
+    data = rng.randbytes(total)
+    with open_sink(str(tmp_path / "d.tar"), digest=True) as sink:
+        at = 0
+        while at < total:
+            n = min(total - at, rng.choice([1, 511, 4096, 70_000, 600_000]))
+            sink.write(data[at : at + n])
+            at += n
+    assert sink.sha256 == hashlib.sha256(data).hexdigest() and sink.bytes == total
 
 
 def test_a_file_sink_that_cannot_read_back_what_it_wrote_publishes_nothing(tmp_path, monkeypatch):
