@@ -19,7 +19,8 @@ def main() -> None:
         sys.stderr.write(f"usage: python -m tarproc.cli.run {{{','.join(COMMANDS)}}} [ARGS]...\n")
         sys.exit(2)
     name = sys.argv[1]
-    load(name).main(args=sys.argv[2:], prog_name=name)
+    sys.argv = [name, *sys.argv[2:]]
+    load(name).main(prog_name=name)  # no args: the command reads sys.argv, as a console script does
 
 
 if __name__ == "__main__":
