@@ -301,7 +301,8 @@ fail:
  *
  * tarproc.index's builder for the plain shard it meets most: a regular file read with pread from
  * file offset `origin`, seeking past member data (only headers are read). It handles ustar/GNU/v7
- * headers of regular files (with the rules of scan above) and directories; every member has a key,
+ * headers of regular files (with the rules of scan above) and directories, GNU long names, and pax
+ * headers that give a path or nothing the reader takes (times, owners); every member has a key,
  * no name is metadata, no field repeats in a sample, no key reappears, and the archive ends with a
  * zero block followed by zeros only, up to the end of the file. Anything else -- another type, a
  * checksum scan would not take, a size over the limit, a name without a key, a file that ends
@@ -314,6 +315,7 @@ fail:
 #define INDEX_CHUNK (256 * 1024) /* read at a time where members are small */
 #define INDEX_HEAD 4096          /* read after the first data that was skipped */
 #define INDEX_SKIP (64 * 1024)   /* data this big is skipped, not read, when it runs past what is held */
+#define INDEX_LONG_NAME 4096     /* the longest GNU long name indexed here (PATH_MAX) */
 
 typedef struct {
     int fd;
@@ -323,11 +325,14 @@ typedef struct {
     Py_ssize_t len;  /* bytes held */
 } Window;
 
-/* Hold [pos, pos + 512); 1, or 0 where the file ends first, -1 where reading fails. */
-static int window_at(Window *w, long long pos, Py_ssize_t chunk)
+/* Hold [pos, pos + need) (need at most INDEX_CHUNK), reading chunk bytes or need, whichever is
+   more, where it isn't held; 1, or 0 where the file ends first, -1 where reading fails. */
+static int window_at(Window *w, long long pos, Py_ssize_t need, Py_ssize_t chunk)
 {
-    if (pos >= w->start && pos + 512 <= w->start + w->len)
+    if (pos >= w->start && pos + need <= w->start + w->len)
         return 1;
+    if (chunk < need)
+        chunk = need;
     Py_ssize_t got = 0;
     while (got < chunk) {
         ssize_t r;
@@ -345,7 +350,7 @@ static int window_at(Window *w, long long pos, Py_ssize_t chunk)
     }
     w->start = pos;
     w->len = got;
-    return got >= 512;
+    return got >= need;
 }
 
 static const unsigned char zero_block[512];
@@ -470,6 +475,36 @@ static int sample_add(IndexSample *s, const unsigned char *np, Py_ssize_t nlen, 
     return 0;
 }
 
+/* Pax records (tario._parse_pax's syntax, read strictly: a decimal length, a space, KEY=VALUE, a
+   newline; NUL padding after the last) that the index can take: 1 where none of them sets a key
+   the reader takes but path (linkpath, size, GNU.sparse.*), with *path the value of the last path
+   record (NULL: none) and *path_len its length; 0 for anything else (the reference reads it). */
+static int pax_records(const unsigned char *p, Py_ssize_t n, const unsigned char **path, Py_ssize_t *path_len)
+{
+    Py_ssize_t at = 0;
+    *path = NULL;
+    while (at < n && p[at] != 0) {
+        Py_ssize_t i = at, length = 0;
+        while (i < n && p[i] >= '0' && p[i] <= '9' && length < n)
+            length = length * 10 + (p[i++] - '0');
+        if (i == at || i >= n || p[i] != ' ' || length <= i - at + 1 || at + length > n || p[at + length - 1] != '\n')
+            return 0;
+        const unsigned char *kv = p + i + 1, *end = p + at + length - 1, *eq = memchr(kv, '=', (size_t)(end - kv));
+        if (eq == NULL || eq == kv)
+            return 0;
+        Py_ssize_t klen = eq - kv;
+        if (klen == 4 && memcmp(kv, "path", 4) == 0) {
+            *path = eq + 1;
+            *path_len = end - (eq + 1);
+        } else if ((klen == 8 && memcmp(kv, "linkpath", 8) == 0) || (klen == 4 && memcmp(kv, "size", 4) == 0) ||
+                   (klen >= 11 && memcmp(kv, "GNU.sparse.", 11) == 0)) {
+            return 0;
+        }
+        at += length;
+    }
+    return 1;
+}
+
 static PyObject *index_file(PyObject *self, PyObject *args)
 {
     int fd;
@@ -499,19 +534,24 @@ static PyObject *index_file(PyObject *self, PyObject *args)
     long long landed = -1; /* where the read after the last skip began */
     Py_ssize_t chunk = INDEX_CHUNK, head = INDEX_HEAD;
     unsigned char name[256 + 2];
+    /* extension headers for the next member: a GNU long name (long_len >= 0), pax records (pax),
+       with a path (path_len >= 0), which a long name comes before, as in the reader */
+    unsigned char long_name[INDEX_LONG_NAME], pax_path[INDEX_LONG_NAME];
+    Py_ssize_t long_len = -1, path_len = -1;
+    int pax = 0;
 
     for (;;) {
-        int held = window_at(&w, pos, chunk);
+        int held = window_at(&w, pos, 512, chunk);
         if (held <= 0)
             goto give_up;
         const unsigned char *h = w.buf + (pos - w.start);
         if (memcmp(h, zero_block, 512) == 0) {
-            if ((length = zeros_to_end(&w, pos)) < 0)
+            if (long_len >= 0 || pax || (length = zeros_to_end(&w, pos)) < 0)
                 goto give_up;
             break;
         }
         unsigned char tf = h[156];
-        if (tf != '0' && tf != 0 && tf != '7' && tf != '5')
+        if (tf != '0' && tf != 0 && tf != '7' && tf != '5' && tf != 'L' && tf != 'x')
             goto give_up;
         long long stored = parse_octal(h + 148, 8), sum = 8 * ' ';
         for (int i = 0; i < 148; i++)
@@ -523,24 +563,63 @@ static PyObject *index_file(PyObject *self, PyObject *args)
         long long size = parse_octal(h + 124, 12);
         if (size < 0 || size > max_size)
             goto give_up;
+        if (tf == 'L' || tf == 'x') { /* an extension header: its data is small, read it here */
+            long long padded = (size + 511) & ~511LL;
+            if (512 + padded > INDEX_CHUNK || (tf == 'L' && (long_len >= 0 || size > INDEX_LONG_NAME)))
+                goto give_up;
+            if (window_at(&w, pos, 512 + (Py_ssize_t)padded, INDEX_CHUNK) <= 0)
+                goto give_up;
+            const unsigned char *data = w.buf + (pos - w.start) + 512;
+            if (tf == 'L') { /* the name, up to its first NUL */
+                long_len = (Py_ssize_t)strnlen((const char *)data, (size_t)size);
+                memcpy(long_name, data, (size_t)long_len);
+            } else { /* a second pax header replaces the first, as in the reader */
+                const unsigned char *path;
+                Py_ssize_t len = 0;
+                if (!pax_records(data, (Py_ssize_t)size, &path, &len) || len > INDEX_LONG_NAME)
+                    goto give_up;
+                pax = 1;
+                path_len = path == NULL ? -1 : len;
+                if (path != NULL)
+                    memcpy(pax_path, path, (size_t)len);
+            }
+            pos += 512 + padded;
+            chunk = INDEX_CHUNK;
+            continue;
+        }
         if (tf == '5') { /* a directory: no data, whatever its size field says */
             dirs++;
             pos += 512;
             chunk = INDEX_CHUNK;
+            long_len = path_len = -1;
+            pax = 0;
             continue;
         }
 
-        if (h[0] == 0)
-            goto give_up; /* no name */
         Py_ssize_t nlen, kstart = 0;
-        const unsigned char *np = member_name(h, name, &nlen);
-        if (np[nlen - 1] == '/')
+        const unsigned char *np;
+        if (long_len >= 0) {
+            np = long_name;
+            nlen = long_len;
+        } else if (path_len >= 0) {
+            np = pax_path;
+            nlen = path_len;
+        } else {
+            if (h[0] == 0)
+                goto give_up; /* no name */
+            np = member_name(h, name, &nlen);
+        }
+        long_len = path_len = -1;
+        pax = 0;
+        if (nlen == 0 || np[nlen - 1] == '/')
             goto give_up;
         Py_ssize_t dot = key_dot(np, nlen, &kstart);
         if (dot < 0)
             goto give_up; /* no key */
         const unsigned char *kp = np + kstart;
         Py_ssize_t klen = dot - kstart;
+        if (klen > (Py_ssize_t)sizeof(s.key))
+            goto give_up;
         if (kp[0] == '_' || (nlen - dot - 1 >= 2 && np[dot + 1] == '_' && np[dot + 2] == '_'))
             goto give_up; /* maybe metadata */
 

@@ -242,8 +242,9 @@ def index_stream(
 def _index_local_file(stream: Any, url: str | None, max_member_size: int, stats: ReadStats | None) -> ShardIndex | None:
     """The index of a plain local file by the C builder, which reads only its headers (pread, from
     where the stream stands, which it leaves there); None where it is not built, the stream is not
-    such a file, or the shard has anything but regular members with keys, directories and a proper
-    end (links, long names, metadata, duplicates, damage): the Python builder then indexes it."""
+    such a file, or the shard has anything but regular members with keys (GNU long names and pax
+    paths included), directories and a proper end (links, sparse files, pax sizes, metadata,
+    duplicates, damage): the Python builder then indexes it."""
     file_origin = getattr(stream, "file_origin", None)
     found = file_origin() if _index_file is not None and file_origin is not None else None
     if found is None:
