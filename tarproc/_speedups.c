@@ -315,7 +315,7 @@ fail:
 #define INDEX_CHUNK (256 * 1024) /* read at a time where members are small */
 #define INDEX_HEAD 4096          /* read after the first data that was skipped */
 #define INDEX_SKIP (64 * 1024)   /* data this big is skipped, not read, when it runs past what is held */
-#define INDEX_LONG_NAME 4096     /* the longest GNU long name indexed here (PATH_MAX) */
+#define INDEX_LONG_NAME 4096     /* the longest long name or pax path indexed here (PATH_MAX, without its NUL) */
 
 typedef struct {
     int fd;
@@ -383,7 +383,7 @@ static long long zeros_to_end(Window *w, long long pos)
 
 /* The sample being built: its key's bytes, and the objects an entry is made of. */
 typedef struct {
-    unsigned char key[512];
+    unsigned char key[INDEX_LONG_NAME];
     Py_ssize_t klen;
     PyObject *key_obj, *fields, *names;
     long long offset, end;
@@ -565,13 +565,15 @@ static PyObject *index_file(PyObject *self, PyObject *args)
             goto give_up;
         if (tf == 'L' || tf == 'x') { /* an extension header: its data is small, read it here */
             long long padded = (size + 511) & ~511LL;
-            if (512 + padded > INDEX_CHUNK || (tf == 'L' && (long_len >= 0 || size > INDEX_LONG_NAME)))
+            if (512 + padded > INDEX_CHUNK || (tf == 'L' && (long_len >= 0 || size > INDEX_LONG_NAME + 1)))
                 goto give_up;
             if (window_at(&w, pos, 512 + (Py_ssize_t)padded, INDEX_CHUNK) <= 0)
                 goto give_up;
             const unsigned char *data = w.buf + (pos - w.start) + 512;
             if (tf == 'L') { /* the name, up to its first NUL */
                 long_len = (Py_ssize_t)strnlen((const char *)data, (size_t)size);
+                if (long_len > INDEX_LONG_NAME)
+                    goto give_up;
                 memcpy(long_name, data, (size_t)long_len);
             } else { /* a second pax header replaces the first, as in the reader */
                 const unsigned char *path;

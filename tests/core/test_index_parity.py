@@ -306,3 +306,14 @@ def test_c_entries_are_collected_like_python_ones(tmp_path, monkeypatch, c_index
         del entry, box
         gc.collect()
         assert gone() is None, "C" if c else "Python"
+
+
+@pytest.mark.parametrize("length", [4095, 4096, 4097])
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT], ids=["gnu", "pax"])
+def test_names_up_to_4096_bytes_are_indexed_in_c_alike(tmp_path, monkeypatch, c_index, length, fmt):
+    """A long name (GNU) or pax path of up to 4096 bytes, key included, is the C builder's; a longer
+    one is the Python builder's, with the same index."""
+    name = "d/" + "a" * (length - 6) + ".jpg"
+    path = with_tarfile(tmp_path / "l.tar", fmt, [(name, b"x"), (name[:-3] + "cls", b"1"), ("e.jpg", b"y")])
+    got, answered = compare(monkeypatch, path, c_index)
+    assert got[0] == "index" and got[3][0].key == name[:-4] and answered == (length <= 4096)
