@@ -364,20 +364,9 @@ static long long zeros_to_end(Window *w, long long pos)
             if (*p)
                 return -1;
         pos = w->start + w->len;
-        Py_ssize_t got = 0;
-        ssize_t r;
-        do {
-            Py_BEGIN_ALLOW_THREADS
-            r = pread(w->fd, w->buf, INDEX_CHUNK, (off_t)(w->origin + pos));
-            Py_END_ALLOW_THREADS
-        } while (r < 0 && errno == EINTR);
-        if (r < 0)
-            return -1;
-        got = r;
-        if (got == 0)
-            return pos;
-        w->start = pos;
-        w->len = got;
+        int held = window_at(w, pos, 1, INDEX_CHUNK);
+        if (held <= 0)
+            return held < 0 ? -1 : pos; /* a read that failed, or the end of the file */
     }
 }
 

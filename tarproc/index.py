@@ -58,7 +58,16 @@ from .errors import (
 )
 from .samples import Sample, _warn_stderr, group_keyed
 from .sources import is_fsspec_url, local_path, open_source
-from .tario import BLOCK, DEFAULT_MAX_MEMBER_SIZE, ReadStats, _read_members, _skipper, iter_members, split_key
+from .tario import (
+    BLOCK,
+    DEFAULT_MAX_MEMBER_SIZE,
+    ReadStats,
+    _file_origin,
+    _read_members,
+    _skipper,
+    iter_members,
+    split_key,
+)
 
 # The C fast paths (tarproc/_speedups.c): the builder for plain local shards (_index_file), which
 # hands every other shard to index_stream's Python code, and the tarproc format's lines
@@ -245,8 +254,7 @@ def _index_local_file(stream: Any, url: str | None, max_member_size: int, stats:
     such a file, or the shard has anything but regular members with keys (GNU long names and pax
     paths included), directories and a proper end (links, sparse files, pax sizes, metadata,
     duplicates, damage): the Python builder then indexes it."""
-    file_origin = getattr(stream, "file_origin", None)
-    found = file_origin() if _index_file is not None and file_origin is not None else None
+    found = _file_origin(stream) if _index_file is not None else None
     if found is None:
         return None
     file, origin = found

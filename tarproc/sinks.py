@@ -158,7 +158,7 @@ class Sink:
         for piece in pieces:
             self.bytes += len(piece)
         if self._sha is not None:
-            self._sha.wrote(pieces)
+            self._sha.wrote(pieces, self.bytes)
 
     def _close_quietly(self) -> None:
         """Close the destination on the way out of an error; a second error would hide the first."""
@@ -227,8 +227,8 @@ class _Hasher:
         while (data := self._queue.get()) is not None:
             self._sha.update(data)
 
-    def wrote(self, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
-        """What one write wrote."""
+    def wrote(self, pieces: Iterable[bytes | bytearray | memoryview], total: int) -> None:
+        """What one write wrote (``total``: the bytes written so far, this write's included)."""
         for piece in pieces:
             self.update(piece)
 
@@ -256,7 +256,7 @@ class _Hasher:
 class _FileHasher:
     """sha256 of a file as it is written, computed in a thread of its own that reads back what was
     written (from the page cache, with ``pread`` into one reused buffer, hashed while it is in the
-    CPU's cache) up to the byte count it is told after each write. Hashing the file itself, the
+    CPU's cache) up to the byte count it is told (``_BATCH`` at a time). Hashing the file itself, the
     digest is that of the bytes written whichever way they went in: data can go file to file in
     the kernel (``sendfile``) and still be hashed, and the writer's thread hands over only counts.
     The thread has a descriptor of its own (``dup``), closed when it ends."""
@@ -279,7 +279,7 @@ class _FileHasher:
             raise SinkError(f"cannot open the file again to hash it: {e.strerror}", url) from None
         self._stopped = False
         self._sha = hashlib.sha256()
-        self._written = 0  # bytes the writer has written
+        self._written = 0  # bytes the writer has written (its sink's count, as last told)
         self._told = 0  # the last count told to the thread
         self._counts: queue.SimpleQueue[int] = queue.SimpleQueue()  # C, no Python-level locks
         self._error: OSError | None = None
@@ -315,11 +315,10 @@ class _FileHasher:
         finally:
             os.close(fd)
 
-    def wrote(self, pieces: Iterable[Any]) -> None:
-        """What one write wrote (its length is what counts)."""
-        for piece in pieces:
-            self._written += len(piece)
-        if self._written - self._told >= self._BATCH:
+    def wrote(self, pieces: Iterable[Any], total: int) -> None:
+        """What one write wrote: only ``total``, the bytes written so far (the sink's count), matters."""
+        self._written = total
+        if total - self._told >= self._BATCH:
             self._told = self._written
             self._counts.put(self._written)
 

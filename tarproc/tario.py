@@ -473,11 +473,17 @@ class FileRange:
 MemberData = bytes | bytearray | memoryview | FileRange  # what the writer writes as a member's data
 
 
+def _file_origin(stream: Any) -> tuple[Any, int] | None:
+    """For a stream that is a plain local file (``Source.file_origin``): the file, and the file
+    offset of the stream's next byte; else None."""
+    where = getattr(stream, "file_origin", None)
+    return where() if where is not None else None  # type: ignore[no-any-return]
+
+
 def _ranges(stream: Any, url: str | None) -> Callable[[int, int], FileRange] | None:
     """For ``refs``: a function making the ``FileRange`` of (stream offset, size) where the stream
-    is a plain local file that can be skipped in (``Source.file_origin``), else None."""
-    where = getattr(stream, "file_origin", None)
-    found = where() if where is not None else None
+    is a plain local file that can be skipped in (``_file_origin``), else None."""
+    found = _file_origin(stream)
     if found is None:
         return None
     file, origin = found
@@ -491,8 +497,7 @@ def _fetcher(stream: Any, url: str | None) -> Callable[[int, int], bytes | FileR
     allocate what the header claims), or that read gives fewer bytes, or the data is over
     ``_PIECE`` (one read can't give 2 GiB), it gives their ``FileRange`` instead: the reader then
     moves past the data, and reads it in pieces (``_fetch``) or calls it truncated."""
-    where = getattr(stream, "file_origin", None)
-    found = where() if where is not None else None
+    found = _file_origin(stream)
     if found is None:
         return None
     file, origin = found
