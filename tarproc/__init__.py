@@ -22,6 +22,7 @@ from .errors import (
     JobError,
     OptionError,
     SampleError,
+    ShardCountError,
     SinkError,
     SourceError,
     TarFormatError,
@@ -36,7 +37,7 @@ from .sources import expand_urls, open_source
 from .tario import ReadStats, TarWriter, iter_members
 
 if TYPE_CHECKING:
-    from .dataset import Dataset, Loader
+    from .dataset import Dataset, Loader, Mix
     from .index import IndexedShard, ShardIndex, build_index
     from .pcat import parallel_samples
     from .process import map_samples, shell_samples
@@ -60,6 +61,7 @@ _LAZY = {
     "EpochEnd": "transport",
     "Dataset": "dataset",
     "Loader": "dataset",
+    "Mix": "dataset",
 }
 
 
@@ -83,11 +85,13 @@ __all__ = [
     "IndexedShard",
     "JobError",
     "Loader",
+    "Mix",
     "OptionError",
     "ReadStats",
     "Receiver",
     "SampleError",
     "Sender",
+    "ShardCountError",
     "ShardInfo",
     "ShardWriter",
     "SinkError",

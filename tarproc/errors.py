@@ -135,6 +135,18 @@ class WireError(TarprocError):
     """
 
 
+class ShardCountError(TarprocError):
+    """A shard holds another number of samples than its recorded count says (a manifest, an index
+    file or a list given as ``lengths``): planning on it would hang ranks or drop samples."""
+
+    def __init__(self, url: str, holds: int, count: int, source: str) -> None:
+        self.holds, self.count, self.source = holds, count, source
+        super().__init__(
+            f"holds {holds} samples, but its count ({source}) says {count}: fix or rebuild the count "
+            f"(tarindex {url}), or pass lengths='auto' to count the shards", url,
+        )
+
+
 class DatasetError(TarprocError):
     """An error in a training dataset's worker process, as the main process receives it.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import itertools
+import json
 import multiprocessing
 import os
 import random
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 
 from ..decode.spec import AugmentSpec, plan_key
 from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder, parse_field_list
-from ..errors import DecodeError, OptionError, TarprocError
+from ..errors import DecodeError, OptionError, ShardCountError, TarprocError
 from ..samples import Sample, read_samples
 from ..sources import expand_urls
 from ..stages import chunked, shuffle
@@ -42,25 +43,41 @@ from .fields import (
     parse_selection,
     pick,
 )
-from .split import Assignment, Part, epoch_order, load_lengths, split_by_shard, split_even
+from .counts import shard_counts
+from .split import (
+    Assignment,
+    Part,
+    decode_work,
+    encode_work,
+    epoch_order,
+    rank_plan,
+    remaining,
+    split_by_shard,
+    split_work,
+    whole_shards,
+)
 
 ON_ERROR = ("fail", "skip")
 _FROZEN: list[bool] = []  # gc.freeze() done in this (worker) process
 DEVICES = ("cpu", "dali-cpu", "gpu")
-STATE_VERSION = 1
+STATE_VERSION = 2
+COUNT_HINT = ("write index files beside the shards with 'tarindex SHARDS' (for remote shards, upload the .idx files "
+              "too), pass lengths='count' to count them by reading each once, or lengths=MANIFEST")
 _PASS_STRIDE = 1_000_000  # repeat=True: pass p of nominal epoch e draws its randomness as epoch e * stride + p
 
 
 class Position(NamedTuple):
     """Where a batch comes from: ``epoch``, the ``consumer`` (rank * workers + worker) of
-    ``consumers``, and how many of the consumer's input samples the epoch has taken up to and
-    including this batch (the count a resumed run skips)."""
+    ``consumers``, how many of the consumer's input samples and batches its pass has taken up to
+    and including this batch (what a resumed run skips), and the pass of a ``repeat=True`` stream."""
 
     epoch: int
     consumer: int
     consumers: int
     taken: int
     url: str | None = None  # the shard the consumer was reading when the batch was complete
+    batches: int = 0
+    pass_: int = 0
 
 
 class EncodedImages(NamedTuple):
@@ -79,17 +96,19 @@ class EpochClock:
     ``set(e)`` writes it there, so persistent workers see it too. Without ``set``, each pass is the
     next epoch: every reader counts the passes it has begun in a slot of its own (worker ``w``
     writes only slot ``w``, so no lock is needed, and the memory works with fork, spawn and
-    forkserver workers alike), and the epoch is the base plus that count.
+    forkserver workers alike), and the epoch is the base plus that count. One more slot says
+    whether a DataLoader's workers read the dataset without its ``Loader`` (whose position then
+    only they know).
     """
 
     SLOTS = 1024  # DataLoader workers per process; more is an error
 
     def __init__(self, epoch: int = 0) -> None:
-        self._shared = multiprocessing.RawArray("q", self.SLOTS + 1)
+        self._shared = multiprocessing.RawArray("q", self.SLOTS + 2)
         self._shared[0] = epoch
 
     def set(self, epoch: int) -> None:
-        self._shared[1:] = [0] * self.SLOTS
+        self._shared[1 : self.SLOTS + 1] = [0] * self.SLOTS
         self._shared[0] = epoch
 
     def begin(self, worker: int) -> int:
@@ -103,7 +122,14 @@ class EpochClock:
     @property
     def epoch(self) -> int:
         """The epoch the next pass will run: the base plus the passes the readers have begun."""
-        return int(self._shared[0]) + max(self._shared[1:])
+        return int(self._shared[0]) + max(self._shared[1 : self.SLOTS + 1])
+
+    @property
+    def in_plain_workers(self) -> bool:
+        return bool(self._shared[self.SLOTS + 1])
+
+    def mark_plain_workers(self, value: bool = True) -> None:
+        self._shared[self.SLOTS + 1] = int(value)
 
     def __reduce__(self) -> tuple[object, ...]:
         from multiprocessing.context import get_spawning_popen
@@ -119,6 +145,19 @@ def _shared_clock(shared: Any) -> EpochClock:
     return clock
 
 
+class _Resume(NamedTuple):
+    """Where a loaded state continues: in ``epoch`` (and ``pass_`` of a repeat stream), either the
+    remaining ``work`` re-planned for any layout (counts), or per consumer the samples and batches
+    to skip (the same layout)."""
+
+    epoch: int
+    generation: int = 0
+    work: list[Part] | None = None
+    skip: dict[int, tuple[int, int, int]] = {}  # consumer -> (pass, samples, batches)
+    consumers: int | None = None  # the readers the skips are for
+    state: Mapping[str, Any] = {}  # the state loaded: still the position until a batch is taken
+
+
 class Dataset:
     """Batches for training from sharded tar files; see ``docs/training.md``.
 
@@ -128,8 +167,8 @@ class Dataset:
     ...     for i in range(5):
     ...         w.write_sample({"__key__": f"k{i}", "cls": i, "txt": f"t{i}"})
     >>> ds = Dataset(path, to_tuple=("cls", "txt"), batch_size=2, tensors="numpy")
-    >>> [(b[0].tolist(), b[1]) for b in ds]
-    [([0, 1], ['t0', 't1']), ([2, 3], ['t2', 't3']), ([4], ['t4'])]
+    >>> [(b[0].tolist(), b[1]) for b in ds], len(ds)
+    ([([0, 1], ['t0', 't1']), ([2, 3], ['t2', 't3']), ([4], ['t4'])], 3)
     """
 
     def __init__(
@@ -149,15 +188,17 @@ class Dataset:
         to_tuple: Sequence[str] | None = None,
         map: Callable[[Sample], Sample | None] | None = None,  # noqa: A002 - the user-facing name
         drop_last: bool = False,
+        pad: bool = False,
         repeat: bool = False,
         batches_per_epoch: int | None = None,
-        lengths: str | os.PathLike[str] | Mapping[str, int] | Sequence[int] | None = None,
+        lengths: Any = "auto",
         rank: int | None = None,
         world_size: int | None = None,
         on_error: str = "fail",
         tensors: str = "auto",
         dup: str = "error",
         max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+        cache_dir: str | None = None,
     ) -> None:
         self.urls = expand_urls([urls] if isinstance(urls, str) else list(urls))
         if not self.urls:
@@ -184,6 +225,8 @@ class Dataset:
             raise OptionError("batches_per_epoch needs repeat=True and must be >= 1")
         if threads < 1:
             raise OptionError(f"bad threads {threads}; must be >= 1")
+        if pad and drop_last:
+            raise OptionError("pad=True and drop_last=True contradict each other: pad fills the last batches, drop_last drops them")
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.shuffle_shards = bool(shuffle) if shuffle_shards is None else shuffle_shards
@@ -198,32 +241,38 @@ class Dataset:
         self.threads = threads
         self.handlers = dict(DEFAULT_HANDLERS if handlers is None else handlers)
         self.selection = parse_selection(to_tuple) if to_tuple is not None else None
+        if pad and self.selection is not None and not any("__valid__" in alts for alts in self.selection):
+            raise OptionError("pad=True marks the padding in __valid__: add '__valid__' to to_tuple")
         self.map = map
         self.drop_last = drop_last
+        self.pad = pad
         self.repeat = repeat
         self.batches_per_epoch = batches_per_epoch
-        self.lengths = load_lengths(lengths, self.urls) if lengths is not None else None
         self.rank, self.world_size = rank, world_size
         if (rank is None) != (world_size is None):
             raise OptionError("give both rank and world_size, or neither (then RANK/WORLD_SIZE or torch.distributed)")
         if rank is not None and world_size is not None and not 0 <= rank < world_size:
             raise OptionError(f"bad rank {rank} of world size {world_size}")
+        found = shard_counts(self.urls, lengths, cache_dir=cache_dir, warn=_warn)
+        self.lengths: dict[str, int] | None = found.counts
+        self.count_sources = found.sources
+        self.uncounted = found.missing
+        if pad and self.lengths is None:
+            raise OptionError(f"pad=True needs sample counts, and {_few(self.uncounted)} have none: {COUNT_HINT}")
         self.on_error = on_error
         self.tensors = tensors
         self.dup = dup
         self.max_member_size = max_member_size
         self.decode_stats = DecodeStats()
         self._clock = EpochClock()
-        self._resume: dict[int, int] = {}  # consumer -> input samples to skip, for the epoch _resume_epoch
-        self._resume_epoch: int | None = None
-        self._resume_start: dict[int, int] = {}  # the same, kept whole for Loader's bookkeeping
-        self._resume_consumers: int | None = None
-        self._taken: dict[int, int] = {}  # in-process iteration: consumer -> samples taken this epoch
+        self._resume: _Resume | None = None
+        self._taken: dict[int, tuple[int, int, int]] = {}  # in-process iteration: consumer -> (pass, samples, batches)
+        self._steps = 0  # in-process iteration: batches yielded this epoch
         self._epoch_seen: int | None = None
-        self._consumers_seen: int | None = None
         self._tagged = False  # set by Loader: yield (Position, batch) pairs
         self._main_decoder: Any = None
         self._reading: str | None = None  # the shard this process is reading now
+        self._warned_uncounted = False
 
     # -- who am I ---------------------------------------------------------------------------------
 
@@ -261,6 +310,12 @@ class Dataset:
         """Numpy arrays to framework tensors: overridden by the torch layer. Here: numpy."""
         return as_numpy(batch)
 
+    @property
+    def agrees_on_the_end(self) -> bool:
+        """True when ranks must agree on the end of each epoch collectively: several ranks and no
+        sample counts (a repeat stream with ``batches_per_epoch`` has equal steps anyway)."""
+        return self.lengths is None and self.rank_world()[1] > 1 and not (self.repeat and self.batches_per_epoch)
+
     # -- epochs and resume -------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
@@ -276,47 +331,90 @@ class Dataset:
 
     @property
     def dropped(self) -> int:
-        """Samples the even split leaves out of every epoch (``total % world_size``; 0 by shard)."""
-        if self.lengths is None:
+        """Samples each epoch leaves out (only ``drop_last=True``: what is left after the full batches)."""
+        if self.lengths is None or not self.drop_last:
             return 0
-        return sum(self.lengths.values()) % self.rank_world()[1]
+        total = sum(self.lengths.values())
+        _, world = self.rank_world()
+        return rank_plan(total, 0, world, self.batch_size, drop_last=True).dropped
+
+    def __len__(self) -> int:
+        """Batches per rank in an epoch (the next one, after a resume: what is left of it); known
+        with sample counts, or ``batches_per_epoch`` for a repeat stream."""
+        if self.repeat:
+            if self.batches_per_epoch is None:
+                raise TypeError("a repeat=True stream has no length: give batches_per_epoch")
+            return self.batches_per_epoch
+        if self.lengths is None:
+            raise TypeError(f"no length: {_few(self.uncounted)} have no sample count ({COUNT_HINT})")
+        rank, world = self.rank_world()
+        epoch = self.epoch
+        return int(split_work(self._work(epoch), rank, world, 0, 1, self.batch_size, self.drop_last, self.pad).steps or 0)
+
+    def _work(self, epoch: int) -> list[Part]:
+        """The work of ``epoch`` (with counts): what a loaded state left of it, or every shard."""
+        assert self.lengths is not None
+        if self._resume is not None and self._resume.epoch == epoch and self._resume.work is not None:
+            return self._resume.work
+        return whole_shards(epoch_order(self.urls, self.seed, epoch, self.shuffle_shards), self.lengths)
 
     def assignment(self, epoch: int, rank: int, world_size: int, worker: int, workers: int) -> Assignment:
         """What consumer ``(rank, worker)`` reads in ``epoch`` (see ``tarproc.dataset.split``)."""
-        order = epoch_order(self.urls, self.seed, epoch, self.shuffle_shards)
         if self.lengths is not None:
-            return split_even(order, self.lengths, rank, world_size, worker, workers)
-        return split_by_shard(order, rank * workers + worker, world_size * workers)
+            return split_work(self._work(epoch), rank, world_size, worker, workers, self.batch_size, self.drop_last,
+                              self.pad)
+        return split_by_shard(epoch_order(self.urls, self.seed, epoch, self.shuffle_shards), rank * workers + worker,
+                              world_size * workers)
+
+    def _sample_seed(self, epoch: int, generation: int, consumer: int) -> int:
+        return random.Random(f"{self.seed}/samples/{epoch}/{generation}/{consumer}").getrandbits(63)
 
     def state_dict(self) -> dict[str, Any]:
         """Where in-process iteration (no DataLoader workers) stands; ``Loader.state_dict`` for workers."""
-        return self._state(self._epoch_seen, self._consumers_seen, self._taken)
+        if self._clock.in_plain_workers:
+            raise OptionError(
+                "the position is in the DataLoader's workers, which a plain DataLoader doesn't report: iterate "
+                "ds.loader(num_workers=N) instead and take loader.state_dict()"
+            )
+        return self._state(self._epoch_seen, 1, self._steps, self._taken)
 
-    def _state(self, epoch: int | None, consumers: int | None, taken: Mapping[int, int]) -> dict[str, Any]:
+    def _state(self, epoch: int | None, workers: int, steps: int, taken: Mapping[int, tuple[int, int, int]]) -> dict[str, Any]:
+        """The state of an epoch (``epoch`` None: nothing taken yet) whose ranks took ``steps``
+        batches each, read by ``workers`` per rank; ``taken``: per consumer (pass, samples, batches)."""
+        resume = self._resume if self._resume is not None and self._resume.epoch == epoch else None
+        if resume is not None and resume.state and not steps:
+            return dict(resume.state)  # nothing taken since it was loaded: the position it gave
         rank, world = self.rank_world()
-        return {
-            "version": STATE_VERSION, "seed": self.seed, "epoch": self.epoch if epoch is None else epoch,
-            "rank": rank, "world_size": world, "consumers": consumers, "taken": {str(c): n for c, n in taken.items()},
+        state: dict[str, Any] = {
+            "version": STATE_VERSION, "seed": self.seed, "fingerprint": self._fingerprint(),
+            "epoch": self.epoch if epoch is None else epoch, "world_size": world, "workers": workers,
         }
+        if epoch is None:
+            return {**state, "mode": "start"}
+        if self.lengths is not None and not self.repeat:
+            work = resume.work if resume is not None else None
+            return {
+                **state, "mode": "steps", "steps": steps, "generation": resume.generation if resume is not None else 0,
+                "plan": {"batch_size": self.batch_size, "drop_last": self.drop_last, "pad": self.pad,
+                         "shuffle": self.shuffle, "shuffle_shards": self.shuffle_shards},
+                "work": None if work is None else encode_work(work, self.urls),
+            }
+        return {**state, "mode": "readers", "rank": rank, "counted": self.lengths is not None, "repeat": self.repeat,
+                "taken": {str(c): list(t) for c, t in taken.items()}}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue where ``state`` (from ``state_dict``) stood: the same epoch, each consumer
-        skipping the samples it had taken (same seed, world size and number of workers)."""
-        try:
-            version, seed, epoch = state["version"], state["seed"], int(state["epoch"])
-            consumers = state["consumers"]
-            taken = {int(c): int(n) for c, n in state["taken"].items()}
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise OptionError("not a tarproc dataset state (expected the dict state_dict() returned)") from None
-        if version != STATE_VERSION:
-            raise OptionError(f"dataset state version {version} is not supported (this is version {STATE_VERSION})")
-        if self.repeat:
-            raise OptionError("resume needs epochs: a repeat=True stream has no position to return to (use set_epoch)")
-        if seed != self.seed:
-            raise OptionError(f"the state is for seed {seed}, this dataset has seed {self.seed}: resume with the same seed")
-        self._clock.set(epoch)
-        self._resume, self._resume_start, self._resume_epoch = dict(taken), dict(taken), epoch
-        self._resume_consumers = None if consumers is None else int(consumers)
+    def _fingerprint(self) -> str:
+        import hashlib
+
+        text = json.dumps([self.urls, self.lengths and [self.lengths[u] for u in self.urls]])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def load_state_dict(self, state: Mapping[str, Any], workers: int | None = None) -> None:
+        """Continue where ``state`` (from ``state_dict``) stood. With sample counts (not a repeat
+        stream), any rank's state resumes every rank on any world size and number of workers; else
+        each rank loads its own state and runs with the same world size and ``workers``."""
+        resume = parse_state(self, state, workers)
+        self._resume = resume
+        self._clock.set(resume.epoch)
 
     # -- the pipeline ------------------------------------------------------------------------------
 
@@ -344,72 +442,108 @@ class Dataset:
     def _iterate(self) -> Iterator[Any]:
         rank, world = self.rank_world()
         worker, workers, in_worker = self.worker_info()
+        if in_worker and not self._tagged:
+            if self.agrees_on_the_end:
+                raise OptionError(
+                    f"{world} ranks and no sample counts for {_few(self.uncounted)}: the ranks would take unequal "
+                    f"numbers of steps and hang. Iterate ds.loader(num_workers=N), which ends the epoch on every rank "
+                    f"together, or give counts ({COUNT_HINT})"
+                )
+            self._clock.mark_plain_workers()
+        elif not in_worker:
+            self._clock.mark_plain_workers(False)
         epoch = self._clock.begin(worker)
         consumers = world * workers
         consumer = rank * workers + worker
-        skip = 0
-        if self._resume_epoch == epoch:
-            if self._resume_consumers is not None and self._resume_consumers != consumers:
-                raise OptionError(
-                    f"the saved state is for {self._resume_consumers} readers (ranks x workers), this run has "
-                    f"{consumers}: resume with the same world size and num_workers"
-                )
-            skip = self._resume.pop(consumer, 0)
+        resume = self._resume if self._resume is not None and self._resume.epoch == epoch else None
+        if resume is not None and resume.consumers is not None and resume.consumers != consumers:
+            raise OptionError(
+                f"the saved state is for {resume.consumers} readers (ranks x workers), this run has {consumers}: "
+                "without sample counts (or for a repeat=True stream) resume with the same world size and num_workers"
+            )
         if self.decodes_in_main and in_worker and not self._tagged:
             raise OptionError(
                 f"device={self.device!r} with decoding in the main process (CUDA can't run in forked DataLoader "
                 "workers): iterate ds.loader(num_workers=N) instead of DataLoader(ds, ...)"
             )
+        skip = resume.skip.get(consumer, (0, 0, 0)) if resume is not None else (0, 0, 0)
         if not in_worker:
-            self._epoch_seen, self._consumers_seen = epoch, consumers
+            self._epoch_seen, self._steps = epoch, 0
             self._taken = {consumer: skip}
-        batches = self._batches(epoch, rank, world, worker, workers, skip)
+        batches = self._batches(epoch, rank, world, worker, workers, resume, skip)
         if self.batches_per_epoch is not None:
             base, extra = divmod(self.batches_per_epoch, workers)
             batches = itertools.islice(batches, base + (1 if worker < extra else 0))
-        for taken, batch in batches:
+        for position, batch in batches:
             if self._tagged:  # the Loader keeps the position (and decodes, when decoding in main)
-                yield Position(epoch, consumer, consumers, taken, self._reading), batch
+                yield position._replace(consumer=consumer, consumers=consumers), batch
                 continue
             if not in_worker:
-                self._taken[consumer] = taken
+                self._taken[consumer] = (position.pass_, position.taken, position.batches)
+                self._steps += 1
                 if self.decodes_in_main:
                     batch = self.finish(batch)
             yield batch
 
-    def _batches(self, epoch: int, rank: int, world: int, worker: int, workers: int, skip: int) -> Iterator[tuple[int, Any]]:
-        """``(samples taken so far, batch)`` for one consumer: one epoch, or passes without end."""
-        passes = itertools.count() if self.repeat else [0]
-        for p in passes:
-            run_epoch = epoch * _PASS_STRIDE + p if self.repeat else epoch
+    def _batches(
+        self, epoch: int, rank: int, world: int, worker: int, workers: int, resume: _Resume | None,
+        skip: tuple[int, int, int],
+    ) -> Iterator[tuple[Position, Any]]:
+        """``(position, batch)`` for one consumer: one epoch, or passes without end."""
+        consumer = rank * workers + worker
+        generation = resume.generation if resume is not None else 0
+        if not self.repeat:
+            assignment = self.assignment(epoch, rank, world, worker, workers)
+            yield from self._epoch_batches(assignment, epoch, epoch, generation, consumer, skip[1], skip[2], 0)
+            return
+        first_pass, skip_samples, skip_batches = skip
+        for p in itertools.count(first_pass):
+            run_epoch = epoch * _PASS_STRIDE + p
             assignment = self.assignment(run_epoch, rank, world, worker, workers)
-            if self.repeat and not assignment.parts:
+            if not assignment.parts:
                 return  # nothing to read (more readers than samples): an empty stream, not a spin
-            yield from self._epoch_batches(assignment, run_epoch, rank * workers + worker, skip if p == 0 else 0)
+            if p == first_pass and assignment.batches is not None and skip_batches:
+                skip_samples = sum(assignment.batches[:skip_batches])  # with counts: by batches (any rank)
+            yield from self._epoch_batches(assignment, epoch, run_epoch, 0, consumer,
+                                           skip_samples if p == first_pass else 0,
+                                           skip_batches if p == first_pass else 0, p)
 
-    def _epoch_batches(self, assignment: Assignment, epoch: int, consumer: int, skip: int) -> Iterator[tuple[int, Any]]:
+    def _epoch_batches(
+        self, assignment: Assignment, epoch: int, run_epoch: int, generation: int, consumer: int, skip: int,
+        skip_batches: int, pass_: int,
+    ) -> Iterator[tuple[Position, Any]]:
         samples: Iterable[Sample] = self._read(assignment.parts)
-        if self.map is not None:
-            samples = (m for m in (self.map(s) for s in samples) if m is not None)
         if self.shuffle:
-            seed = random.Random(f"{self.seed}/samples/{epoch}/{consumer}").getrandbits(63)
-            samples = shuffle(samples, self.shuffle, seed=seed)
-        taken = skip
+            samples = shuffle(samples, self.shuffle, seed=self._sample_seed(run_epoch, generation, consumer))
+        if self.pad:
+            samples = itertools.chain(_valid(samples, True), _valid(self._read(assignment.pad_parts), False))
+            samples = itertools.islice(samples, assignment.samples + assignment.pad)
+        taken, made = skip, skip_batches
         if skip:
             samples = itertools.islice(samples, skip, None)
+        sizes: Iterable[int] = itertools.repeat(self.batch_size)
+        if assignment.batches is not None:
+            sizes = assignment.batches[skip_batches:]
         decoder = None
         if self.spec is not None and not self.decodes_in_main:
-            decoder = make_decoder(self.spec, self.device, self.batch_size, self.threads)
+            decoder = make_decoder(self.spec, self.device, self.batch_size + 1, self.threads)
         try:
-            for chunk in chunked(samples, self.batch_size):
+            for chunk in _chunks(samples, sizes):
                 taken += len(chunk)
-                if self.drop_last and len(chunk) < self.batch_size:
+                made += 1
+                if self.drop_last and assignment.batches is None and len(chunk) < self.batch_size:
                     break
-                rows = self._rows(chunk, decoder, epoch)
-                if rows and self.decodes_in_main:
-                    yield taken, _bundle_encoded(rows)  # decoded (and made tensors) by finish()
-                elif rows:
-                    yield taken, self.to_tensors(collate(rows))
+                rows = self._rows(chunk, decoder, run_epoch)
+                position = Position(epoch, consumer, 0, taken, self._reading, made, pass_)
+                if not rows:
+                    if assignment.batches is not None:
+                        raise DecodeError(f"every sample of a batch of {len(chunk)} was skipped: the ranks would "
+                                          "take unequal numbers of steps", self._reading)
+                    continue
+                if self.decodes_in_main:
+                    yield position, _bundle_encoded(rows)  # decoded (and made tensors) by finish()
+                else:
+                    yield position, self.to_tensors(collate(rows))
         finally:
             if decoder is not None:
                 decoder.close()
@@ -418,17 +552,29 @@ class Dataset:
         for part in parts:
             self._reading = part.url
             samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size)
+            index = -1
             try:
                 for index, sample in enumerate(samples):
                     if part.stop is not None and index >= part.stop:
+                        if part.count is not None and part.stop == part.count:  # the shard's end: check its count
+                            self._count_error(part, index + 1 + sum(1 for _ in samples))
                         break
                     if part.wants(index):
                         yield sample
+                else:
+                    if part.count is not None and index + 1 != part.count:
+                        self._count_error(part, index + 1)
             finally:
                 samples.close()  # type: ignore[attr-defined]  # a generator: stop reading, close the source
 
+    def _count_error(self, part: Part, holds: int) -> None:
+        assert part.count is not None
+        raise ShardCountError(part.url, holds, part.count, self.count_sources.get(part.url, "given"))
+
     def _rows(self, chunk: list[Sample], decoder: Any, epoch: int) -> list[Any]:
-        """Decode, handle and select one batch's samples; bad ones fail or are skipped (counted)."""
+        """Map, decode, handle and select one batch's samples; bad ones fail or are skipped (counted)."""
+        if self.map is not None:
+            chunk = [m for m in (self.map(s) for s in chunk) if m is not None]
         skip_fields: frozenset[str] = frozenset()
         if self.spec is not None and decoder is not None and self.device == "cpu" and self.spec.size is not None:
             chunk = self._decode_into_batch(chunk, epoch)
@@ -582,3 +728,109 @@ def reject(error: DecodeError, on_error: str, stats: DecodeStats) -> None:
 
 def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
+
+
+def _chunks(samples: Iterable[Sample], sizes: Iterable[int]) -> Iterator[list[Sample]]:
+    """Batches of the given sizes (the last one shorter when the samples run out)."""
+    it = iter(samples)
+    for size in sizes:
+        chunk = list(itertools.islice(it, size))
+        if not chunk:
+            return
+        yield chunk
+
+
+def _valid(samples: Iterable[Sample], valid: bool) -> Iterator[Sample]:
+    """Samples marked ``__valid__`` (padding: copies marked False)."""
+    for sample in samples:
+        sample = dict(sample) if not valid else sample
+        sample["__valid__"] = valid
+        yield sample
+
+
+def _few(urls: Sequence[str], show: int = 2) -> str:
+    """``'3 shards (a.tar, b.tar, ...)'``"""
+    names = ", ".join(urls[:show]) + (", ..." if len(urls) > show else "")
+    return f"{len(urls)} shard{'s' if len(urls) != 1 else ''} ({names})"
+
+
+def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
+    """Check a saved state against ``ds`` (and ``workers`` per rank, when known) field by field,
+    and say where it continues. Anything unusable is an ``OptionError`` naming the field."""
+    if not isinstance(state, Mapping):
+        raise OptionError("not a tarproc dataset state (expected the dict state_dict() returned)")
+
+    def field(name: str, kind: type | tuple[type, ...], low: int | None = 0) -> Any:
+        if name not in state:
+            raise OptionError(f"dataset state: no field {name!r} (expected the dict state_dict() returned)")
+        value = state[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)) or \
+                (low is not None and isinstance(value, int) and value < low):
+            raise OptionError(f"dataset state: bad {name!r}: {str(value)[:40]!r}")
+        return value
+
+    version = state.get("version")
+    if version != STATE_VERSION:
+        raise OptionError(f"dataset state version {str(version)[:20]} is not supported (this is version {STATE_VERSION})")
+    seed, epoch = field("seed", int, None), field("epoch", int)
+    if seed != ds.seed:
+        raise OptionError(f"the state is for seed {seed}, this dataset has seed {ds.seed}: resume with the same seed")
+    if field("fingerprint", str) != ds._fingerprint():
+        raise OptionError("the state is for another dataset: its shard list or their sample counts differ from this one's")
+    world, saved_workers = field("world_size", int, 1), field("workers", int, 1)
+    mode = field("mode", str)
+    if mode == "start":
+        return _Resume(epoch, state=dict(state))
+    my_rank, my_world = ds.rank_world()
+    if mode == "steps":
+        if ds.lengths is None or ds.repeat:
+            raise OptionError("the state is of an epoch planned with sample counts, this dataset is "
+                              + ("a repeat=True stream" if ds.repeat else "without counts"))
+        steps, generation = field("steps", int), field("generation", int)
+        plan = field("plan", Mapping)
+        try:
+            batch_size, bufsize = plan["batch_size"], plan["shuffle"]
+            flags = [plan[k] for k in ("drop_last", "pad", "shuffle_shards")]
+            if not (type(batch_size) is int and batch_size >= 1 and type(bufsize) is int and bufsize >= 0
+                    and all(type(f) is bool for f in flags)):
+                raise TypeError
+        except (KeyError, TypeError):
+            raise OptionError("dataset state: bad 'plan' (batch_size, shuffle, drop_last, pad, shuffle_shards)") from None
+        drop_last, pad, shuffle_shards = flags
+        if state.get("work") is None:
+            work = whole_shards(epoch_order(ds.urls, ds.seed, epoch, shuffle_shards), ds.lengths)
+        else:
+            work = decode_work(state["work"], ds.urls, ds.lengths, "dataset state: 'work'")
+        left = remaining(work, steps, world, saved_workers, batch_size, drop_last, pad, bufsize,
+                         lambda c: ds._sample_seed(epoch, generation, c))
+        if not left:
+            return _Resume(epoch + 1)  # that epoch was over
+        return _Resume(epoch, generation + 1, left, state=dict(state))
+    if mode != "readers":
+        raise OptionError(f"dataset state: bad 'mode': {mode[:20]!r}")
+    rank, counted, repeat = field("rank", int), field("counted", bool, None), field("repeat", bool, None)
+    if repeat != ds.repeat:
+        raise OptionError(f"the state is of a {'repeat=True stream' if repeat else 'dataset of epochs'}, this one is not")
+    if world != my_world:
+        raise OptionError(f"the state was saved with {world} ranks, this run has {my_world}: resume with the same world "
+                          "size (only an epoch with sample counts resumes on another)")
+    if workers is not None and saved_workers != workers:
+        raise OptionError(f"the state was saved with {saved_workers} readers per rank, this loader has {workers}: resume "
+                          "with the same num_workers (only an epoch with sample counts resumes with others)")
+    same_everywhere = counted and ds.lengths is not None  # equal plans: every rank's readers are where rank 0's are
+    if rank != my_rank and not same_everywhere:
+        raise OptionError(f"the state is rank {rank}'s and this is rank {my_rank}: without sample counts each rank "
+                          "resumes from its own state")
+    taken = field("taken", Mapping)
+    consumers = world * saved_workers
+    skip: dict[int, tuple[int, int, int]] = {}
+    for key, value in taken.items():
+        try:
+            consumer = int(key)
+            p, n, b = value
+            if not (0 <= consumer < consumers and all(type(x) is int and x >= 0 for x in (p, n, b))):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise OptionError(f"dataset state: bad 'taken' entry {str(key)[:20]!r}") from None
+        skip[my_rank * saved_workers + consumer % saved_workers] = (p, n, b)
+    return _Resume(epoch, skip=skip, consumers=consumers, state=dict(state))

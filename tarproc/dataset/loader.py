@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .core import COUNT_HINT, Position
 from .core import Dataset as _Core
-from .core import Position
+from .core import _few
+from .core import _warn as warn
 from .fields import BatchBuffer, as_numpy
 
 try:  # torch stays optional at runtime
@@ -80,6 +82,12 @@ class Dataset(_Core, IterableDataset):  # type: ignore[misc, valid-type]
             batch = self._pool.settle(batch)
         return batch
 
+    def __iter__(self) -> Iterator[Any]:
+        if self._tagged or self.worker_info()[2] or not self.agrees_on_the_end:
+            return super().__iter__()
+        # iterated in this process (no DataLoader workers) by several ranks without counts
+        return _together(super().__iter__(), self)
+
     def loader(self, num_workers: int = 0, **kwargs: Any) -> Loader:
         """A ``Loader`` (a DataLoader that tracks the position for ``state_dict``) over this dataset."""
         return Loader(self, num_workers=num_workers, **kwargs)
@@ -110,8 +118,13 @@ class Loader:
         self.num_workers = num_workers
         self.kwargs = kwargs
         self._epoch: int | None = None
-        self._consumers: int | None = None
-        self._taken: dict[int, int] = {}
+        self._steps = 0
+        self._taken: dict[int, tuple[int, int, int]] = {}
+
+    @property
+    def workers(self) -> int:
+        """Readers per rank (``num_workers=0`` reads in this process: one)."""
+        return max(1, self.num_workers)
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
@@ -119,16 +132,21 @@ class Loader:
         loader = torch.utils.data.DataLoader(ds, num_workers=self.num_workers, **self.kwargs)
         first = True
         reading: dict[int, str | None] = {}  # worker -> the shard it was reading at its last batch
+        batches: Iterator[Any] = _reraise_clean(loader, reading)
+        if ds.agrees_on_the_end:
+            batches = _together(batches, ds)
         try:
-            for position, batch in _reraise_clean(loader, reading):
+            for position, batch in batches:
                 position = Position(*position)
-                reading[position.consumer % max(1, self.num_workers)] = position.url
+                reading[position.consumer % self.workers] = position.url
                 if first or position.epoch != self._epoch:
                     first = False
-                    self._epoch, self._consumers = position.epoch, position.consumers
+                    self._epoch, self._steps = position.epoch, 0
                     # readers resumed mid-epoch start from where the state left them
-                    self._taken = dict(ds._resume_start) if position.epoch == ds._resume_epoch else {}
-                self._taken[position.consumer] = position.taken
+                    resume = ds._resume
+                    self._taken = dict(resume.skip) if resume is not None and resume.epoch == position.epoch else {}
+                self._taken[position.consumer] = (position.pass_, position.taken, position.batches)
+                self._steps += 1
                 if ds.decodes_in_main:
                     batch = ds.finish(batch)
                 yield batch
@@ -139,16 +157,48 @@ class Loader:
                 ds._main_decoder = None
 
     def state_dict(self) -> dict[str, Any]:
-        """The position of this rank's readers: save it with the model, per rank."""
-        return self.dataset._state(self._epoch, self._consumers, self._taken)
+        """The position: with sample counts, the same on every rank (save rank 0's); else per rank."""
+        return self.dataset._state(self._epoch, self.workers, self._steps, self._taken)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` on the next iteration."""
-        self.dataset.load_state_dict(state)
-        self._epoch, self._consumers = None, None
+        """Continue from ``state`` on the next iteration; a state that can't be used is refused here."""
+        self.dataset.load_state_dict(state, workers=self.workers)
+        self._epoch, self._steps, self._taken = None, 0, {}
 
     def __len__(self) -> int:
-        raise TypeError("a Loader over shards has no length (batches_per_epoch sets one for repeat=True)")
+        """Batches per rank in an epoch (see ``Dataset.__len__``)."""
+        return len(self.dataset)
+
+
+def _together(batches: Iterator[Any], ds: _Core) -> Iterator[Any]:
+    """End the epoch on every rank at once, without sample counts: before each step the ranks
+    all-reduce "I have a batch"; the first rank that runs dry ends the epoch for all."""
+    import torch.distributed as dist
+
+    from ..errors import OptionError
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise OptionError(
+            f"{ds.rank_world()[1]} ranks and no sample counts: the ranks agree on the end of each epoch through "
+            "torch.distributed, which is not initialized (call init_process_group first, or give counts)"
+        )
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    if not ds._warned_uncounted:
+        ds._warned_uncounted = True
+        warn(f"no sample counts for {_few(ds.uncounted)}: each step, the ranks all-reduce whether they have a batch "
+             "(one small collective per step), and each epoch ends when the first rank runs dry, leaving out the "
+             f"samples the other ranks still hold; for equal steps with every sample once, {COUNT_HINT}")
+    while True:
+        item = next(batches, None)
+        flag.fill_(0 if item is None else 1)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if not flag.item():
+            if item is not None:
+                warn(f"rank {dist.get_rank()}: another rank ran out of samples first, so this epoch ended before the "
+                     f"batches this rank had left (no sample counts: {COUNT_HINT})")
+            return
+        yield item
 
 
 def _reraise_clean(loader: Any, reading: Mapping[int, str | None]) -> Iterator[Any]:

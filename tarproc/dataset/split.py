@@ -1,61 +1,115 @@
-"""Who reads what: the split of an epoch's samples among ranks and DataLoader workers.
+"""Who reads what: the split of an epoch's samples among ranks and DataLoader workers, and the
+position of an epoch's work, as pure functions over sample counts (no torch, no I/O).
 
 Every reader of an epoch is a **consumer**: ``consumer = rank * workers + worker`` of
 ``consumers = world_size * workers``. The epoch's shard order is the shard list, shuffled with
-``(seed, epoch)`` when shards are shuffled; every rank computes the same order. Two rules:
+``(seed, epoch)`` when shards are shuffled; every rank computes the same order.
 
-**By shard** (the default; needs no sample counts). The units of work are the shards; when there
-are fewer shards than consumers, each shard is cut into ``parts = ceil(consumers / shards)`` parts
-(part ``k`` holds the samples whose index in the shard is ``k`` modulo ``parts``), so no consumer
-idles. Consumer ``c`` reads units ``c, c + consumers, c + 2 * consumers, ...``. Every sample is read
-by exactly one consumer per epoch. With shards of unequal sizes the consumers get unequal numbers of
-samples, and so ranks may get unequal numbers of batches.
+**With counts** (the default: ``tarproc.dataset.counts``). The epoch's **work** is a list of
+``Part``s -- samples of one shard, as ranges of their index in it -- in epoch order: at the start
+of an epoch, every shard whole; after a resume, what is left. Its ``total`` samples are cut into
+contiguous blocks: rank ``r`` takes ``total // world + (1 if r < total % world else 0)`` samples,
+and every rank makes the same number of batches, ``ceil((total // world) / batch_size)``: full
+batches, then one last batch of whatever the rank has left (``batch_size + 1`` at most). So every
+sample is in exactly one batch of the epoch and every rank takes the same number of steps. Batch
+``j`` of a rank is made by its worker ``j % workers`` (the order in which a DataLoader takes
+them): each worker reads the contiguous block of its own batches. ``drop_last`` makes only full
+batches (the rest of each rank is left out of the epoch and counted); ``pad`` gives every rank
+``ceil(total / world)`` samples, the shortfall as copies of the epoch's first samples marked not
+valid.
 
-**Even** (``lengths`` known: a tarsplit manifest, a list or a dict of sample counts). The epoch is
-the concatenation of the shards in epoch order, ``total`` samples. Each rank takes a contiguous
-block of ``total // world_size`` samples, and within a rank each worker a contiguous block whose size
-differs from its siblings' by at most one, the same sizes on every rank: so every rank yields the
-same number of batches (what DDP needs at the end of an epoch). The last ``total % world_size``
-samples of the epoch order (fewer than ``world_size``; different samples each epoch when shards are
-shuffled) are left out of that epoch and counted as ``dropped``.
+**Without counts** (``by_shard``): the units of work are the shards; when there are fewer shards
+than consumers, each shard is cut into ``ceil(consumers / shards)`` parts (part ``k`` holds the
+samples whose index is ``k`` modulo the parts). Consumer ``c`` reads units ``c, c + consumers,
+...``. Every sample is read by exactly one consumer; ranks may get unequal numbers of batches, and
+the torch layer ends the epoch collectively.
+
+**The position** of an epoch with counts is the number of steps every rank has taken: from it,
+the plan and each consumer's seeded shuffle say exactly which samples were handed out
+(``remaining``), whatever the layout that resumes.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from ..errors import OptionError
 
+Range = tuple[int, int | None]
+
 
 class Part(NamedTuple):
-    """A piece of one shard for one consumer: every ``parts``-th sample from ``part``, and of those
-    the ones whose index in the shard is in ``[start, stop)`` (``stop`` None: to the end)."""
+    """Samples of one shard: those whose index is in one of ``ranges`` (``[start, stop)``; stop
+    None: to the end) and, of those, every ``parts``-th from ``part``. ``count``: the samples the
+    shard holds, when known (the reader checks it)."""
 
     url: str
     part: int = 0
     parts: int = 1
-    start: int = 0
-    stop: int | None = None
+    ranges: tuple[Range, ...] = ((0, None),)
+    count: int | None = None
 
     def wants(self, index: int) -> bool:
         """True when the shard's ``index``-th sample belongs to this part.
 
-        >>> [i for i in range(7) if Part("s.tar", 1, 3).wants(i)], [i for i in range(7) if Part("s.tar", start=2, stop=4).wants(i)]
-        ([1, 4], [2, 3])
+        >>> [i for i in range(7) if Part("s.tar", 1, 3).wants(i)], [i for i in range(9) if Part("s.tar", ranges=((2, 4), (6, 7))).wants(i)]
+        ([1, 4], [2, 3, 6])
         """
-        return index % self.parts == self.part and index >= self.start and (self.stop is None or index < self.stop)
+        if index % self.parts != self.part:
+            return False
+        return any(a <= index and (b is None or index < b) for a, b in self.ranges)
+
+    @property
+    def first(self) -> int:
+        return self.ranges[0][0]
+
+    @property
+    def stop(self) -> int | None:
+        """The index after the last sample wanted (None: the shard's end)."""
+        return self.ranges[-1][1]
+
+    @property
+    def size(self) -> int:
+        """The number of samples wanted (ranges with known ends, ``parts == 1``)."""
+        return sum(_known(b) - a for a, b in self.ranges)
+
+    def indices(self) -> Iterator[int]:
+        for a, b in self.ranges:
+            yield from range(a, _known(b))
+
+
+def _known(stop: int | None) -> int:
+    if stop is None:
+        raise ValueError("a range of unknown length")  # the planner only counts parts with counts
+    return stop
 
 
 class Assignment(NamedTuple):
-    """What one consumer reads in one epoch, and the epoch's totals."""
+    """What one consumer reads in one epoch.
+
+    ``batches``: the size of each of its batches, in input samples (None: batches of
+    ``batch_size`` until its parts run dry). ``pad``: copies of ``pad_parts``' samples, marked not
+    valid, that fill its last batch. ``dropped``: samples of the epoch left out (``drop_last``),
+    all ranks together. ``steps``: batches per rank.
+    """
 
     parts: list[Part]
-    dropped: int = 0  # samples of the epoch left out by the even split (fewer than world_size)
+    batches: list[int] | None = None
+    pad: int = 0
+    pad_parts: list[Part] = []
+    dropped: int = 0
+    steps: int | None = None
+
+    @property
+    def samples(self) -> int:
+        """The real samples this consumer reads (with counts)."""
+        return sum(p.size for p in self.parts)
 
 
 def epoch_order(urls: Sequence[str], seed: int, epoch: int, shuffle: bool) -> list[str]:
@@ -72,11 +126,16 @@ def epoch_order(urls: Sequence[str], seed: int, epoch: int, shuffle: bool) -> li
     return order
 
 
+def whole_shards(order: Sequence[str], counts: Mapping[str, int]) -> list[Part]:
+    """An epoch's work at its start: every shard whole, in epoch order."""
+    return [Part(url, ranges=((0, counts[url]),), count=counts[url]) for url in order if counts[url] > 0]
+
+
 def split_by_shard(order: Sequence[str], consumer: int, consumers: int) -> Assignment:
-    """The by-shard rule (see the module docstring).
+    """The rule without counts (see the module docstring).
 
     >>> split_by_shard(["a", "b", "c"], 1, 2).parts
-    [Part(url='b', part=0, parts=1, start=0, stop=None)]
+    [Part(url='b', part=0, parts=1, ranges=((0, None),), count=None)]
     >>> [p[:3] for p in split_by_shard(["a"], 2, 3).parts]
     [('a', 2, 3)]
     """
@@ -88,36 +147,218 @@ def split_by_shard(order: Sequence[str], consumer: int, consumers: int) -> Assig
     return Assignment(units[consumer::consumers])
 
 
-def split_even(
-    order: Sequence[str], lengths: Mapping[str, int], rank: int, world_size: int, worker: int, workers: int
-) -> Assignment:
-    """The even rule (see the module docstring).
+class RankPlan(NamedTuple):
+    lo: int  # the rank's first sample (position in the work)
+    real: int  # its samples
+    sizes: list[int]  # its batch sizes (padding included)
+    pad: int
+    dropped: int  # left out of the epoch by drop_last, all ranks
 
-    >>> a = split_even(["a", "b"], {"a": 5, "b": 4}, 1, 2, 0, 1)
-    >>> a.parts, a.dropped
-    ([Part(url='a', part=0, parts=1, start=4, stop=5), Part(url='b', part=0, parts=1, start=0, stop=3)], 1)
+
+def rank_plan(total: int, rank: int, world: int, batch_size: int, drop_last: bool = False, pad: bool = False) -> RankPlan:
+    """The samples and batch sizes of ``rank`` for an epoch of ``total`` samples.
+
+    >>> rank_plan(373, 0, 2, 64).sizes, rank_plan(373, 1, 2, 64).sizes
+    ([64, 64, 59], [64, 64, 58])
+    >>> rank_plan(129, 0, 2, 64).sizes, rank_plan(129, 1, 2, 64).sizes  # the last batch may hold one more
+    ([65], [64])
+    >>> rank_plan(5, 1, 2, 4, pad=True)
+    RankPlan(lo=3, real=2, sizes=[3], pad=1, dropped=0)
     """
-    _check_consumer(rank, world_size)
+    _check_consumer(rank, world)
+    base, extra = divmod(total, world)
+    real = base + (1 if rank < extra else 0)
+    lo = rank * base + min(rank, extra)
+    if pad:
+        each = math.ceil(total / world)
+        steps = math.ceil(each / batch_size)
+        return RankPlan(lo, real, _sizes(each, steps, batch_size), each - real, 0)
+    if total and not base:
+        raise OptionError(
+            f"the epoch has {total} samples for {world} ranks, fewer than one each: use pad=True (padding marked "
+            "in __valid__) or fewer ranks"
+        )
+    if drop_last:
+        steps = base // batch_size
+        dropped = total - steps * batch_size * world
+        return RankPlan(lo, steps * batch_size, [batch_size] * steps, 0, dropped)
+    steps = math.ceil(base / batch_size)
+    return RankPlan(lo, real, _sizes(real, steps, batch_size), 0, 0)
+
+
+def _sizes(n: int, steps: int, batch_size: int) -> list[int]:
+    """``steps`` batches of ``n`` samples: full ones, then the rest in the last."""
+    if not steps:
+        return []
+    return [batch_size] * (steps - 1) + [n - (steps - 1) * batch_size]
+
+
+def split_work(
+    work: Sequence[Part], rank: int, world: int, worker: int, workers: int, batch_size: int,
+    drop_last: bool = False, pad: bool = False,
+) -> Assignment:
+    """What consumer ``(rank, worker)`` reads of ``work`` (see the module docstring).
+
+    >>> work = [Part("a", ranges=((0, 5),), count=5), Part("b", ranges=((0, 4),), count=4)]
+    >>> a = split_work(work, 1, 2, 0, 1, 2)
+    >>> [(p.url, p.ranges) for p in a.parts], a.batches
+    ([('b', ((0, 4),))], [2, 2])
+    """
     _check_consumer(worker, workers)
-    total = sum(lengths[url] for url in order)
-    per_rank = total // world_size
-    base, extra = divmod(per_rank, workers)
-    lo = rank * per_rank + worker * base + min(worker, extra)
-    hi = lo + base + (1 if worker < extra else 0)
-    parts: list[Part] = []
-    first = 0  # index of the shard's first sample in the epoch
-    for url in order:
-        n = lengths[url]
+    total = sum(p.size for p in work)
+    plan = rank_plan(total, rank, world, batch_size, drop_last, pad)
+    last = (len(plan.sizes) - 1) % workers  # the worker of the rank's last batch, where padding goes
+
+    def real(w: int) -> int:
+        return sum(plan.sizes[w::workers]) - (plan.pad if w == last else 0)
+
+    lo = plan.lo + sum(real(w) for w in range(worker))
+    hi = lo + real(worker)
+    pad_here = plan.pad if worker == last else 0
+    pad_parts = take(work, 0, pad_here) if pad_here else []
+    return Assignment(take(work, lo, hi), plan.sizes[worker::workers], pad_here, pad_parts, plan.dropped,
+                      len(plan.sizes))
+
+
+def take(work: Sequence[Part], lo: int, hi: int) -> list[Part]:
+    """The parts covering the samples ``[lo, hi)`` of ``work`` (positions in its concatenation).
+
+    >>> take([Part("a", ranges=((0, 3), (5, 7)), count=9)], 2, 4)
+    [Part(url='a', part=0, parts=1, ranges=((2, 3), (5, 6)), count=9)]
+    """
+    out: list[Part] = []
+    first = 0
+    for part in work:
+        n = part.size
         start, stop = max(lo, first), min(hi, first + n)
         if start < stop:
-            parts.append(Part(url, start=start - first, stop=stop - first))
+            out.append(part._replace(ranges=_slice_ranges(part.ranges, start - first, stop - first)))
         first += n
-    return Assignment(parts, total - per_rank * world_size)
+        if first >= hi:
+            break
+    return out
+
+
+def _slice_ranges(ranges: Sequence[Range], lo: int, hi: int) -> tuple[Range, ...]:
+    """The ``lo``-th to ``hi``-th wanted indices of ``ranges``, as ranges."""
+    out: list[Range] = []
+    seen = 0
+    for a, b in ranges:
+        n = _known(b) - a
+        start, stop = max(lo, seen), min(hi, seen + n)
+        if start < stop:
+            out.append((a + start - seen, a + stop - seen))
+        seen += n
+    return tuple(out)
 
 
 def _check_consumer(index: int, count: int) -> None:
     if count < 1 or not 0 <= index < count:
         raise OptionError(f"bad rank or worker {index} of {count}")
+
+
+# -- the position ----------------------------------------------------------------------------------
+
+
+def worker_batches_taken(batches: Sequence[int], steps: int) -> list[int]:
+    """How many batches each worker has delivered after ``steps`` batches of its rank, when worker
+    ``w`` makes ``batches[w]`` of them: a DataLoader takes them round robin, skipping the workers
+    that are done.
+
+    >>> worker_batches_taken([3, 2], 4), worker_batches_taken([3, 1], 4)
+    ([2, 2], [3, 1])
+    """
+    taken = [0] * len(batches)
+    left = steps
+    while left > 0:
+        moved = False
+        for w, n in enumerate(batches):
+            if left and taken[w] < n:
+                taken[w] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            break
+    return taken
+
+
+def emitted(n: int, taken: int, bufsize: int, seed: int) -> set[int]:
+    """The input positions of a consumer's first ``taken`` samples out of its shuffle buffer
+    (the same stage and seed as the reader's: it depends on positions only, never on data)."""
+    from ..stages import shuffle
+
+    if not bufsize:
+        return set(range(min(n, taken)))
+    return set(itertools.islice(shuffle(range(n), bufsize, seed=seed), taken))  # type: ignore[arg-type]
+
+
+def subtract(parts: Sequence[Part], done: Iterable[int]) -> list[Part]:
+    """``parts`` less the samples at the positions ``done`` (positions in their concatenation)."""
+    done_sorted = sorted(done)
+    out: list[Part] = []
+    first = 0
+    i = 0
+    for part in parts:
+        n = part.size
+        gone = []
+        while i < len(done_sorted) and done_sorted[i] < first + n:
+            gone.append(done_sorted[i] - first)
+            i += 1
+        if len(gone) < n:
+            out.append(part._replace(ranges=_without(part, gone)))
+        first += n
+    return out
+
+
+def _without(part: Part, gone: Sequence[int]) -> tuple[Range, ...]:
+    keep = sorted(set(range(part.size)) - set(gone)) if gone else None
+    if keep is None:
+        return part.ranges
+    indices = list(part.indices())
+    return _as_ranges(indices[k] for k in keep)
+
+
+def _as_ranges(indices: Iterable[int]) -> tuple[Range, ...]:
+    """``[0, 1, 2, 5]`` -> ``((0, 3), (5, 6))``."""
+    out: list[list[int]] = []
+    for i in indices:
+        if out and out[-1][1] == i:
+            out[-1][1] = i + 1
+        else:
+            out.append([i, i + 1])
+    return tuple((a, b) for a, b in out)
+
+
+def encode_work(work: Sequence[Part], urls: Sequence[str]) -> list[list[object]]:
+    """Work as JSON-able data: ``[shard number, [[start, stop], ...]]`` per part."""
+    number = {u: i for i, u in enumerate(urls)}
+    return [[number[p.url], [[a, b] for a, b in p.ranges]] for p in work]
+
+
+def decode_work(data: object, urls: Sequence[str], counts: Mapping[str, int], where: str) -> list[Part]:
+    """The inverse of ``encode_work``; ``OptionError`` naming ``where`` on anything else."""
+    if not isinstance(data, list):
+        raise OptionError(f"{where}: not a list of parts")
+    out = []
+    for row, item in enumerate(data):
+        try:
+            number, ranges = item
+            url = urls[number] if isinstance(number, int) and number >= 0 else None
+            if url is None:
+                raise ValueError
+            pairs = tuple((int(a), int(b)) for a, b in ranges)
+        except (TypeError, ValueError, IndexError):
+            raise OptionError(f"{where}[{row}]: not [shard number, [[start, stop], ...]] of this shard list") from None
+        n = counts[url]
+        last = 0
+        for a, b in pairs:
+            if not (last <= a < b <= n) or type(a) is bool:
+                raise OptionError(f"{where}[{row}]: bad range [{a}, {b}] for {url}, which holds {n} samples")
+            last = b
+        if not pairs:
+            raise OptionError(f"{where}[{row}]: no ranges")
+        out.append(Part(url, ranges=pairs, count=n))
+    return out
 
 
 def load_lengths(lengths: str | os.PathLike[str] | Mapping[str, int] | Sequence[int], urls: Sequence[str]) -> dict[str, int]:
@@ -133,11 +374,13 @@ def load_lengths(lengths: str | os.PathLike[str] | Mapping[str, int] | Sequence[
                         continue
                     try:
                         entry = json.loads(line)
-                        by_name[str(entry["shard"])] = int(entry["samples"])
+                        by_name[str(entry["shard"])] = _count(entry["samples"])
                     except (ValueError, KeyError, TypeError):
                         raise OptionError(f"{path}: row {row}: not a manifest line (expected JSON with shard and samples)") from None
         except OSError as e:
             raise OptionError(f"cannot read the manifest {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise OptionError(f"{path}: not UTF-8 text, not a manifest") from None
         base = {os.path.basename(k): v for k, v in by_name.items()}
         out = {}
         for url in urls:
@@ -150,7 +393,38 @@ def load_lengths(lengths: str | os.PathLike[str] | Mapping[str, int] | Sequence[
         missing = [u for u in urls if u not in lengths]
         if missing:
             raise OptionError(f"no sample count for shard {missing[0]}")
-        return {u: int(lengths[u]) for u in urls}
+        return {u: _count(lengths[u], u) for u in urls}
     if len(lengths) != len(urls):
         raise OptionError(f"{len(lengths)} sample counts for {len(urls)} shards")
-    return {u: int(n) for u, n in zip(urls, lengths, strict=True)}
+    return {u: _count(n, u) for u, n in zip(urls, lengths, strict=True)}
+
+
+def _count(value: object, url: str | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if url is None:
+            raise ValueError(value)
+        raise OptionError(f"bad sample count {value!r} for shard {url}; must be an integer >= 0")
+    return value
+
+
+def remaining(
+    work: Sequence[Part], steps: int, world: int, workers: int, batch_size: int, drop_last: bool, pad: bool,
+    bufsize: int, seed_of: Callable[[int], int],
+) -> list[Part]:
+    """What is left of ``work`` once every rank of a ``world x workers`` layout took ``steps``
+    batches: each consumer's batches taken, the samples its seeded shuffle handed out in them, and
+    its parts less those, in work order. ``seed_of(consumer)`` is the consumer's shuffle seed.
+
+    >>> work = whole_shards(["a", "b"], {"a": 5, "b": 4})
+    >>> [(p.url, p.ranges) for p in remaining(work, 1, 2, 1, 2, False, False, 0, lambda c: 0)]
+    [('a', ((2, 5),)), ('b', ((2, 4),))]
+    """
+    out: list[Part] = []
+    for rank in range(world):
+        mine = [split_work(work, rank, world, w, workers, batch_size, drop_last, pad) for w in range(workers)]
+        taken = worker_batches_taken([len(a.batches or ()) for a in mine], steps)
+        for worker, a in enumerate(mine):
+            n = a.samples
+            done = emitted(n, min(sum((a.batches or [])[: taken[worker]]), n), bufsize, seed_of(rank * workers + worker))
+            out += subtract(a.parts, done)
+    return out
