@@ -35,6 +35,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gnutar: needs the GNU tar command line tool")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The datasets' count cache (tarproc.dataset.counts) in a folder of the test run's, never the user's."""
+    os.environ["TARPROC_CACHE_DIR"] = str(tmp_path_factory.mktemp("tarproc-cache"))
+
+
 class ChunkedReader:
     """A ``read(n)`` that returns short, irregular pieces, like a pipe or a socket does."""
 

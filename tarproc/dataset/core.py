@@ -76,8 +76,15 @@ class Position(NamedTuple):
     consumers: int
     taken: int
     url: str | None = None  # the shard the consumer was reading when the batch was complete
-    batches: int = 0
+    batches: int = 0  # batches of this pass
     pass_: int = 0
+    made: int = 0  # batches of this iteration (a repeat stream's nominal epoch)
+
+    def taken_state(self) -> Taken:
+        return self.pass_, self.taken, self.batches, self.made
+
+
+Taken = tuple[int, int, int, int]  # a reader's position: (pass, samples and batches of the pass, batches of the iteration)
 
 
 class EncodedImages(NamedTuple):
@@ -153,7 +160,7 @@ class _Resume(NamedTuple):
     epoch: int
     generation: int = 0
     work: list[Part] | None = None
-    skip: dict[int, tuple[int, int, int]] = {}  # consumer -> (pass, samples, batches)
+    skip: dict[int, Taken] = {}  # consumer -> where its reader stood
     consumers: int | None = None  # the readers the skips are for
     state: Mapping[str, Any] = {}  # the state loaded: still the position until a batch is taken
 
@@ -266,7 +273,7 @@ class Dataset:
         self.decode_stats = DecodeStats()
         self._clock = EpochClock()
         self._resume: _Resume | None = None
-        self._taken: dict[int, tuple[int, int, int]] = {}  # in-process iteration: consumer -> (pass, samples, batches)
+        self._taken: dict[int, Taken] = {}  # in-process iteration: consumer -> where it stands
         self._steps = 0  # in-process iteration: batches yielded this epoch
         self._epoch_seen: int | None = None
         self._tagged = False  # set by Loader: yield (Position, batch) pairs
@@ -378,10 +385,11 @@ class Dataset:
             )
         return self._state(self._epoch_seen, 1, self._steps, self._taken)
 
-    def _state(self, epoch: int | None, workers: int, steps: int, taken: Mapping[int, tuple[int, int, int]]) -> dict[str, Any]:
+    def _state(self, epoch: int | None, workers: int, steps: int, taken: Mapping[int, Taken]) -> dict[str, Any]:
         """The state of an epoch (``epoch`` None: nothing taken yet) whose ranks took ``steps``
-        batches each, read by ``workers`` per rank; ``taken``: per consumer (pass, samples, batches)."""
-        resume = self._resume if self._resume is not None and self._resume.epoch == epoch else None
+        batches each, read by ``workers`` per rank; ``taken``: where each consumer stands."""
+        at = self.epoch if epoch is None else epoch
+        resume = self._resume if self._resume is not None and self._resume.epoch == at else None
         if resume is not None and resume.state and not steps:
             return dict(resume.state)  # nothing taken since it was loaded: the position it gave
         rank, world = self.rank_world()
@@ -466,20 +474,21 @@ class Dataset:
                 f"device={self.device!r} with decoding in the main process (CUDA can't run in forked DataLoader "
                 "workers): iterate ds.loader(num_workers=N) instead of DataLoader(ds, ...)"
             )
-        skip = resume.skip.get(consumer, (0, 0, 0)) if resume is not None else (0, 0, 0)
+        skip = resume.skip.get(consumer, (0, 0, 0, 0)) if resume is not None else (0, 0, 0, 0)
         if not in_worker:
             self._epoch_seen, self._steps = epoch, 0
             self._taken = {consumer: skip}
         batches = self._batches(epoch, rank, world, worker, workers, resume, skip)
         if self.batches_per_epoch is not None:
             base, extra = divmod(self.batches_per_epoch, workers)
-            batches = itertools.islice(batches, base + (1 if worker < extra else 0))
-        for position, batch in batches:
+            batches = itertools.islice(batches, max(0, base + (1 if worker < extra else 0) - skip[3]))
+        for made, (position, batch) in enumerate(batches, skip[3] + 1):
+            position = position._replace(consumer=consumer, consumers=consumers, made=made)
             if self._tagged:  # the Loader keeps the position (and decodes, when decoding in main)
-                yield position._replace(consumer=consumer, consumers=consumers), batch
+                yield position, batch
                 continue
             if not in_worker:
-                self._taken[consumer] = (position.pass_, position.taken, position.batches)
+                self._taken[consumer] = position.taken_state()
                 self._steps += 1
                 if self.decodes_in_main:
                     batch = self.finish(batch)
@@ -487,7 +496,7 @@ class Dataset:
 
     def _batches(
         self, epoch: int, rank: int, world: int, worker: int, workers: int, resume: _Resume | None,
-        skip: tuple[int, int, int],
+        skip: Taken,
     ) -> Iterator[tuple[Position, Any]]:
         """``(position, batch)`` for one consumer: one epoch, or passes without end."""
         consumer = rank * workers + worker
@@ -496,7 +505,7 @@ class Dataset:
             assignment = self.assignment(epoch, rank, world, worker, workers)
             yield from self._epoch_batches(assignment, epoch, epoch, generation, consumer, skip[1], skip[2], 0)
             return
-        first_pass, skip_samples, skip_batches = skip
+        first_pass, skip_samples, skip_batches, _ = skip
         for p in itertools.count(first_pass):
             run_epoch = epoch * _PASS_STRIDE + p
             assignment = self.assignment(run_epoch, rank, world, worker, workers)
@@ -731,13 +740,16 @@ def _warn(message: str) -> None:
 
 
 def _chunks(samples: Iterable[Sample], sizes: Iterable[int]) -> Iterator[list[Sample]]:
-    """Batches of the given sizes (the last one shorter when the samples run out)."""
+    """Batches of the given sizes (the last one shorter when the samples run out). After the last
+    one, the samples are read to their end, where the reader checks the shards' counts."""
     it = iter(samples)
     for size in sizes:
         chunk = list(itertools.islice(it, size))
         if not chunk:
             return
         yield chunk
+    for _ in it:  # nothing is left to read by the plan: this only makes the reader look at the end
+        break
 
 
 def _valid(samples: Iterable[Sample], valid: bool) -> Iterator[Sample]:
@@ -810,7 +822,8 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
         raise OptionError(f"dataset state: bad 'mode': {mode[:20]!r}")
     rank, counted, repeat = field("rank", int), field("counted", bool, None), field("repeat", bool, None)
     if repeat != ds.repeat:
-        raise OptionError(f"the state is of a {'repeat=True stream' if repeat else 'dataset of epochs'}, this one is not")
+        raise OptionError(f"the state is of a {'repeat=True stream' if repeat else 'dataset of epochs'}, this one is "
+                          f"{'repeat=True' if ds.repeat else 'not'}: resume with the same repeat setting")
     if world != my_world:
         raise OptionError(f"the state was saved with {world} ranks, this run has {my_world}: resume with the same world "
                           "size (only an epoch with sample counts resumes on another)")
@@ -823,14 +836,14 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
                           "resumes from its own state")
     taken = field("taken", Mapping)
     consumers = world * saved_workers
-    skip: dict[int, tuple[int, int, int]] = {}
+    skip: dict[int, Taken] = {}
     for key, value in taken.items():
         try:
             consumer = int(key)
-            p, n, b = value
-            if not (0 <= consumer < consumers and all(type(x) is int and x >= 0 for x in (p, n, b))):
+            p, n, b, m = value
+            if not (0 <= consumer < consumers and all(type(x) is int and x >= 0 for x in (p, n, b, m))):
                 raise ValueError
         except (TypeError, ValueError):
             raise OptionError(f"dataset state: bad 'taken' entry {str(key)[:20]!r}") from None
-        skip[my_rank * saved_workers + consumer % saved_workers] = (p, n, b)
+        skip[my_rank * saved_workers + consumer % saved_workers] = (p, n, b, m)
     return _Resume(epoch, skip=skip, consumers=consumers, state=dict(state))

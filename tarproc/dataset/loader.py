@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .core import COUNT_HINT, Position
+from .core import COUNT_HINT, Position, Taken
 from .core import Dataset as _Core
 from .core import _few
 from .core import _warn as warn
@@ -119,7 +119,7 @@ class Loader:
         self.kwargs = kwargs
         self._epoch: int | None = None
         self._steps = 0
-        self._taken: dict[int, tuple[int, int, int]] = {}
+        self._taken: dict[int, Taken] = {}
 
     @property
     def workers(self) -> int:
@@ -145,7 +145,7 @@ class Loader:
                     # readers resumed mid-epoch start from where the state left them
                     resume = ds._resume
                     self._taken = dict(resume.skip) if resume is not None and resume.epoch == position.epoch else {}
-                self._taken[position.consumer] = (position.pass_, position.taken, position.batches)
+                self._taken[position.consumer] = position.taken_state()
                 self._steps += 1
                 if ds.decodes_in_main:
                     batch = ds.finish(batch)

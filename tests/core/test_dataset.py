@@ -14,7 +14,8 @@ import pytest
 from tarhelpers import encode_image, write_tar
 
 import tarproc
-from tarproc.dataset import Dataset, split_by_shard, split_even
+from tarproc.dataset import Dataset, split_by_shard, split_work
+from tarproc.dataset.split import whole_shards
 from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, dali_available
 from tarproc.errors import DatasetError, DecodeError, OptionError
 
@@ -74,20 +75,22 @@ def test_by_shard_split_covers_every_sample_once(shards: int, consumers: int) ->
 
 
 @pytest.mark.parametrize("world,workers", [(1, 1), (2, 3), (3, 2), (4, 5)])
-def test_even_split_gives_every_rank_the_same_counts(world: int, workers: int) -> None:
+def test_split_with_counts_gives_every_rank_the_same_steps_and_every_sample_once(world: int, workers: int) -> None:
     lengths = {"a": 17, "b": 3, "c": 40, "d": 9}
-    order = ["c", "a", "d", "b"]
-    per: dict[tuple[int, int], int] = {}
-    seen = Counter()
+    work = whole_shards(["c", "a", "d", "b"], lengths)
+    steps: set[int] = set()
+    seen: Counter[tuple[str, int]] = Counter()
     for r in range(world):
+        batches = []
         for w in range(workers):
-            a = split_even(order, lengths, r, world, w, workers)
-            per[r, w] = sum(p.stop - p.start for p in a.parts)
-            seen.update((p.url, i) for p in a.parts for i in range(p.start, p.stop))
-            assert a.dropped == 69 % world
-    assert all(n == 1 for n in seen.values()) and sum(seen.values()) == 69 - 69 % world
-    for w in range(workers):  # the same sizes on every rank: the same batch counts for DDP
-        assert len({per[r, w] for r in range(world)}) == 1
+            a = split_work(work, r, world, w, workers, 5)
+            seen.update((p.url, i) for p in a.parts for i in p.indices())
+            assert sum(a.batches) == a.samples and a.dropped == 0
+            batches += a.batches
+        steps.add(len(batches))
+        assert max(batches) <= 6 and sum(batches) in (69 // world, 69 // world + 1)
+    assert len(steps) == 1  # DDP: every rank steps the same number of times
+    assert seen == Counter({(u, i): 1 for u, n in lengths.items() for i in range(n)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,7 +122,7 @@ def test_rank_and_world_from_torchrun_environment(tmp_path: Path, monkeypatch: p
     assert sorted(got) == sorted(all_keys(paths))
 
 
-def test_even_split_equal_batches_per_rank_from_a_manifest(tmp_path: Path) -> None:
+def test_equal_batches_per_rank_from_a_manifest(tmp_path: Path) -> None:
     sizes = [17, 3, 40, 9]
     paths = make_shards(tmp_path, sizes)
     manifest = tmp_path / "manifest.jsonl"
@@ -131,7 +134,7 @@ def test_even_split_equal_batches_per_rank_from_a_manifest(tmp_path: Path) -> No
         counts.append(len(batches))
         got += keys_of(batches)
     assert len(set(counts)) == 1  # DDP: every rank steps the same number of times
-    assert len(got) == len(set(got)) == 69 - 69 % 3 and ds.dropped == 69 % 3
+    assert sorted(got) == sorted(all_keys(paths)) and ds.dropped == 0  # and no sample is left out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,19 +271,20 @@ def test_resume_mid_epoch_continues_exactly(tmp_path: Path, workers: int) -> Non
     assert sorted(again) == sorted(all_keys(paths)) and resumed.state_dict()["epoch"] == 5
 
 
-def test_resume_refuses_another_layout(tmp_path: Path) -> None:
+def test_resume_without_counts_refuses_another_layout_at_load(tmp_path: Path) -> None:
     paths = make_shards(tmp_path, [6, 6])
-    loader = Dataset(paths, batch_size=2, to_tuple=("__key__",)).loader(num_workers=2)
+    loader = Dataset(paths, batch_size=2, to_tuple=("__key__",), lengths=None).loader(num_workers=2)
     next(iter(loader))
     state = loader.state_dict()
-    other = Dataset(paths, batch_size=2, to_tuple=("__key__",)).loader(num_workers=0)
-    other.load_state_dict(state)
-    with pytest.raises(OptionError, match="same world size and num_workers"):
-        list(other)
+    other = Dataset(paths, batch_size=2, to_tuple=("__key__",), lengths=None).loader(num_workers=0)
+    with pytest.raises(OptionError, match="same num_workers"):
+        other.load_state_dict(state)
     with pytest.raises(OptionError, match="same seed"):
-        Dataset(paths, seed=5).load_state_dict(state)
+        Dataset(paths, seed=5, lengths=None).load_state_dict(state)
     with pytest.raises(OptionError, match="repeat=True"):
-        Dataset(paths, repeat=True).load_state_dict(state)
+        Dataset(paths, repeat=True, lengths=None).load_state_dict(state)
+    with pytest.raises(OptionError, match="another dataset"):
+        Dataset(paths[:1], lengths=None).load_state_dict(state)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,207 @@
+"""Equal steps, exactly once and resume on another layout, with sample counts found by the dataset
+itself (no manifest): ranks are simulated in one process (``rank=``, ``world_size=``) over real
+DataLoader workers; ``tests/interop/test_torchrun.py`` runs the same under torchrun."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from tarhelpers import write_tar
+
+import tarproc
+from tarproc.dataset import Dataset
+from tarproc.errors import DatasetError, OptionError, ShardCountError
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+SIZES = [10, 10, 10, 7]  # the new user's 100/100/100/73, smaller
+
+
+def make_shards(directory: Path, sizes: list[int] = SIZES) -> list[str]:
+    paths, n = [], 0
+    for s, size in enumerate(sizes):
+        samples = [{"__key__": f"k{n + i:04d}", "cls": (n + i) % 5} for i in range(size)]
+        paths.append(str(write_tar(directory / f"train-{s}.tar", samples)))
+        n += size
+    return paths
+
+
+def every_key(paths: list[str]) -> Counter[str]:
+    return Counter(s["__key__"] for s in tarproc.read_samples(paths))
+
+
+def run_ranks(paths: list[str], world: int, workers: int, *, state: dict | None = None, stop: int | None = None,
+              **kwargs: object) -> tuple[list[list[list[str]]], dict | None]:
+    """Every rank's batches of keys (one epoch, or ``stop`` steps), and rank 0's state at the stop."""
+    kwargs = {"batch_size": 4, "shuffle": 6, "seed": 1, "to_tuple": ("__key__",), **kwargs}
+    out, saved = [], None
+    for rank in range(world):
+        loader = Dataset(paths, rank=rank, world_size=world, **kwargs).loader(num_workers=workers)
+        if state is not None:
+            loader.load_state_dict(state)
+        batches = []
+        for (keys,) in loader:
+            batches.append(list(keys))
+            if stop is not None and len(batches) == stop:
+                break
+        if rank == 0 and stop is not None:
+            saved = json.loads(json.dumps(loader.state_dict()))
+        out.append(batches)
+    return out, saved
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_equal_steps_and_every_key_once_with_no_manifest(tmp_path: Path, world: int, workers: int) -> None:
+    paths = make_shards(tmp_path)
+    ranks, _ = run_ranks(paths, world, workers)
+    assert len({len(batches) for batches in ranks}) == 1  # DDP: the same number of steps on every rank
+    assert Counter(k for batches in ranks for b in batches for k in b) == every_key(paths)
+    ds = Dataset(paths, batch_size=4, rank=0, world_size=world)
+    assert len(ds) == len(ds.loader(num_workers=workers)) == len(ranks[0])
+    last = [batches[-1] for batches in ranks]
+    assert max(map(len, last)) - min(map(len, last)) <= 1  # only the last batches differ, by one at most
+
+
+def test_counts_come_from_index_files_and_a_lie_is_an_error_naming_the_shard(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path)
+    for p in paths:
+        Path(p + ".idx").write_bytes(tarproc.build_index(p).jsonl_bytes())
+    ds = Dataset(paths, batch_size=4)
+    assert ds.lengths == dict(zip(paths, SIZES, strict=True)) and "index" in ds.count_sources[paths[3]]
+    # a shard rewritten with fewer samples at the same size of index claims: the reader says so
+    for given, holds in (([10, 10, 10, 10], 7), ([10, 10, 10, 6], 7)):
+        for workers in (0, 2):
+            loader = Dataset(paths, batch_size=4, lengths=given, rank=1, world_size=2).loader(num_workers=workers)
+            error = DatasetError if workers else ShardCountError
+            with pytest.raises(error, match=rf"train-3.tar: holds {holds} samples, but its count \(given\) says {given[3]}"):
+                list(loader)
+
+
+def test_padding_marks_the_copies_and_keeps_every_key_once(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path)
+    seen: Counter[str] = Counter()
+    shapes = set()
+    for rank in range(3):
+        ds = Dataset(paths, batch_size=4, pad=True, rank=rank, world_size=3, to_tuple=("__key__", "__valid__"))
+        batches = list(ds.loader(num_workers=2))
+        shapes.add(tuple(len(k) for k, _ in batches))
+        for keys, valid in batches:
+            assert valid.dtype == torch.bool
+            seen.update(k for k, v in zip(keys, valid.tolist(), strict=True) if v)
+    assert len(shapes) == 1  # the same batch sizes on every rank
+    assert seen == every_key(paths)
+    with pytest.raises(OptionError, match="__valid__"):
+        Dataset(paths, pad=True, to_tuple=("__key__",))
+
+
+@pytest.mark.parametrize("before,after", [((3, 2), (2, 1)), ((2, 1), (3, 2)), ((2, 0), (1, 3))])
+def test_resume_on_another_world_size_and_worker_count(tmp_path: Path, before: tuple[int, int], after: tuple[int, int]) -> None:
+    paths = make_shards(tmp_path)
+    first, state = run_ranks(paths, *before, stop=2)
+    assert state is not None and state["mode"] == "steps"
+    rest, _ = run_ranks(paths, *after, state=state)
+    assert len({len(b) for b in rest}) == 1
+    keys = Counter(k for ranks in (first, rest) for batches in ranks for b in batches for k in b)
+    assert keys == every_key(paths)  # before + after: every key once
+
+
+def test_resume_twice_then_the_next_epoch_is_whole(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path)
+    a, state = run_ranks(paths, 3, 2, stop=1)
+    b, state = run_ranks(paths, 2, 1, state=state, stop=2)
+    c, _ = run_ranks(paths, 1, 2, state=state)
+    keys = Counter(k for ranks in (a, b, c) for batches in ranks for bt in batches for k in bt)
+    assert keys == every_key(paths)
+    # a state saved at the end of an epoch resumes at the next one
+    done, end = run_ranks(paths, 2, 1, stop=len(run_ranks(paths, 2, 1)[0][0]))
+    ds = Dataset(paths, batch_size=4, shuffle=6, seed=1, rank=0, world_size=2, to_tuple=("__key__",))
+    ds.load_state_dict(end)
+    assert ds.epoch == 1
+
+
+def test_a_state_loaded_and_saved_again_before_any_batch_is_the_same(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path)
+    _, state = run_ranks(paths, 2, 1, stop=2)
+    loader = Dataset(paths, batch_size=4, shuffle=6, seed=1, rank=0, world_size=2).loader(num_workers=2)
+    loader.load_state_dict(state)
+    assert loader.state_dict() == state
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_repeat_stream_resumes_to_the_same_sequence(tmp_path: Path, workers: int) -> None:
+    paths = make_shards(tmp_path)
+
+    def loader() -> tarproc.Loader:
+        ds = Dataset(paths, batch_size=4, shuffle=6, seed=2, repeat=True, batches_per_epoch=15, to_tuple=("__key__",))
+        return ds.loader(num_workers=workers)
+
+    whole = [list(k) for (k,) in loader()]
+    assert len(whole) == 15  # 15 batches of 4 from 37 samples: more than one pass
+    first = loader()
+    part = []
+    for (keys,) in first:
+        part.append(list(keys))
+        if len(part) == 6:
+            break
+    state = json.loads(json.dumps(first.state_dict()))
+    again = loader()
+    again.load_state_dict(state)
+    assert part + [list(k) for (k,) in again] == whole
+
+
+def test_map_that_drops_samples_keeps_the_number_of_steps(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path)
+    steps = set()
+    for rank in range(2):
+        ds = Dataset(paths, batch_size=4, rank=rank, world_size=2, to_tuple=("__key__",),
+                     map=lambda s: None if s["cls"] == 0 else s)
+        steps.add(len(list(ds.loader(num_workers=2))))
+    assert len(steps) == 1
+
+
+def test_state_of_a_plain_dataloader_with_workers_is_an_error(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path)
+    ds = Dataset(paths, batch_size=4)
+    next(iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)))
+    with pytest.raises(OptionError, match=r"ds.loader\(num_workers=N\)"):
+        ds.state_dict()
+
+
+def test_several_ranks_without_counts_in_a_plain_dataloader_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path)
+    ds = Dataset(paths, batch_size=4, lengths=None, rank=0, world_size=2)
+    with pytest.raises(DatasetError, match=r"ds.loader\(num_workers=N\)"):
+        list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
+    with pytest.raises(TypeError, match="no sample count"):
+        len(ds)
+
+
+BAD_STATES = [
+    ({"version": 1}, "version 1"),
+    ({"seed": "x"}, "'seed'"),
+    ({"epoch": -1}, "'epoch'"),
+    ({"fingerprint": 5}, "'fingerprint'"),
+    ({"mode": "other"}, "'mode'"),
+    ({"steps": "3"}, "'steps'"),
+    ({"plan": {"batch_size": 0}}, "'plan'"),
+    ({"work": [[99, [[0, 1]]]]}, "'work'"),
+    ({"work": [[0, [[5, 2]]]]}, "bad range"),
+    ({"work": "x"}, "'work'"),
+    ({"world_size": 0}, "'world_size'"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD_STATES, ids=[m for _, m in BAD_STATES])
+def test_a_state_that_cannot_be_used_is_refused_at_load(tmp_path: Path, change: dict, message: str) -> None:
+    paths = make_shards(tmp_path)
+    _, state = run_ranks(paths, 2, 1, stop=1)
+    assert state is not None
+    with pytest.raises(OptionError, match=message):
+        Dataset(paths, batch_size=4, shuffle=6, seed=1).load_state_dict({**state, **change})
+    for bad in ([], None, "state"):
+        with pytest.raises(OptionError, match="not a tarproc dataset state"):
+            Dataset(paths).load_state_dict(bad)  # type: ignore[arg-type]
