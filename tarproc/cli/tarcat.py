@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 
 import click
 
-from ..errors import OptionError
+from ..errors import OptionError, SampleError
 from ..stages import parse_fields, parse_slice, select_fields, shuffle, slice_samples
 from ..stages import rekey as rekey_samples
 from ..tario import ReadStats
@@ -23,6 +24,7 @@ from .common import (
     seed_option,
     shuffle_option,
     stats_option,
+    warn,
     write_tar,
     writer_options,
 )
@@ -34,8 +36,10 @@ Examples:
   tar -cf - --sort=name -C /data train | tarcat -f 'image:jpg,jpeg,png cls' --rekey %09d > train.tar
   tarcat --stats -o /dev/null shards/*.tar      # check shards: counts, damage, duplicates
   cat a.tar b.tar | tarcat -i --links skip > ab.tar   # concatenated archives; links left out
+  tarcat a.tar a.tar b.tar --shuffle 1000 --rekey 'mix-%09d' -o mix.tar   # a's samples twice, b's once
 
 Samples are selected in this order: --skip, --slice, -f, --shuffle, -c, --rekey.
+An input listed more than once (to oversample it) repeats its samples' keys: give --rekey.
 """
 
 
@@ -51,7 +55,8 @@ Samples are selected in this order: --skip, --slice, -f, --shuffle, -c, --rekey.
               help="With -f: a sample lacking a field is an error, dropped, or written without it.")
 @shuffle_option
 @seed_option("--shuffle")
-@click.option("--rekey", metavar="FORMAT", help="Renumber keys with a printf FORMAT, e.g. %09d.")
+@click.option("--rekey", metavar="FORMAT",
+              help="Renumber keys with a printf FORMAT, e.g. %09d (needed when an input is listed twice).")
 @stats_option()
 @writer_options
 @common_options
@@ -84,6 +89,11 @@ def main(
     field_spec = parse_fields(fields) if fields is not None else None
     lo, hi, step = parse_slice(slice_spec) if slice_spec else (0, None, 1)
     stats = ReadStats()
+    repeated = {url: n for url, n in Counter(reading.urls).items() if n > 1}
+    if repeated and not rekey:
+        warn(f"{_listing(repeated)}: every copy of a sample is written with the same key, and readers refuse a key "
+             "that reappears (--dup), or read two copies next to each other as one sample; give --rekey "
+             f"{REKEY_EXAMPLE} to give every sample a new key")
 
     # each sample is written before the next is read, so big values can be views of what was read
     # instead of copies -- except in a shuffle buffer, where they would keep whole reads in memory
@@ -100,9 +110,31 @@ def main(
             samples = slice_samples(samples, 0, count)
         if rekey:
             samples = rekey_samples(samples, rekey)
-        writer = write_tar(progress(samples, quiet, "tarcat"), output, writing)
+        try:
+            writer = write_tar(progress(samples, quiet, "tarcat"), output, writing)
+        except SampleError as e:
+            # the writer's error for a key written twice in a row: an input listed twice (or two
+            # inputs with the same keys) next to each other, as a shuffle can put them
+            if rekey or type(e) is not SampleError or e.key is None or "twice in a row" not in e.message:
+                raise
+            cause = "an input listed more than once repeats its keys" if repeated else "two inputs share keys"
+            raise SampleError(f"{e.message}: {cause}; give --rekey {REKEY_EXAMPLE} to give every sample a new key",
+                              e.url, key=e.key) from e
     if show_stats:
         report_stats("tarcat", stats, writer, output)
+
+
+REKEY_EXAMPLE = "'mix-%09d'"
+
+
+def _listing(repeated: dict[str, int]) -> str:
+    """``a.tar is listed 2 times`` or ``a.tar (2 times), b.tar (3 times) are listed more than once``."""
+    if len(repeated) == 1:
+        (url, n), = repeated.items()
+        return f"{url} is listed {n} times"
+    named = [f"{url} ({n} times)" for url, n in list(repeated.items())[:3]]
+    more = f" and {len(repeated) - 3} more" if len(repeated) > 3 else ""
+    return f"{', '.join(named)}{more} are listed more than once"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,9 +20,11 @@ epoch among ranks and workers in ``tarproc.dataset.split``.
 from .core import EncodedImages, EpochClock, Position
 from .fields import DEFAULT_HANDLERS, apply_handlers, collate
 from .loader import HAVE_TORCH, Dataset, Loader
-from .split import Assignment, Part, epoch_order, load_lengths, split_by_shard, split_even
+from .mix import Mix
+from .split import Assignment, Part, epoch_order, load_lengths, rank_plan, remaining, split_by_shard, split_work
 
 __all__ = [
-    "DEFAULT_HANDLERS", "HAVE_TORCH", "Assignment", "Dataset", "EncodedImages", "EpochClock", "Loader", "Part",
-    "Position", "apply_handlers", "collate", "epoch_order", "load_lengths", "split_by_shard", "split_even",
+    "DEFAULT_HANDLERS", "HAVE_TORCH", "Assignment", "Dataset", "EncodedImages", "EpochClock", "Loader", "Mix", "Part",
+    "Position", "apply_handlers", "collate", "epoch_order", "load_lengths", "rank_plan", "remaining",
+    "split_by_shard", "split_work",
 ]

@@ -55,6 +55,7 @@ from .split import (
     split_by_shard,
     split_work,
     whole_shards,
+    worker_batches_taken,
 )
 
 ON_ERROR = ("fail", "skip")
@@ -79,6 +80,7 @@ class Position(NamedTuple):
     batches: int = 0  # batches of this pass
     pass_: int = 0
     made: int = 0  # batches of this iteration (a repeat stream's nominal epoch)
+    reader: int = 0  # the DataLoader worker that made it
 
     def taken_state(self) -> Taken:
         return self.pass_, self.taken, self.batches, self.made
@@ -153,16 +155,21 @@ def _shared_clock(shared: Any) -> EpochClock:
 
 
 class _Resume(NamedTuple):
-    """Where a loaded state continues: in ``epoch`` (and ``pass_`` of a repeat stream), either the
-    remaining ``work`` re-planned for any layout (counts), or per consumer the samples and batches
-    to skip (the same layout)."""
+    """Where a loaded state continues in ``epoch``: the plan of that epoch (its ``work``, None for
+    every shard, and ``generation``) and, for the layout of ``consumers`` readers, where each of
+    them stood in it (``skip``): the same layout replays its readers' sequences, so the batches go on
+    exactly as they would have. ``replan``: for any other layout (with counts), what is left of the
+    epoch as a plan of its own."""
 
     epoch: int
     generation: int = 0
     work: list[Part] | None = None
     skip: dict[int, Taken] = {}  # consumer -> where its reader stood
-    consumers: int | None = None  # the readers the skips are for
+    consumers: int | None = None  # the readers the skips are for (None: any layout)
+    shift: int = 0  # the reader that delivers first (the batches its rank had taken, modulo the readers)
+    steps: int = 0  # the steps every rank had taken in the plan
     state: Mapping[str, Any] = {}  # the state loaded: still the position until a batch is taken
+    replan: _Resume | None = None
 
 
 class Dataset:
@@ -356,20 +363,39 @@ class Dataset:
             raise TypeError(f"no length: {_few(self.uncounted)} have no sample count ({COUNT_HINT})")
         rank, world = self.rank_world()
         epoch = self.epoch
-        return int(split_work(self._work(epoch), rank, world, 0, 1, self.batch_size, self.drop_last, self.pad).steps or 0)
+        work = self._work(epoch, self._resume_for(epoch, None))
+        return int(split_work(work, rank, world, 0, 1, self.batch_size, self.drop_last, self.pad).steps or 0)
 
-    def _work(self, epoch: int) -> list[Part]:
-        """The work of ``epoch`` (with counts): what a loaded state left of it, or every shard."""
+    def _resume_for(self, epoch: int, consumers: int | None) -> _Resume | None:
+        """What a loaded state says for ``epoch`` read by ``consumers`` readers (None: any)."""
+        resume = self._resume
+        if resume is None or resume.epoch != epoch:
+            return None
+        if resume.consumers is not None and resume.consumers != consumers:
+            if resume.replan is not None:
+                return resume.replan
+            if consumers is not None:
+                raise OptionError(
+                    f"the saved state is for {resume.consumers} readers (ranks x workers), this run has {consumers}: "
+                    "without sample counts (or for a repeat=True stream) resume with the same world size and "
+                    "num_workers"
+                )
+        return resume
+
+    def _work(self, epoch: int, resume: _Resume | None) -> list[Part]:
+        """The work of ``epoch`` (with counts): the plan a loaded state gives, or every shard."""
         assert self.lengths is not None
-        if self._resume is not None and self._resume.epoch == epoch and self._resume.work is not None:
-            return self._resume.work
+        if resume is not None and resume.work is not None:
+            return resume.work
         return whole_shards(epoch_order(self.urls, self.seed, epoch, self.shuffle_shards), self.lengths)
 
-    def assignment(self, epoch: int, rank: int, world_size: int, worker: int, workers: int) -> Assignment:
+    def assignment(
+        self, epoch: int, rank: int, world_size: int, worker: int, workers: int, resume: _Resume | None = None
+    ) -> Assignment:
         """What consumer ``(rank, worker)`` reads in ``epoch`` (see ``tarproc.dataset.split``)."""
         if self.lengths is not None:
-            return split_work(self._work(epoch), rank, world_size, worker, workers, self.batch_size, self.drop_last,
-                              self.pad)
+            return split_work(self._work(epoch, resume), rank, world_size, worker, workers, self.batch_size,
+                              self.drop_last, self.pad)
         return split_by_shard(epoch_order(self.urls, self.seed, epoch, self.shuffle_shards), rank * workers + worker,
                               world_size * workers)
 
@@ -388,11 +414,11 @@ class Dataset:
     def _state(self, epoch: int | None, workers: int, steps: int, taken: Mapping[int, Taken]) -> dict[str, Any]:
         """The state of an epoch (``epoch`` None: nothing taken yet) whose ranks took ``steps``
         batches each, read by ``workers`` per rank; ``taken``: where each consumer stands."""
+        rank, world = self.rank_world()
         at = self.epoch if epoch is None else epoch
-        resume = self._resume if self._resume is not None and self._resume.epoch == at else None
+        resume = self._resume_for(at, world * workers)
         if resume is not None and resume.state and not steps:
             return dict(resume.state)  # nothing taken since it was loaded: the position it gave
-        rank, world = self.rank_world()
         state: dict[str, Any] = {
             "version": STATE_VERSION, "seed": self.seed, "fingerprint": self._fingerprint(),
             "epoch": self.epoch if epoch is None else epoch, "world_size": world, "workers": workers,
@@ -402,7 +428,8 @@ class Dataset:
         if self.lengths is not None and not self.repeat:
             work = resume.work if resume is not None else None
             return {
-                **state, "mode": "steps", "steps": steps, "generation": resume.generation if resume is not None else 0,
+                **state, "mode": "steps", "steps": steps + (resume.steps if resume is not None else 0),
+                "generation": resume.generation if resume is not None else 0,
                 "plan": {"batch_size": self.batch_size, "drop_last": self.drop_last, "pad": self.pad,
                          "shuffle": self.shuffle, "shuffle_shards": self.shuffle_shards},
                 "work": None if work is None else encode_work(work, self.urls),
@@ -462,13 +489,13 @@ class Dataset:
             self._clock.mark_plain_workers(False)
         epoch = self._clock.begin(worker)
         consumers = world * workers
+        resume = self._resume_for(epoch, consumers)
+        reader = worker
+        if resume is not None:
+            # a DataLoader takes batches from its workers round robin from worker 0: so that a resumed
+            # stream goes on in the same order, worker w plays the reader that was to deliver next
+            worker = (worker + resume.shift) % workers
         consumer = rank * workers + worker
-        resume = self._resume if self._resume is not None and self._resume.epoch == epoch else None
-        if resume is not None and resume.consumers is not None and resume.consumers != consumers:
-            raise OptionError(
-                f"the saved state is for {resume.consumers} readers (ranks x workers), this run has {consumers}: "
-                "without sample counts (or for a repeat=True stream) resume with the same world size and num_workers"
-            )
         if self.decodes_in_main and in_worker and not self._tagged:
             raise OptionError(
                 f"device={self.device!r} with decoding in the main process (CUDA can't run in forked DataLoader "
@@ -483,7 +510,7 @@ class Dataset:
             base, extra = divmod(self.batches_per_epoch, workers)
             batches = itertools.islice(batches, max(0, base + (1 if worker < extra else 0) - skip[3]))
         for made, (position, batch) in enumerate(batches, skip[3] + 1):
-            position = position._replace(consumer=consumer, consumers=consumers, made=made)
+            position = position._replace(consumer=consumer, consumers=consumers, made=made, reader=reader)
             if self._tagged:  # the Loader keeps the position (and decodes, when decoding in main)
                 yield position, batch
                 continue
@@ -502,7 +529,7 @@ class Dataset:
         consumer = rank * workers + worker
         generation = resume.generation if resume is not None else 0
         if not self.repeat:
-            assignment = self.assignment(epoch, rank, world, worker, workers)
+            assignment = self.assignment(epoch, rank, world, worker, workers, resume)
             yield from self._epoch_batches(assignment, epoch, epoch, generation, consumer, skip[1], skip[2], 0)
             return
         first_pass, skip_samples, skip_batches, _ = skip
@@ -809,15 +836,26 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
         except (KeyError, TypeError):
             raise OptionError("dataset state: bad 'plan' (batch_size, shuffle, drop_last, pad, shuffle_shards)") from None
         drop_last, pad, shuffle_shards = flags
-        if state.get("work") is None:
-            work = whole_shards(epoch_order(ds.urls, ds.seed, epoch, shuffle_shards), ds.lengths)
-        else:
-            work = decode_work(state["work"], ds.urls, ds.lengths, "dataset state: 'work'")
-        left = remaining(work, steps, world, saved_workers, batch_size, drop_last, pad, bufsize,
+        work = None if state.get("work") is None else decode_work(state["work"], ds.urls, ds.lengths,
+                                                                   "dataset state: 'work'")
+        plan_work = work if work is not None else whole_shards(epoch_order(ds.urls, ds.seed, epoch, shuffle_shards),
+                                                               ds.lengths)
+        left = remaining(plan_work, steps, world, saved_workers, batch_size, drop_last, pad, bufsize,
                          lambda c: ds._sample_seed(epoch, generation, c))
         if not left:
             return _Resume(epoch + 1)  # that epoch was over
-        return _Resume(epoch, generation + 1, left, state=dict(state))
+        replan = _Resume(epoch, generation + 1, left, state=dict(state))
+        if world != my_world or (batch_size, drop_last, pad, bufsize, shuffle_shards) != (
+                ds.batch_size, ds.drop_last, ds.pad, ds.shuffle, ds.shuffle_shards):
+            return replan
+        # the same plan: on the same layout, each reader replays its sequence to where it stood
+        mine = [split_work(plan_work, my_rank, world, w, saved_workers, batch_size, drop_last, pad)
+                for w in range(saved_workers)]
+        taken = worker_batches_taken([len(a.batches or ()) for a in mine], steps)
+        skip = {my_rank * saved_workers + w: (0, sum((a.batches or [])[:t]), t, t)
+                for w, (a, t) in enumerate(zip(mine, taken, strict=True))}
+        return _Resume(epoch, generation, work, skip, world * saved_workers, steps % saved_workers, steps,
+                       dict(state), replan)
     if mode != "readers":
         raise OptionError(f"dataset state: bad 'mode': {mode[:20]!r}")
     rank, counted, repeat = field("rank", int), field("counted", bool, None), field("repeat", bool, None)
@@ -846,4 +884,5 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
         except (TypeError, ValueError):
             raise OptionError(f"dataset state: bad 'taken' entry {str(key)[:20]!r}") from None
         skip[my_rank * saved_workers + consumer % saved_workers] = (p, n, b, m)
-    return _Resume(epoch, skip=skip, consumers=consumers, state=dict(state))
+    shift = sum(m for _, _, _, m in skip.values()) % saved_workers
+    return _Resume(epoch, skip=skip, consumers=consumers, shift=shift, state=dict(state))

@@ -138,13 +138,13 @@ class Loader:
         try:
             for position, batch in batches:
                 position = Position(*position)
-                reading[position.consumer % self.workers] = position.url
+                reading[position.reader] = position.url
                 if first or position.epoch != self._epoch:
                     first = False
                     self._epoch, self._steps = position.epoch, 0
                     # readers resumed mid-epoch start from where the state left them
-                    resume = ds._resume
-                    self._taken = dict(resume.skip) if resume is not None and resume.epoch == position.epoch else {}
+                    resume = ds._resume_for(position.epoch, position.consumers)
+                    self._taken = dict(resume.skip) if resume is not None else {}
                 self._taken[position.consumer] = position.taken_state()
                 self._steps += 1
                 if ds.decodes_in_main:

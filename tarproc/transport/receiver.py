@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import OptionError, TransportError, WireError
+from ..errors import DatasetError, OptionError, TransportError, WireError
 from .curve import Handshakes, handshake_events
 from .sender import DEFAULT_HWM
 from .urls import attach, parse_endpoints
@@ -47,6 +47,11 @@ MAX_SENDERS = 4096  # senders (group, rank) one receiver keeps track of: a peer 
 _CONNECTION_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
 _ACCEPTED, _DISCONNECTED = 0x0020, 0x0200
 MIN_RATE_SECONDS = 0.1  # a rate measured over less time than this is noise
+# Receiver.dataset() read in a DataLoader worker (or pickled for one): the sockets are the main
+# process's, and the batches need no workers
+NO_WORKERS = ("Receiver.dataset() can't be read in DataLoader worker processes (its ZMQ sockets live in the main "
+              "process, and a forked copy of them would receive nothing): tarserve sends batches already decoded "
+              "and batched, so use DataLoader(receiver.dataset(), batch_size=None, num_workers=0)")
 _malloc_tuned: bool | None = None
 
 
@@ -208,7 +213,8 @@ class Receiver:
         self.hwm = hwm
         self.ack_mode = ack
         self.max_message_size = max_message_size
-        self.id = f"{socketlib.gethostname()}:{os.getpid()}"
+        self._pid = os.getpid()  # the sockets are this process's: a forked child must not touch them
+        self.id = f"{socketlib.gethostname()}:{self._pid}"
         self._senders: dict[tuple[str, int], _Sender] = {}  # by (group, rank)
         # (socket, routing id) -> the sender id and group that said hello there
         self._connections: dict[tuple[int, bytes], tuple[str, str]] = {}
@@ -287,6 +293,10 @@ class Receiver:
         receiver closes its sockets. With ``ack="manual"`` it does neither: the consumer calls
         ``ack_end()`` once it has made what it received safe, then ``close()``.
         """
+        if os.getpid() != self._pid:  # not in the try below: closing in a forked child is for the parent to do
+            raise TransportError(f"this Receiver was made in process {self._pid} and can't receive in process "
+                                 f"{os.getpid()}, forked from it (ZMQ sockets don't survive a fork): receive in the "
+                                 "process that made it, or make a Receiver in each process")
         try:
             pending: set[int] = set()  # epochs with an eof seen and no EpochEnd yet
             while not (self.finished and self._nothing_unseen()):
@@ -357,16 +367,23 @@ class Receiver:
             yield out
 
     def dataset(self) -> Any:
-        """A ``torch.utils.data.IterableDataset`` of the batches (use ``batch_size=None`` in DataLoader)."""
-        from torch.utils.data import IterableDataset
+        """A ``torch.utils.data.IterableDataset`` of the batches, for
+        ``DataLoader(receiver.dataset(), batch_size=None)`` with ``num_workers=0`` (the default).
 
-        receiver = self
+        The batches come decoded and batched by tarserve, so the DataLoader has no work for worker
+        processes; and the receiver's sockets live in this process. Read in a worker (or pickled
+        to start one), the dataset raises ``DatasetError`` saying so, which the DataLoader
+        re-raises here on the first batch, instead of waiting for batches that never come.
+        """
+        return _dataset_class()(self)
 
-        class ReceiverDataset(IterableDataset):  # type: ignore[misc,type-arg]
-            def __iter__(self) -> Iterator[dict[str, Any]]:
-                return receiver.torch()
+    def _torch_in_main_process(self) -> Iterator[dict[str, Any]]:
+        from torch.utils.data import get_worker_info
 
-        return ReceiverDataset()
+        info = get_worker_info()
+        if info is not None:
+            raise DatasetError(NO_WORKERS, worker=info.id, cause="TransportError")
+        return self.torch()
 
     @property
     def finished(self) -> bool:
@@ -647,6 +664,8 @@ class Receiver:
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._pid:  # a forked child's copy (a DataLoader worker's): the sockets are the parent's
+            return
         if self._acks and self._sockets:  # what the consumer took is acknowledged on the way out
             self._send_acks()
         for index, sock in enumerate(self._sockets):
@@ -663,6 +682,31 @@ class Receiver:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+_DATASET_CLASS: list[type] = []
+
+
+def _dataset_class() -> type:
+    """``ReceiverDataset``, made once, on first use: torch is imported only then."""
+    if not _DATASET_CLASS:
+        from torch.utils.data import IterableDataset
+
+        class ReceiverDataset(IterableDataset):  # type: ignore[misc,type-arg]
+            """The batches of a ``Receiver``, as torch tensors (see ``Receiver.dataset``)."""
+
+            def __init__(self, receiver: Receiver) -> None:
+                self.receiver = receiver
+
+            def __iter__(self) -> Iterator[dict[str, Any]]:
+                return self.receiver._torch_in_main_process()
+
+            def __reduce__(self) -> Any:
+                # pickled for a worker process started by spawn or forkserver
+                raise DatasetError(NO_WORKERS, cause="TransportError")
+
+        _DATASET_CLASS.append(ReceiverDataset)
+    return _DATASET_CLASS[0]
 
 
 def _peer_of(fd: int) -> str:

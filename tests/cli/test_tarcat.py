@@ -455,3 +455,105 @@ def test_output_to_a_fifo_writes_into_it(cli, shards, tmp_path):
         os.close(reader)
     assert is_fifo, "the FIFO was replaced by a regular file"
     assert cli.samples(b"".join(chunks)) == shards.expected[:4]
+
+
+# ----------------------------------------------------------------------------------------------
+# oversampling: an input listed more than once
+
+
+def test_oversampling_a_shard_with_shuffle_and_rekey_writes_each_copy(cli, shards):
+    a, b = shards.paths[0], shards.paths[1]
+    r = cli.run(cli.tarcat, [a, a, b, "--shuffle", "1000", "--seed", "1", "--rekey", "mix-%09d"])
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr == ""  # --rekey: nothing to warn about
+    got = cli.samples(r.stdout_bytes)
+    assert keys(got) == [f"mix-{i:09d}" for i in range(12)]
+    # every sample of a twice, of b once (the fields tell them apart: each body starts with its key)
+    bodies = sorted(f.get("jpg", f.get("png")) for _, f in got)
+    expected = [f.get("jpg", f.get("png")) for _, f in shards.expected]
+    assert bodies == sorted(expected[:4] * 2 + expected[4:8])
+    assert [k for k, _ in cli.samples(r.stdout_bytes)] == keys(got)  # and it reads back
+
+
+def test_a_shuffle_that_puts_two_copies_together_is_an_error_saying_to_rekey(cli, shards):
+    a, b = shards.paths[0], shards.paths[1]
+    failed = []
+    for seed in range(30):
+        r = cli.run(cli.tarcat, [a, a, b, "--shuffle", "1000", "--seed", str(seed)])
+        if r.exit_code != 0:
+            failed.append((seed, r))
+    assert failed, "no seed put two copies of a sample next to each other"
+    seed, r = failed[0]
+    assert r.exit_code == 1
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2 and "Traceback" not in r.stderr
+    assert lines[0].startswith("tarcat: warning: ") and "--rekey" in lines[0]
+    assert lines[1].startswith("tarcat: error: key 's0/") and "written twice in a row" in lines[1]
+    assert "an input listed more than once repeats its keys; give --rekey 'mix-%09d'" in lines[1]
+    # the same seed, as the message says
+    r = cli.run(cli.tarcat, [a, a, b, "--shuffle", "1000", "--seed", str(seed), "--rekey", "mix-%09d"])
+    assert r.exit_code == 0 and r.stderr == ""
+    assert len(cli.samples(r.stdout_bytes)) == 12
+
+
+@pytest.mark.parametrize("how", ["arguments", "brace list", "list file"])
+def test_an_input_listed_twice_is_warned_about_once(cli, shards, tmp_path, how):
+    a, b = shards.paths[0], shards.paths[1]
+    if how == "arguments":
+        args = [a, a, b]
+    elif how == "brace list":
+        args = [str(shards.dir / "shard-{0,0,1}.tar")]
+    else:
+        listing = tmp_path / "list.txt"
+        listing.write_text(f"{a}\n{b}\n{a}\n")
+        args = ["-T", str(listing)]
+    r = cli.run(cli.tarcat, args)
+    # shards of several samples: the copies are not next to each other, and all is written
+    assert r.exit_code == 0, r.stderr
+    written = [name[: -len(".cls")] for name, _ in cli.members(r.stdout_bytes) if name.endswith(".cls")]
+    expected = keys(shards.expected)
+    assert written == (expected[:4] + expected[4:8] + expected[:4] if how == "list file" else
+                       expected[:4] * 2 + expected[4:8])
+    lines = r.stderr.splitlines()
+    assert lines == [f"tarcat: warning: {a} is listed 2 times: every copy of a sample is written with the same key, "
+                     "and readers refuse a key that reappears (--dup), or read two copies next to each other as "
+                     "one sample; give --rekey 'mix-%09d' to give every sample a new key"]
+    # what the warning says: the output can't be read as it is
+    back = cli.run(cli.tarcat, ["-", "-o", "/dev/null"], input=r.stdout_bytes)
+    assert back.exit_code == 1 and "reappears" in back.stderr
+
+
+def test_several_inputs_listed_twice_are_named_in_one_warning(cli, shards):
+    a, b, c = shards.paths
+    r = cli.run(cli.tarcat, [a, b, c, b, a, a])
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.splitlines() == [f"tarcat: warning: {a} (3 times), {b} (2 times) are listed more than once: every "
+                                     "copy of a sample is written with the same key, and readers refuse a key "
+                                     "that reappears (--dup), or read two copies next to each other as one sample; "
+                                     "give --rekey 'mix-%09d' to give every sample a new key"]
+
+
+def test_a_one_sample_shard_listed_twice_is_an_error_saying_to_rekey(cli, tmp_path):
+    one = str(cli.write_tar(tmp_path / "one.tar", [{"__key__": "solo", "txt": b"x"}]))
+    two = str(cli.write_tar(tmp_path / "two.tar", [{"__key__": "duo", "txt": b"y"}]))
+    r = cli.run(cli.tarcat, [one, one, two, "-o", tmp_path / "mix.tar"])
+    assert r.exit_code == 1
+    assert r.stderr.splitlines()[1:] == [
+        "tarcat: error: key 'solo' written twice in a row; readers would merge the two samples: an input listed "
+        "more than once repeats its keys; give --rekey 'mix-%09d' to give every sample a new key"]
+    assert not (tmp_path / "mix.tar").exists() and cli.leftovers(tmp_path) == []
+    r = cli.run(cli.tarcat, [one, one, two, "--rekey", "mix-%09d"])
+    assert r.exit_code == 0 and r.stderr == ""
+    assert cli.samples(r.stdout_bytes) == [("mix-000000000", {"txt": b"x"}), ("mix-000000001", {"txt": b"x"}),
+                                           ("mix-000000002", {"txt": b"y"})]
+
+
+def test_two_shards_sharing_a_key_next_to_each_other_is_an_error_saying_to_rekey(cli, tmp_path):
+    x = str(cli.write_tar(tmp_path / "x.tar", [{"__key__": "a", "txt": b"1"}, {"__key__": "b", "txt": b"2"}]))
+    y = str(cli.write_tar(tmp_path / "y.tar", [{"__key__": "b", "txt": b"3"}]))
+    r = cli.run(cli.tarcat, [x, y])
+    assert cli.one_line_error(r, "tarcat") == (
+        "tarcat: error: key 'b' written twice in a row; readers would merge the two samples: two inputs share keys; "
+        "give --rekey 'mix-%09d' to give every sample a new key")
+    r = cli.run(cli.tarcat, [x, y, "--rekey", "%03d"])
+    assert r.exit_code == 0 and keys(cli.samples(r.stdout_bytes)) == ["000", "001", "002"]

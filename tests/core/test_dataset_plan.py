@@ -205,3 +205,16 @@ def test_a_state_that_cannot_be_used_is_refused_at_load(tmp_path: Path, change: 
     for bad in ([], None, "state"):
         with pytest.raises(OptionError, match="not a tarproc dataset state"):
             Dataset(paths).load_state_dict(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_resume_on_the_same_layout_continues_the_same_sequence(tmp_path: Path, workers: int) -> None:
+    paths = make_shards(tmp_path)
+    whole, _ = run_ranks(paths, 2, workers)
+    for stop in (1, 3, 4):
+        first, state = run_ranks(paths, 2, workers, stop=stop)
+        rest, again = run_ranks(paths, 2, workers, state=state, stop=1)
+        assert again is not None and again["steps"] == stop + 1  # saved again: the steps of the whole epoch
+        rest, _ = run_ranks(paths, 2, workers, state=state)
+        for rank in range(2):
+            assert first[rank] + rest[rank] == whole[rank]

@@ -779,6 +779,151 @@ def test_torch_tensors_share_the_received_memory(tmp_path):
     assert isinstance(receiver.dataset(), torch.utils.data.IterableDataset)
 
 
+# -- Receiver.dataset() and DataLoader workers --------------------------------------------------
+
+
+def first_batch_error(loader):
+    """The error the loader raises for its first batch, and the seconds it took.
+
+    The loader's workers are shut down here and now: left to the garbage collector (the error's
+    traceback holds the iterator in a reference cycle), torch's shutdown runs in whichever thread
+    the collector interrupts, a sender's say, and waits 5 s per worker for queues it has closed.
+    """
+    iterator = iter(loader)
+    started = time.monotonic()
+    try:
+        next(iterator)
+    except Exception as e:  # noqa: BLE001 -- the test asserts on what it is
+        error = e
+    else:
+        pytest.fail("the loader gave a batch")
+    seconds = time.monotonic() - started
+    error.__traceback__ = None
+    del iterator
+    return error, seconds
+
+
+@pytest.mark.timeout(60)
+def test_the_receiver_dataset_in_dataloader_workers_is_an_error_not_a_hang(tmp_path):
+    """Its sockets live in the main process: workers would wait for batches for ever. The error
+    reaches the main process at once, one line saying what to do; the same receiver then works
+    with num_workers=0."""
+    torch = pytest.importorskip("torch")
+    from tarproc.errors import DatasetError
+
+    url = ipc(tmp_path)
+    results = {}
+    with Receiver(f"zpull+{url}", timeout=10) as receiver:
+        thread = in_thread(lambda: results.setdefault("stats", send_epochs(f"zpush+{url}", send_timeout=30)))
+        loader = torch.utils.data.DataLoader(receiver.dataset(), batch_size=None, num_workers=2)
+        error, seconds = first_batch_error(loader)
+        assert isinstance(error, DatasetError) and seconds < 10
+        message = str(error)
+        assert "\n" not in message and "Traceback" not in message
+        assert "num_workers=0" in message and "DataLoader worker processes" in message
+        assert error.worker in (0, 1)
+        # what the message says works, with the same receiver
+        loader = torch.utils.data.DataLoader(receiver.dataset(), batch_size=None, num_workers=0)
+        keys = [k for batch in loader for k in batch["__key__"]]
+    thread.join(timeout=10)
+    assert not thread.is_alive() and results["stats"].samples == 10
+    assert sorted(keys) == sorted(f"e0-b{i}-{j}" for i in range(5) for j in range(2))
+
+
+@pytest.mark.timeout(90)
+def test_tarserve_into_dataloader_workers_fails_fast_and_the_sender_gives_up(tmp_path):
+    """The real thing: tarserve in its own process. The trainer's error comes within seconds; once
+    the receiver is closed, tarserve gives up after its --send-timeout, saying why."""
+    torch = pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    from tarhelpers import write_tar
+
+    from tarproc.errors import DatasetError
+
+    shard = write_tar(tmp_path / "train-0.tar", [{"__key__": f"k{i:03d}", "cls": b"%d" % (i % 3)} for i in range(40)])
+    url = ipc(tmp_path)
+    command = [sys.executable, "-m", "tarproc.cli.tarserve", str(shard), "--to", f"zpush+{url}", "--raw",
+               "--label", "cls", "-b", "4", "--send-timeout", "3", "--heartbeat", "0.2", "-q"]
+    with Receiver(f"zpull+{url}", timeout=30) as receiver:
+        sender = subprocess.Popen(command, stderr=subprocess.PIPE)
+        try:
+            loader = torch.utils.data.DataLoader(receiver.dataset(), batch_size=None, num_workers=2)
+            error, seconds = first_batch_error(loader)
+            assert isinstance(error, DatasetError) and "num_workers=0" in str(error) and seconds < 10
+        except BaseException:
+            sender.kill()
+            raise
+    try:
+        _, err = sender.communicate(timeout=45)  # not for ever: it times out
+    finally:
+        sender.kill()
+    assert sender.returncode != 0
+    assert "no receiver took" in err.decode(), err.decode()
+
+
+def test_the_receiver_dataset_refuses_to_be_pickled_for_spawned_workers(tmp_path):
+    torch = pytest.importorskip("torch")
+    import pickle
+
+    from tarproc.errors import DatasetError
+
+    with Receiver(f"zpull+{ipc(tmp_path)}", timeout=5) as receiver:
+        with pytest.raises(DatasetError, match=r"num_workers=0"):
+            pickle.dumps(receiver.dataset())
+        loader = torch.utils.data.DataLoader(receiver.dataset(), batch_size=None, num_workers=1,
+                                             multiprocessing_context="spawn")
+        with pytest.raises(DatasetError, match=r"can't be read in DataLoader worker processes"):
+            next(iter(loader))
+
+
+def test_a_receiver_refuses_to_receive_in_a_forked_child_and_the_parent_goes_on(tmp_path):
+    import multiprocessing
+
+    url = ipc(tmp_path)
+
+    def child(receiver, queue):
+        try:
+            next(iter(receiver))
+            queue.put("received")
+        except TransportError as e:
+            queue.put(str(e))
+        finally:
+            receiver.close()  # the parent's sockets: left alone
+
+    with Receiver(f"zpull+{url}", timeout=5) as receiver:
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        process = context.Process(target=child, args=(receiver, queue))
+        process.start()
+        said = queue.get(timeout=10)
+        process.join(timeout=10)
+        assert process.exitcode == 0
+        assert "forked from it" in said and "ZMQ sockets don't survive a fork" in said
+        thread = in_thread(send_epochs, f"zpush+{url}")
+        keys = [k for batch in receiver for k in batch["__key__"]]
+    thread.join()
+    assert len(keys) == 10
+
+
+def test_the_receiver_module_needs_no_torch(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import tarproc.transport.receiver as r\n"
+            "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+            f"with r.Receiver('zpull+{ipc(tmp_path)}', timeout=1) as receiver:\n"
+            "    try:\n"
+            "        receiver.dataset()\n"
+            "    except ImportError:\n"
+            "        print('no torch')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "no torch"
+
+
 # -- acknowledged delivery ----------------------------------------------------------------------
 
 

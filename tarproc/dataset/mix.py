@@ -1,0 +1,594 @@
+"""``Mix``: weighted mixing of several ``Dataset``s into one stream of batches, seeded and resumable.
+
+Each step of a mix epoch either takes a whole batch from one source (``compose="batches"``), the
+source drawn by ``random.Random(f"{seed}/mix/{epoch}/{step}").choices(names, weights)``, or takes
+``k_i`` samples from every source and concatenates them (``compose="stratified"``). The choices are
+a pure function of ``(seed, epoch, step)``: every rank draws the same sequence, and a resumed run
+draws the rest of it. Each source is read through its own ``Loader`` (its own DataLoader workers)
+when torch is installed, else by iterating the ``Dataset`` in this process.
+
+Multi-rank training: give every rank the same ``Mix`` (same sources, weights and seed). Each source
+``Dataset`` splits its own shards among the ranks (``docs/training.md``), so every rank draws the
+same source at each step and reads its own share of it; nothing else is needed. With
+``until="first"`` or ``"all"`` ranks may still see different numbers of steps when a source's
+share differs between ranks (give the sources ``lengths=`` for an even split); ``until=N`` gives
+every rank exactly N steps.
+
+This module never imports torch itself: only the concatenation of stratified batches touches
+torch, and only when the batches already hold torch tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import random
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeGuard
+
+from ..errors import DatasetError, OptionError, TarprocError
+
+STATE_VERSION = 1
+COMPOSE = ("batches", "stratified")
+UNTIL = ("first", "all")
+
+
+def _have_torch() -> bool:
+    """True when the sources are read through torch ``Loader``s (torch importable)."""
+    from . import loader
+
+    return bool(loader.HAVE_TORCH)
+
+
+def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
+    """Integers proportional to ``weights`` summing to ``total`` (largest-remainder rounding; ties
+    go to the earlier entry).
+
+    >>> largest_remainder([1, 1, 1], 10), largest_remainder([0.8, 0.2], 7)
+    ([4, 3, 3], [6, 1])
+    """
+    whole = sum(weights)
+    quotas = [w / whole * total for w in weights]
+    counts = [math.floor(q) for q in quotas]
+    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _rows(batch: Any) -> int:
+    """The number of samples in a batch (a tuple/list of columns or a dict of columns)."""
+    columns = list(batch.values()) if isinstance(batch, Mapping) else list(batch)
+    return len(columns[0]) if columns else 0
+
+
+def concat_batches(parts: Sequence[tuple[str, Any]]) -> Any:
+    """One batch from ``(source name, batch)`` parts, in order: tuples/lists column by column, dicts
+    key by key; torch tensors by ``torch.cat``, numpy arrays by ``np.concatenate``, lists by ``+``.
+    A structure that differs between sources is an ``OptionError`` naming them and the column.
+
+    >>> import numpy as np
+    >>> b = concat_batches([("a", (["k0"], np.array([1]))), ("b", (["k1", "k2"], np.array([2, 3])))])
+    >>> b[0], b[1].tolist()
+    (['k0', 'k1', 'k2'], [1, 2, 3])
+    """
+    first_name, first = parts[0]
+    names = " and ".join(repr(n) for n, _ in parts)
+    if isinstance(first, Mapping):
+        for name, batch in parts[1:]:
+            if not isinstance(batch, Mapping) or list(batch) != list(first):
+                theirs = list(batch) if isinstance(batch, Mapping) else type(batch).__name__
+                raise OptionError(
+                    f"sources {first_name!r} and {name!r} give batches of different structure: "
+                    f"columns {list(first)} and {theirs}; a stratified mix needs the same columns"
+                )
+        return {key: _concat_column([(n, b[key]) for n, b in parts], f"column {key!r}", names) for key in first}
+    if not isinstance(first, (tuple, list)):
+        raise OptionError(f"source {first_name!r} gives a {type(first).__name__} batch; expected a tuple or a dict")
+    for name, batch in parts[1:]:
+        if not isinstance(batch, (tuple, list)) or len(batch) != len(first):
+            theirs = f"{len(batch)} columns" if isinstance(batch, (tuple, list)) else f"a {type(batch).__name__}"
+            raise OptionError(
+                f"sources {first_name!r} and {name!r} give batches of different structure: "
+                f"{len(first)} columns and {theirs}; a stratified mix needs the same columns"
+            )
+    columns = [_concat_column([(n, b[i]) for n, b in parts], f"column {i}", names) for i in range(len(first))]
+    return tuple(columns) if isinstance(first, tuple) else columns
+
+
+def _kind(value: Any) -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return "tensor"
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        return "array"
+    if isinstance(value, list):
+        return "list"
+    return type(value).__name__
+
+
+def _concat_column(values: list[tuple[str, Any]], column: str, names: str) -> Any:
+    kinds = [(name, _kind(v)) for name, v in values]
+    if len({k for _, k in kinds}) > 1:
+        found = ", ".join(f"{k} from {n!r}" for n, k in kinds)
+        raise OptionError(f"{column} differs between sources {names}: {found}")
+    kind = kinds[0][1]
+    try:
+        if kind == "tensor":
+            import torch
+
+            return torch.cat([v for _, v in values])
+        if kind == "array":
+            import numpy as np
+
+            return np.concatenate([v for _, v in values])
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise OptionError(f"{column} of sources {names} can't be concatenated: {str(e).splitlines()[0]}") from None
+    if kind == "list":
+        return [x for _, v in values for x in v]
+    raise OptionError(f"{column} of sources {names} is a {kind}: only tensors, numpy arrays and lists concatenate")
+
+
+class _Source:
+    """One source's reader and its place in the current mix epoch."""
+
+    def __init__(self, name: str, dataset: Any, weight: float, workers: int, loader: Any) -> None:
+        self.name = name
+        self.dataset = dataset
+        self.weight = weight
+        self.workers = workers
+        self.loader = loader  # a Loader, or None: iterate the dataset in this process
+        self.epoch: int | None = None  # the source epoch of its current (or planned) pass
+        self.status = "planned"  # planned (not begun), live, done (ran out)
+        self.live: Iterator[Any] | None = None
+        self.started = False  # the current pass has given a batch: its reader's state is the position
+        self.saved: dict[str, Any] | None = None  # a loaded reader state, until the pass gives a batch
+
+    def plan(self, epoch: int) -> None:
+        """A fresh pass at ``epoch``, begun when first drawn from."""
+        self.close()
+        self.epoch, self.status, self.started, self.saved = epoch, "planned", False, None
+
+    def take(self, batch_size: int | None) -> Any | None:
+        """The pass's next batch, or None when it has run out."""
+        if self.status == "planned":
+            assert self.epoch is not None
+            self.dataset.set_epoch(self.epoch)  # a resumed reader keeps its place in that epoch
+            if batch_size is not None:
+                self.dataset.batch_size = batch_size  # read when the iteration starts
+            self.live = iter(self.loader if self.loader is not None else self.dataset)
+            self.status = "live"
+        if self.status == "done":
+            return None
+        assert self.live is not None
+        try:
+            batch = next(self.live)
+        except StopIteration:
+            self.close()
+            self.status = "done"
+            return None
+        self.started, self.saved = True, None
+        return batch
+
+    def finish(self) -> None:
+        """End the pass early (a short stratified batch counts as running out)."""
+        self.close()
+        self.status = "done"
+
+    def close(self) -> None:
+        live, self.live = self.live, None
+        close = getattr(live, "close", None)
+        if close is not None:
+            close()  # a Loader's generator: shuts its DataLoader workers down
+
+    def reader_state(self) -> dict[str, Any] | None:
+        if self.saved is not None:
+            return self.saved
+        if not self.started:
+            return None
+        reader = self.loader if self.loader is not None else self.dataset
+        return dict(reader.state_dict())
+
+    def resume(self, epoch: int, state: Mapping[str, Any] | None) -> None:
+        """Continue the pass of ``epoch`` from the reader ``state`` (None: a fresh pass); a reader
+        whose state says that pass is over (it moved to its next epoch) counts as run out."""
+        self.plan(epoch)
+        if state is None:
+            return
+        reader = self.loader if self.loader is not None else self.dataset
+        reader.load_state_dict(state)
+        self.saved = dict(state)
+        if self.dataset.epoch != epoch:
+            self.status = "done"
+
+
+class Mix:
+    """Weighted mixing of several ``Dataset``s, seeded and resumable.
+
+    ``sources``: a mapping of names to datasets, or a sequence (named ``"0"``, ``"1"``, ...);
+    ``weights``: one positive number per source (a sequence in source order, or a mapping by
+    name), normalised to sum 1.
+
+    ``compose="batches"``: each step's batch comes whole from one source, drawn with the weights by
+    ``random.Random(f"{seed}/mix/{epoch}/{step}")``. ``compose="stratified"``: every batch holds
+    ``k_i`` samples of each source ``i`` (in source order), ``k_i`` the largest-remainder rounding of
+    ``w_i * batch_size``, each at least 1; the Mix sets each source dataset's ``batch_size`` to
+    ``k_i``, so the proportions are exact to ``1 / batch_size`` in every batch (a source's short
+    last batch counts as its running out). ``per_batch`` holds the ``k_i``.
+
+    ``until`` ends a mix epoch: ``"first"`` when a source drawn from has run out (the others stop
+    mid-pass); ``"all"`` when every source has: one that runs out drops out and the rest are drawn
+    with their weights renormalised (``compose="batches"`` only); an int ``N``: exactly N steps, a
+    source that runs out starts its next epoch and goes on (oversampling a small dataset).
+
+    Each mix epoch ``e`` starts every source at a fresh pass of epoch ``e``, or of its next epoch
+    when an ``until=N`` restart has already taken it to ``e`` or beyond, so no source epoch repeats
+    in a run (``set_epoch`` backwards does not rewind the sources; ``state_dict`` keeps them).
+    Without ``set_epoch``, each iteration is the next epoch, also after one broken off.
+
+    ``drawn`` and ``exhausted`` count, per source, the batches taken and the times it ran out in
+    the epoch in progress (or the last one). ``state_dict()`` is the position (plain JSON);
+    ``load_state_dict()`` checks it whole and the next iteration continues at the same step, with
+    the same choices, every source from its own saved reader state: the same batches in the same
+    order as an uninterrupted run, except that a source read by a Loader with several workers
+    resumes its batches in the order its Loader gives (today's Loader restarts the workers' round
+    robin at worker 0). Sources with ``repeat=True`` can't be resumed (use ``until=N``). Iterate
+    the Mix in the training loop; don't wrap it in a DataLoader: each source has its own.
+
+    >>> import os, tempfile, tarproc
+    >>> d = tempfile.mkdtemp()
+    >>> for name in "ab":
+    ...     with open(os.path.join(d, f"{name}.tar"), "wb") as f, tarproc.TarWriter(f) as w:
+    ...         for i in range(4):
+    ...             w.write_sample({"__key__": f"{name}{i}", "cls": i})
+    >>> ds = {n: tarproc.Dataset(os.path.join(d, f"{n}.tar"), batch_size=2, to_tuple=("__key__",)) for n in "ab"}
+    >>> mix = Mix(ds, {"a": 0.5, "b": 0.5}, seed=1, until="all", tagged=True)
+    >>> [(name, list(batch[0])) for name, batch in mix]
+    [('a', ['a0', 'a1']), ('b', ['b0', 'b1']), ('a', ['a2', 'a3']), ('b', ['b2', 'b3'])]
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, Any] | Sequence[Any],
+        weights: Sequence[float] | Mapping[str, float],
+        *,
+        seed: int = 0,
+        compose: str = "batches",
+        until: str | int = "first",
+        batch_size: int | None = None,
+        tagged: bool = False,
+        num_workers: int | Mapping[str, int] = 0,
+        **loader_kwargs: Any,
+    ) -> None:
+        if isinstance(sources, Mapping):
+            named = list(sources.items())
+        elif isinstance(sources, Sequence) and not isinstance(sources, (str, bytes)):
+            named = [(str(i), ds) for i, ds in enumerate(sources)]
+        else:
+            raise OptionError(f"sources must be a mapping of names to datasets or a sequence of datasets, not {type(sources).__name__}")
+        if not named:
+            raise OptionError("a Mix needs at least one source")
+        seen: dict[int, str] = {}
+        for name, ds in named:
+            if not isinstance(name, str) or not name:
+                raise OptionError(f"bad source name {name!r}; names are non-empty strings")
+            if not all(hasattr(ds, a) for a in ("set_epoch", "state_dict", "load_state_dict", "batch_size")):
+                raise OptionError(f"source {name!r} is not a tarproc.Dataset (got {type(ds).__name__})")
+            if id(ds) in seen:
+                raise OptionError(f"sources {seen[id(ds)]!r} and {name!r} are the same Dataset object: give each its own")
+            seen[id(ds)] = name
+        self.names = [n for n, _ in named]
+        self.weights = self._check_weights(weights)
+        if not _is_int(seed):
+            raise OptionError(f"bad seed {seed!r}; must be an int")
+        if compose not in COMPOSE:
+            raise OptionError(f"bad compose {compose!r}; use batches or stratified")
+        if not (until in UNTIL or (_is_int(until) and until >= 1)):
+            raise OptionError(f"bad until {until!r}; use 'first', 'all' or a number of steps >= 1")
+        if compose == "stratified":
+            if until == "all":
+                raise OptionError("until='all' is for compose='batches': every stratified batch needs every source")
+            if tagged:
+                raise OptionError("tagged=True is for compose='batches': a stratified batch holds every source (see per_batch)")
+            if not _is_int(batch_size) or batch_size < len(named):
+                raise OptionError(
+                    f"compose='stratified' needs batch_size >= the number of sources ({len(named)}), got {batch_size!r}"
+                )
+        elif batch_size is not None:
+            raise OptionError("batch_size= is for compose='stratified'; with 'batches' each source's own batch_size applies")
+        self.seed, self.compose, self.until, self.batch_size, self.tagged = seed, compose, until, batch_size, bool(tagged)
+        self.per_batch: dict[str, int] = {}
+        if compose == "stratified":
+            assert batch_size is not None
+            counts = largest_remainder([self.weights[n] for n in self.names], batch_size)
+            for name, k in zip(self.names, counts, strict=True):
+                if k < 1:
+                    raise OptionError(
+                        f"source {name!r}: weight {self.weights[name]:.4g} gives 0 of {batch_size} samples per batch; "
+                        f"raise its weight or the batch_size"
+                    )
+            self.per_batch = dict(zip(self.names, counts, strict=True))
+            for name, ds in named:
+                ds.batch_size = self.per_batch[name]  # set again before each pass
+        workers = self._check_workers(num_workers)
+        torch_ok = _have_torch()
+        self._sources: dict[str, _Source] = {}
+        for name, ds in named:
+            use_loader = torch_ok and callable(getattr(ds, "loader", None))
+            if not use_loader and (workers[name] or loader_kwargs):
+                what = f"num_workers={workers[name]}" if workers[name] else f"loader options {sorted(loader_kwargs)}"
+                raise OptionError(f"source {name!r}: {what} needs PyTorch (a Loader); without it each source is read in this process")
+            loader = ds.loader(num_workers=workers[name], **loader_kwargs) if use_loader else None
+            self._sources[name] = _Source(name, ds, self.weights[name], workers[name], loader)
+        self._epoch, self._step = 0, 0
+        self._dropped: list[str] = []
+        self._drawn: dict[str, int] = {}
+        self._exhausted: dict[str, int] = {}
+        self._partial = False  # an iteration began this position and did not finish it
+        self._run_id = 0
+        self._plan(0)
+        self._shown = (self._drawn, self._exhausted)
+
+    # -- arguments ---------------------------------------------------------------------------------
+
+    def _check_weights(self, weights: Sequence[float] | Mapping[str, float]) -> dict[str, float]:
+        if isinstance(weights, Mapping):
+            if set(weights) != set(self.names):
+                raise OptionError(f"weights name {sorted(map(str, weights))}; the sources are {self.names}")
+            values = [weights[n] for n in self.names]
+        elif isinstance(weights, Sequence) and not isinstance(weights, (str, bytes)):
+            if len(weights) != len(self.names):
+                raise OptionError(f"{len(weights)} weights for {len(self.names)} sources")
+            values = list(weights)
+        else:
+            raise OptionError(f"weights must be a sequence or a mapping of numbers, not {type(weights).__name__}")
+        for name, w in zip(self.names, values, strict=True):
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
+                raise OptionError(f"bad weight {w!r} of source {name!r}; must be a finite number > 0")
+        total = float(sum(values))
+        return {n: float(w) / total for n, w in zip(self.names, values, strict=True)}
+
+    def _check_workers(self, num_workers: int | Mapping[str, int]) -> dict[str, int]:
+        given = num_workers if isinstance(num_workers, Mapping) else dict.fromkeys(self.names, num_workers)
+        unknown = sorted(set(given) - set(self.names))
+        if unknown:
+            raise OptionError(f"num_workers names unknown sources {unknown}; the sources are {self.names}")
+        for name, n in given.items():
+            if not _is_int(n) or n < 0:
+                raise OptionError(f"bad num_workers {n!r} for source {name!r}; must be an int >= 0")
+        return {n: int(given.get(n, 0)) for n in self.names}
+
+    # -- position ----------------------------------------------------------------------------------
+
+    def _plan(self, epoch: int) -> None:
+        """Position at the start of mix epoch ``epoch``: every source a fresh pass."""
+        for src in self._sources.values():
+            src.plan(epoch if src.epoch is None else max(epoch, src.epoch + 1))
+        self._epoch, self._step, self._dropped = epoch, 0, []
+        self._drawn = dict.fromkeys(self.names, 0)
+        self._exhausted = dict.fromkeys(self.names, 0)
+        self._partial = False
+
+    @property
+    def epoch(self) -> int:
+        """The mix epoch of the position: the one in progress, or between epochs the next one."""
+        return self._epoch
+
+    @property
+    def step(self) -> int:
+        """Steps taken in the epoch of the position."""
+        return self._step
+
+    @property
+    def drawn(self) -> dict[str, int]:
+        """Batches taken per source in the epoch in progress (or the last one)."""
+        return dict(self._shown[0])
+
+    @property
+    def exhausted(self) -> dict[str, int]:
+        """Times each source ran out in the epoch in progress (or the last one): with ``until="first"``
+        the source that ended it, with ``"all"`` the drop-outs, with an int the restarts."""
+        return dict(self._shown[1])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run mix epoch ``epoch`` next, from its first step (a position loaded for that same epoch
+        is kept, as ``Dataset.set_epoch`` keeps a resume)."""
+        if not _is_int(epoch) or epoch < 0:
+            raise OptionError(f"bad epoch {epoch!r}; must be an int >= 0")
+        if epoch == self._epoch and not self._partial:
+            return
+        self._run_id += 1  # an iteration in progress is over
+        self._plan(epoch)
+
+    def __len__(self) -> int:
+        if not _is_int(self.until):
+            raise TypeError(f"a Mix with until={self.until!r} has no length (until=N has N steps)")
+        return int(self.until)
+
+    # -- iteration ---------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        for src in self._sources.values():
+            src.close()  # before any new reader starts: a Loader resets its dataset when closed
+        if self._partial:  # the last iteration was broken off: each iteration is the next epoch
+            self._plan(self._epoch + 1)
+        self._partial = True
+        self._run_id += 1
+        self._shown = (self._drawn, self._exhausted)
+        return self._run(self._run_id)
+
+    def _run(self, run_id: int) -> Iterator[Any]:
+        try:
+            while not (_is_int(self.until) and self._step >= self.until):
+                if self._run_id != run_id:
+                    raise OptionError("this Mix iteration was superseded (a new iteration, set_epoch or load_state_dict)")
+                step = self._step_stratified() if self.compose == "stratified" else self._step_batches()
+                if step is None:
+                    break
+                self._step += 1
+                yield step if self.tagged else step[1]
+            if self._run_id == run_id:
+                self._plan(self._epoch + 1)
+        finally:
+            if self._run_id == run_id:
+                for src in self._sources.values():
+                    src.close()
+
+    def choice(self, epoch: int, step: int, active: Sequence[str] | None = None) -> tuple[random.Random, str]:
+        """The source drawn at ``(epoch, step)`` among ``active`` (default: all), and its generator
+        (drawn from again when that source has run out, with ``until="all"``)."""
+        rng = random.Random(f"{self.seed}/mix/{epoch}/{step}")
+        names = list(self.names if active is None else active)
+        return rng, rng.choices(names, [self.weights[n] for n in names])[0]
+
+    def _step_batches(self) -> tuple[str, Any] | None:
+        active = [n for n in self.names if n not in self._dropped]
+        rng, name = self.choice(self._epoch, self._step, active)
+        while True:
+            src = self._sources[name]
+            batch = src.take(None)
+            if batch is None:
+                self._exhausted[name] += 1
+                if self.until == "first":
+                    return None
+                if self.until == "all":
+                    self._dropped.append(name)
+                    active.remove(name)
+                    if not active:
+                        return None
+                    name = rng.choices(active, [self.weights[n] for n in active])[0]
+                    continue
+                batch = self._restart(src)
+            self._drawn[name] += 1
+            return name, batch
+
+    def _step_stratified(self) -> tuple[str, Any] | None:
+        parts = []
+        for name in self.names:
+            src, k = self._sources[name], self.per_batch[name]
+            batch = src.take(k)
+            if batch is not None and _rows(batch) < k:
+                src.finish()
+                batch = None
+            if batch is None:
+                self._exhausted[name] += 1
+                if self.until == "first":
+                    return None
+                batch = self._restart(src)
+            parts.append((name, batch))
+        for name in self.names:
+            self._drawn[name] += 1
+        return "+".join(self.names), concat_batches(parts)
+
+    def _restart(self, src: _Source) -> Any:
+        """``until=N``: the source's next epoch, and its first batch."""
+        assert src.epoch is not None
+        src.plan(src.epoch + 1)
+        k = self.per_batch.get(src.name)
+        batch = src.take(k)
+        if batch is None or (k is not None and _rows(batch) < k):
+            need = f"{k} samples" if k is not None else "a batch"
+            raise DatasetError(f"mix source {src.name!r} has less than {need} in its epoch {src.epoch}: nothing to draw")
+        return batch
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (plain JSON): the step the next iteration runs, and each source's reader state."""
+        return {
+            "version": STATE_VERSION, "seed": self.seed, "compose": self.compose, "until": self.until,
+            "batch_size": self.batch_size, "weights": dict(self.weights),
+            "epoch": self._epoch, "step": self._step,
+            "sources": {n: {"epoch": s.epoch, "loader": s.reader_state()} for n, s in self._sources.items()},
+            "dropped": list(self._dropped), "drawn": dict(self._drawn), "exhausted": dict(self._exhausted),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from ``state_dict``) on the next iteration; a state that doesn't
+        fit this Mix is an ``OptionError`` naming the field, and leaves the Mix's position as it was."""
+        if not isinstance(state, Mapping):
+            raise OptionError(f"not a Mix state: expected the dict Mix.state_dict() returned, got {type(state).__name__}")
+        fields = ("version", "seed", "compose", "until", "batch_size", "weights", "epoch", "step", "sources",
+                  "dropped", "drawn", "exhausted")
+        missing = [f for f in fields if f not in state]
+        if missing:
+            raise OptionError(f"bad Mix state: no field {missing[0]!r}")
+
+        def bad(field: str, why: str) -> OptionError:
+            return OptionError(f"bad Mix state: field {field!r}: {why}")
+
+        if state["version"] != STATE_VERSION:
+            raise bad("version", f"version {state['version']!r} is not supported (this is version {STATE_VERSION})")
+        for field, mine in (("seed", self.seed), ("compose", self.compose), ("until", self.until), ("batch_size", self.batch_size)):
+            theirs = state[field]
+            if type(theirs) is not type(mine) or theirs != mine:
+                raise bad(field, f"the state has {theirs!r}, this Mix has {mine!r}: resume with the same {field}")
+        epoch, step = state["epoch"], state["step"]
+        if not _is_int(epoch) or epoch < 0:
+            raise bad("epoch", f"{epoch!r} is not an int >= 0")
+        if not _is_int(step) or step < 0 or (_is_int(self.until) and step > self.until):
+            raise bad("step", f"{step!r} is not an int in 0..{self.until if _is_int(self.until) else 'any'}")
+        sources = state["sources"]
+        if not isinstance(sources, Mapping) or set(sources) != set(self.names):
+            raise bad("sources", f"the state has sources {_names_of(sources)}, this Mix has {self.names}")
+        weights = state["weights"]
+        if not isinstance(weights, Mapping) or set(weights) != set(self.names):
+            raise bad("weights", f"the state names {_names_of(weights)}, this Mix has sources {self.names}")
+        for name in self.names:
+            w = weights[name]
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isclose(w, self.weights[name], rel_tol=1e-12):
+                raise bad("weights", f"source {name!r} has weight {w!r} there, {self.weights[name]!r} here: resume with the same weights")
+        for name in self.names:
+            entry = sources[name]
+            if not isinstance(entry, Mapping) or "epoch" not in entry or "loader" not in entry:
+                raise bad(f"sources.{name}", "expected {'epoch': int, 'loader': dict or None}")
+            if not _is_int(entry["epoch"]) or entry["epoch"] < 0:
+                raise bad(f"sources.{name}.epoch", f"{entry['epoch']!r} is not an int >= 0")
+            if entry["loader"] is not None and not isinstance(entry["loader"], Mapping):
+                raise bad(f"sources.{name}.loader", f"a {type(entry['loader']).__name__}, expected a dict or None")
+        dropped = state["dropped"]
+        if (not isinstance(dropped, list) or not all(isinstance(n, str) and n in self.names for n in dropped)
+                or len(set(dropped)) != len(dropped)):
+            raise bad("dropped", f"{dropped!r} is not a list of distinct source names of {self.names}")
+        if dropped and (self.until != "all" or len(dropped) == len(self.names)):
+            raise bad("dropped", f"{dropped!r}: sources drop out only with until='all', and not all of them")
+        counters: dict[str, dict[str, int]] = {}
+        for field in ("drawn", "exhausted"):
+            value = state[field]
+            if (not isinstance(value, Mapping) or set(value) != set(self.names)
+                    or not all(_is_int(v) and v >= 0 for v in value.values())):
+                raise bad(field, f"expected a count >= 0 for each of {self.names}")
+            counters[field] = {n: int(value[n]) for n in self.names}
+        # the fields fit: hand each source its reader state (the readers check their own)
+        previous, partial = self.state_dict(), self._partial
+        try:
+            self._apply(state, counters)
+        except OptionError:
+            self._apply(previous, {"drawn": previous["drawn"], "exhausted": previous["exhausted"]})
+            self._partial = partial
+            raise
+
+    def _apply(self, state: Mapping[str, Any], counters: Mapping[str, dict[str, int]]) -> None:
+        self._run_id += 1  # an iteration in progress is over
+        for src in self._sources.values():
+            src.close()
+        for name in self.names:
+            entry = state["sources"][name]
+            try:
+                self._sources[name].resume(int(entry["epoch"]), entry["loader"])
+            except TarprocError as e:
+                raise OptionError(f"bad Mix state: field 'sources.{name}.loader': {e}") from None
+        self._epoch, self._step, self._dropped = int(state["epoch"]), int(state["step"]), list(state["dropped"])
+        self._drawn, self._exhausted = dict(counters["drawn"]), dict(counters["exhausted"])
+        self._shown = (self._drawn, self._exhausted)
+        self._partial = False
+
+
+def _names_of(value: Any) -> list[str] | str:
+    return sorted(map(str, value)) if isinstance(value, Mapping) else f"a {type(value).__name__}"
