@@ -291,6 +291,26 @@ def read_samples(
             warn(f"{e}; skipping the rest of this shard")
 
 
+def read_samples_from(
+    url: str, offset: int, *, dup: str = "error", max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+) -> Iterator[Sample]:
+    """The samples of one shard from the member header at byte ``offset`` on (an index gives it):
+    a local file or a URL whose store takes range requests, read from there, not from the start.
+    Errors name the byte in the shard, as ``read_samples``'s do.
+    """
+    from .errors import TarFormatError
+    from .sources import open_source
+
+    _check_dup_policy(dup)
+    stats = ReadStats()
+    with open_source(url, offset=offset) as stream:
+        members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats)
+        try:
+            yield from _group(members, url, dup, stats, _warn_stderr)
+        except TarFormatError as e:  # the reader counts from where it started
+            raise type(e)(url, e.offset + offset, e.reason, e.member) from None
+
+
 __all__ = [
     "DUP_POLICIES",
     "ON_ERROR_POLICIES",
@@ -300,5 +320,6 @@ __all__ = [
     "group_samples",
     "is_metadata_name",
     "read_samples",
+    "read_samples_from",
     "split_name",
 ]

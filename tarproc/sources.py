@@ -350,13 +350,18 @@ def enlarge_pipe(fileobj: Any, size: int = 1 << 20) -> None:
 
 
 def open_source(
-    url: str, *, stdin: IO[bytes] | None = None, on_start: Callable[[subprocess.Popen[bytes]], None] | None = None
+    url: str, *, stdin: IO[bytes] | None = None, on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    offset: int = 0,
 ) -> Source:
     """Open a URL for reading; raises ``SourceError`` naming it when it can't be opened.
 
     ``on_start`` is called with a ``pipe:`` command's process as soon as it starts, before its
-    first byte is read, so that another thread can end a command that stalls.
+    first byte is read, so that another thread can end a command that stalls. ``offset``: start
+    reading at that byte of a local file or of a URL whose store takes range requests (not stdin
+    or ``pipe:``; the stream's bytes are counted from there).
     """
+    if offset and (url == "-" or url.startswith("pipe:")):
+        raise SourceError(f"can't start reading at byte {offset}: stdin and pipe: commands can only be read from the start", url)
     if url == "-":
         stream = stdin if stdin is not None else sys.stdin.buffer
         redirected = _regular_stdin(stream)
@@ -391,11 +396,13 @@ def open_source(
             raise SourceError("is a directory, not a tar file", url) from None
         except OSError as e:
             raise SourceError(f"cannot open: {e.strerror}", url) from None
+        if offset:
+            f.seek(offset)
         return Source(url, f)
-    return _open_fsspec(url)
+    return _open_fsspec(url, offset)
 
 
-def _open_fsspec(url: str) -> Source:
+def _open_fsspec(url: str, offset: int = 0) -> Source:
     try:
         import fsspec
     except ImportError:  # pragma: no cover - fsspec is a dependency
@@ -403,9 +410,12 @@ def _open_fsspec(url: str) -> Source:
     scheme = url.partition("://")[0]
     options: dict[str, Any] = {}
     if scheme in ("http", "https"):
-        options["block_size"] = 0  # stream, don't do range requests
+        # stream, don't do range requests; from an offset, range requests of 4 MiB
+        options["block_size"] = 1 << 22 if offset else 0
     try:
         f = fsspec.open(url, "rb", **options).open()
+        if offset:
+            f.seek(offset)
     except FileNotFoundError as e:
         # fsspec's http turns every failure into FileNotFoundError; its cause says which
         cause = e.__cause__ or e.__context__

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from ..decode.spec import AugmentSpec, plan_key
 from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder, parse_field_list
 from ..errors import DecodeError, OptionError, ShardCountError, TarprocError
-from ..samples import Sample, read_samples
+from ..samples import Sample, read_samples, read_samples_from
 from ..sources import expand_urls
 from ..stages import chunked, shuffle
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
@@ -287,6 +287,8 @@ class Dataset:
         self._main_decoder: Any = None
         self._reading: str | None = None  # the shard this process is reading now
         self._warned_uncounted = False
+        self._offsets: dict[str, list[int]] = {}  # shard -> where its samples begin (see _offset)
+        self.seeks = 0  # parts read from their first sample on, not from the shard's start (this process)
 
     # -- who am I ---------------------------------------------------------------------------------
 
@@ -587,10 +589,15 @@ class Dataset:
     def _read(self, parts: list[Part]) -> Iterator[Sample]:
         for part in parts:
             self._reading = part.url
-            samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size)
-            index = -1
+            offset = self._offset(part.url, part.first) if part.first else None
+            if offset is not None:  # an index is at hand: start at the part's first sample
+                samples = read_samples_from(part.url, offset, dup=self.dup, max_member_size=self.max_member_size)
+                index = part.first - 1
+            else:
+                samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size)
+                index = -1
             try:
-                for index, sample in enumerate(samples):
+                for index, sample in enumerate(samples, index + 1):
                     if part.stop is not None and index >= part.stop:
                         if part.count is not None and part.stop == part.count:  # the shard's end: check its count
                             self._count_error(part, index + 1 + sum(1 for _ in samples))
@@ -602,6 +609,20 @@ class Dataset:
                         self._count_error(part, index + 1)
             finally:
                 samples.close()  # type: ignore[attr-defined]  # a generator: stop reading, close the source
+
+    def _offset(self, url: str, index: int) -> int | None:
+        """The byte where the shard's ``index``-th sample begins, where an index is at hand: a
+        plain local shard (its ``.idx``, else indexed now: a walk over its headers) or a remote one
+        with a ``.idx`` beside it. None where there is none (the part is then read from the start)."""
+        offsets = self._offsets.get(url)
+        if offsets is None:
+            offsets = self._offsets[url] = _sample_offsets(url, self.count_sources.get(url, ""))
+            while len(self._offsets) > 8:  # a few shards' offsets per reader
+                del self._offsets[next(iter(self._offsets))]
+        if not 0 < index < len(offsets):
+            return None
+        self.seeks += 1
+        return offsets[index]
 
     def _count_error(self, part: Part, holds: int) -> None:
         assert part.count is not None
@@ -764,6 +785,27 @@ def reject(error: DecodeError, on_error: str, stats: DecodeStats) -> None:
 
 def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
+
+
+def _sample_offsets(url: str, count_source: str) -> list[int]:
+    """Where each sample of a shard begins, from an index; ``[]`` when there is none to be had."""
+    from ..index import build_index, default_index_url, load_index
+    from ..sources import local_path
+
+    path = local_path(url)
+    try:
+        if path is not None:
+            sidecar = default_index_url(path)
+            if os.path.exists(sidecar):
+                index = load_index(sidecar)
+                if index.size == os.path.getsize(path):
+                    return [e.offset for e in index.entries]
+            return [e.offset for e in build_index(url).entries]
+        if count_source.startswith("index "):
+            return [e.offset for e in load_index(default_index_url(url)).entries]
+    except TarprocError:  # compressed, links, damage: the part is read from the start, which says what is wrong
+        pass
+    return []
 
 
 def _chunks(samples: Iterable[Sample], sizes: Iterable[int]) -> Iterator[list[Sample]]:

@@ -218,3 +218,19 @@ def test_resume_on_the_same_layout_continues_the_same_sequence(tmp_path: Path, w
         rest, _ = run_ranks(paths, 2, workers, state=state)
         for rank in range(2):
             assert first[rank] + rest[rank] == whole[rank]
+
+
+def test_a_resumed_part_starts_at_its_first_sample_where_an_index_is_at_hand(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path)
+    ds = Dataset(paths, batch_size=4, rank=1, world_size=2, to_tuple=("__key__",))
+    keys = [k for (b,) in ds for k in b]
+    assert ds.seeks == 1 and keys[0] == "k0019"  # rank 1 begins in the middle of train-1.tar
+    # damage after the seek: the error names the byte in the shard, not in what was read
+    index = tarproc.build_index(paths[1])
+    Path(paths[1] + ".idx").write_bytes(index.jsonl_bytes())
+    last = index.entries[-1].offset
+    with open(paths[1], "r+b") as f:
+        f.seek(last + 148)  # the header's checksum
+        f.write(b"garbage!")
+    with pytest.raises(tarproc.TarFormatError, match=rf"train-1.tar: .* at byte {last}\b"):
+        list(Dataset(paths, batch_size=4, rank=1, world_size=2, lengths=SIZES))
