@@ -87,7 +87,7 @@ INDEX_VERSION = 1
 FORMATS = ("tarproc", "dali", "wids")
 STALE_POLICIES = ("error", "rebuild")  # IndexedShard(stale=...): what a stale index file gives
 DALI_VERSION = "v1.2"
-_COMPRESSED_SUFFIXES = (".tgz", ".gz", ".zst", ".zstd", ".bz2", ".xz")
+COMPRESSED_SUFFIXES = (".tgz", ".gz", ".zst", ".zstd", ".bz2", ".xz")
 
 
 class IndexEntry(NamedTuple):
@@ -370,7 +370,7 @@ def compressed_error(url: str, kind: str) -> CompressedShardError:
 
 
 def _plain_name(url: str) -> str:
-    for suffix in _COMPRESSED_SUFFIXES:
+    for suffix in COMPRESSED_SUFFIXES:
         if url.endswith(suffix):
             stem = url[: -len(suffix)]
             return stem + ".tar" if suffix == ".tgz" or not stem.endswith(".tar") else stem

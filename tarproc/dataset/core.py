@@ -14,6 +14,7 @@ when torch can be imported.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import gc
 import itertools
@@ -29,7 +30,8 @@ from ..decode.spec import AugmentSpec, plan_key
 from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder, parse_field_list
 from ..errors import DecodeError, OptionError, ShardCountError, TarprocError
 from ..samples import Sample, read_samples, read_samples_from
-from ..sources import expand_urls
+from ..index import COMPRESSED_SUFFIXES
+from ..sources import expand_urls, local_path
 from ..stages import chunked, shuffle
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
 from .fields import (
@@ -50,11 +52,12 @@ from .split import (
     decode_work,
     encode_work,
     epoch_order,
+    epoch_work,
     rank_plan,
     remaining,
+    runs,
     split_by_shard,
     split_work,
-    whole_shards,
     worker_batches_taken,
 )
 
@@ -64,6 +67,8 @@ DEVICES = ("cpu", "dali-cpu", "gpu")
 STATE_VERSION = 2
 COUNT_HINT = ("write index files beside the shards with 'tarindex SHARDS' (for remote shards, upload the .idx files "
               "too), pass lengths='count' to count them by reading each once, or lengths=MANIFEST")
+DEFAULT_PART_SIZE = 256  # samples: shuffled shards are read in parts this long, in one order for all readers
+_GAP = 64  # samples: a longer gap in what a reader wants of a shard is skipped by starting a new read past it
 _PASS_STRIDE = 1_000_000  # repeat=True: pass p of nominal epoch e draws its randomness as epoch e * stride + p
 
 
@@ -213,6 +218,7 @@ class Dataset:
         dup: str = "error",
         max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
         cache_dir: str | None = None,
+        part_size: int | str | None = "auto",
     ) -> None:
         self.urls = expand_urls([urls] if isinstance(urls, str) else list(urls))
         if not self.urls:
@@ -271,6 +277,12 @@ class Dataset:
         self.lengths: dict[str, int] | None = found.counts
         self.count_sources = found.sources
         self.uncounted = found.missing
+        if part_size == "auto":
+            # parts only where a reader can start anywhere in a shard, else it would read what it skips
+            part_size = DEFAULT_PART_SIZE if self.lengths is not None and all(self._seekable(u) for u in self.urls) else None
+        if part_size is not None and (isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < 0):
+            raise OptionError(f"bad part_size {part_size!r}; use 'auto', a number of samples, or None (whole shards)")
+        self.part_size = part_size or None
         if pad and self.lengths is None:
             raise OptionError(f"pad=True needs sample counts, and {_few(self.uncounted)} have none: {COUNT_HINT}")
         self.on_error = on_error
@@ -287,7 +299,7 @@ class Dataset:
         self._main_decoder: Any = None
         self._reading: str | None = None  # the shard this process is reading now
         self._warned_uncounted = False
-        self._offsets: dict[str, list[int]] = {}  # shard -> where its samples begin (see _offset)
+        self._offsets: dict[str, Sequence[int]] = {}  # shard -> where its samples begin (see _offset)
         self.seeks = 0  # parts read from their first sample on, not from the shard's start (this process)
 
     # -- who am I ---------------------------------------------------------------------------------
@@ -389,7 +401,14 @@ class Dataset:
         assert self.lengths is not None
         if resume is not None and resume.work is not None:
             return resume.work
-        return whole_shards(epoch_order(self.urls, self.seed, epoch, self.shuffle_shards), self.lengths)
+        return epoch_work(self.urls, self.lengths, self.seed, epoch, self.shuffle_shards, self.part_size)
+
+    def _seekable(self, url: str) -> bool:
+        """Whether a reader can start in the middle of this shard: a plain local file, or a shard
+        with an index file beside it."""
+        if self.count_sources.get(url, "").startswith("index "):
+            return True
+        return local_path(url) is not None and not url.endswith(COMPRESSED_SUFFIXES)
 
     def assignment(
         self, epoch: int, rank: int, world_size: int, worker: int, workers: int, resume: _Resume | None = None
@@ -433,7 +452,7 @@ class Dataset:
                 **state, "mode": "steps", "steps": steps + (resume.steps if resume is not None else 0),
                 "generation": resume.generation if resume is not None else 0,
                 "plan": {"batch_size": self.batch_size, "drop_last": self.drop_last, "pad": self.pad,
-                         "shuffle": self.shuffle, "shuffle_shards": self.shuffle_shards},
+                         "shuffle": self.shuffle, "shuffle_shards": self.shuffle_shards, "part_size": self.part_size},
                 "work": None if work is None else encode_work(work, self.urls),
             }
         return {**state, "mode": "readers", "rank": rank, "counted": self.lengths is not None, "repeat": self.repeat,
@@ -588,41 +607,51 @@ class Dataset:
 
     def _read(self, parts: list[Part]) -> Iterator[Sample]:
         for part in parts:
-            self._reading = part.url
-            offset = self._offset(part.url, part.first) if part.first else None
-            if offset is not None:  # an index is at hand: start at the part's first sample
-                samples = read_samples_from(part.url, offset, dup=self.dup, max_member_size=self.max_member_size)
-                index = part.first - 1
+            if part.parts == 1 and len(part.ranges) > 1 and self._offsets_of(part.url):
+                # what a resume left of a part: each stretch read from its first sample, not across the gaps
+                for piece in runs(part, _GAP):
+                    yield from self._read_part(piece)
             else:
-                samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size)
-                index = -1
-            try:
-                for index, sample in enumerate(samples, index + 1):
-                    if part.stop is not None and index >= part.stop:
-                        if part.count is not None and part.stop == part.count:  # the shard's end: check its count
-                            self._count_error(part, index + 1 + sum(1 for _ in samples))
-                        break
-                    if part.wants(index):
-                        yield sample
-                else:
-                    if part.count is not None and index + 1 != part.count:
-                        self._count_error(part, index + 1)
-            finally:
-                samples.close()  # type: ignore[attr-defined]  # a generator: stop reading, close the source
+                yield from self._read_part(part)
+
+    def _read_part(self, part: Part) -> Iterator[Sample]:
+        self._reading = part.url
+        offset = self._offset(part.url, part.first) if part.first else None
+        if offset is not None:  # an index is at hand: start at the part's first sample
+            samples = read_samples_from(part.url, offset, dup=self.dup, max_member_size=self.max_member_size)
+            index = part.first - 1
+        else:
+            samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size)
+            index = -1
+        try:
+            for index, sample in enumerate(samples, index + 1):
+                if part.stop is not None and index >= part.stop:
+                    if part.count is not None and part.stop == part.count:  # the shard's end: check its count
+                        self._count_error(part, index + 1 + sum(1 for _ in samples))
+                    break
+                if part.wants(index):
+                    yield sample
+            else:
+                if part.count is not None and index + 1 != part.count:
+                    self._count_error(part, index + 1)
+        finally:
+            samples.close()  # type: ignore[attr-defined]  # a generator: stop reading, close the source
 
     def _offset(self, url: str, index: int) -> int | None:
         """The byte where the shard's ``index``-th sample begins, where an index is at hand: a
         plain local shard (its ``.idx``, else indexed now: a walk over its headers) or a remote one
         with a ``.idx`` beside it. None where there is none (the part is then read from the start)."""
-        offsets = self._offsets.get(url)
-        if offsets is None:
-            offsets = self._offsets[url] = _sample_offsets(url, self.count_sources.get(url, ""))
-            while len(self._offsets) > 8:  # a few shards' offsets per reader
-                del self._offsets[next(iter(self._offsets))]
+        offsets = self._offsets_of(url)
         if not 0 < index < len(offsets):
             return None
         self.seeks += 1
         return offsets[index]
+
+    def _offsets_of(self, url: str) -> Sequence[int]:
+        offsets = self._offsets.get(url)
+        if offsets is None:  # 8 bytes a sample, kept for the reader's life: a shard is indexed once
+            offsets = self._offsets[url] = array.array("q", _sample_offsets(url, self.count_sources.get(url, "")))
+        return offsets
 
     def _count_error(self, part: Part, holds: int) -> None:
         assert part.count is not None
@@ -870,25 +899,27 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
         steps, generation = field("steps", int), field("generation", int)
         plan = field("plan", Mapping)
         try:
-            batch_size, bufsize = plan["batch_size"], plan["shuffle"]
+            batch_size, bufsize, part_size = plan["batch_size"], plan["shuffle"], plan["part_size"]
             flags = [plan[k] for k in ("drop_last", "pad", "shuffle_shards")]
             if not (type(batch_size) is int and batch_size >= 1 and type(bufsize) is int and bufsize >= 0
+                    and (part_size is None or (type(part_size) is int and part_size >= 1))
                     and all(type(f) is bool for f in flags)):
                 raise TypeError
         except (KeyError, TypeError):
-            raise OptionError("dataset state: bad 'plan' (batch_size, shuffle, drop_last, pad, shuffle_shards)") from None
+            raise OptionError("dataset state: bad 'plan' (batch_size, shuffle, drop_last, pad, shuffle_shards, "
+                              "part_size)") from None
         drop_last, pad, shuffle_shards = flags
         work = None if state.get("work") is None else decode_work(state["work"], ds.urls, ds.lengths,
                                                                    "dataset state: 'work'")
-        plan_work = work if work is not None else whole_shards(epoch_order(ds.urls, ds.seed, epoch, shuffle_shards),
-                                                               ds.lengths)
+        plan_work = work if work is not None else epoch_work(ds.urls, ds.lengths, ds.seed, epoch, shuffle_shards,
+                                                             part_size)
         left = remaining(plan_work, steps, world, saved_workers, batch_size, drop_last, pad, bufsize,
                          lambda c: ds._sample_seed(epoch, generation, c))
         if not left:
             return _Resume(epoch + 1)  # that epoch was over
         replan = _Resume(epoch, generation + 1, left, state=dict(state))
-        if world != my_world or (batch_size, drop_last, pad, bufsize, shuffle_shards) != (
-                ds.batch_size, ds.drop_last, ds.pad, ds.shuffle, ds.shuffle_shards):
+        if world != my_world or (batch_size, drop_last, pad, bufsize, shuffle_shards, part_size) != (
+                ds.batch_size, ds.drop_last, ds.pad, ds.shuffle, ds.shuffle_shards, ds.part_size):
             return replan
         # the same plan: on the same layout, each reader replays its sequence to where it stood
         mine = [split_work(plan_work, my_rank, world, w, saved_workers, batch_size, drop_last, pad)

@@ -9,10 +9,10 @@ when torch is installed, else by iterating the ``Dataset`` in this process.
 
 Multi-rank training: give every rank the same ``Mix`` (same sources, weights and seed). Each source
 ``Dataset`` splits its own shards among the ranks (``docs/training.md``), so every rank draws the
-same source at each step and reads its own share of it; nothing else is needed. With
-``until="first"`` or ``"all"`` ranks may still see different numbers of steps when a source's
-share differs between ranks (give the sources ``lengths=`` for an even split); ``until=N`` gives
-every rank exactly N steps.
+same source at each step and reads its own share of it; nothing else is needed. With sample
+counts (found by each source, ``docs/training.md``) every rank's share of a source has the same
+number of batches, so ``until="first"`` and ``"all"`` end at the same step on every rank too;
+``until=N`` gives every rank exactly N steps in any case.
 
 This module never imports torch itself: only the concatenation of stratified batches touches
 torch, and only when the batches already hold torch tensors.

@@ -131,6 +131,25 @@ def whole_shards(order: Sequence[str], counts: Mapping[str, int]) -> list[Part]:
     return [Part(url, ranges=((0, counts[url]),), count=counts[url]) for url in order if counts[url] > 0]
 
 
+def epoch_work(
+    urls: Sequence[str], counts: Mapping[str, int], seed: int, epoch: int, shuffle: bool, part_size: int | None = None
+) -> list[Part]:
+    """An epoch's work at its start. Shuffled, with ``part_size``: the shards cut into parts of
+    that many samples, all parts in one order drawn from ``(seed, epoch)``, so that each reader's
+    share -- and its shuffle buffer -- holds pieces of many shards, whatever the layout. Else
+    the shards whole, in ``epoch_order``.
+
+    >>> [(p.url, p.ranges) for p in epoch_work(["a", "b"], {"a": 5, "b": 2}, 0, 0, True, 2)]
+    [('a', ((2, 4),)), ('b', ((0, 2),)), ('a', ((0, 2),)), ('a', ((4, 5),))]
+    """
+    if not (shuffle and part_size):
+        return whole_shards(epoch_order(urls, seed, epoch, shuffle), counts)
+    parts = [Part(url, ranges=((a, min(a + part_size, counts[url])),), count=counts[url])
+             for url in urls for a in range(0, counts[url], part_size)]
+    random.Random(f"{seed}/parts/{epoch}").shuffle(parts)
+    return parts
+
+
 def split_by_shard(order: Sequence[str], consumer: int, consumers: int) -> Assignment:
     """The rule without counts (see the module docstring).
 
@@ -216,7 +235,7 @@ def split_work(
     hi = lo + real(worker)
     pad_here = plan.pad if worker == last else 0
     pad_parts = take(work, 0, pad_here) if pad_here else []
-    return Assignment(take(work, lo, hi), plan.sizes[worker::workers], pad_here, pad_parts, plan.dropped,
+    return Assignment(merged(take(work, lo, hi)), plan.sizes[worker::workers], pad_here, pad_parts, plan.dropped,
                       len(plan.sizes))
 
 
@@ -237,6 +256,39 @@ def take(work: Sequence[Part], lo: int, hi: int) -> list[Part]:
         if first >= hi:
             break
     return out
+
+
+def merged(parts: Sequence[Part]) -> list[Part]:
+    """Parts of one shard that follow each other without a gap merged into one (one stream).
+
+    >>> merged([Part("a", ranges=((0, 2),)), Part("a", ranges=((2, 4),)), Part("a", ranges=((6, 7),))])
+    [Part(url='a', part=0, parts=1, ranges=((0, 4),), count=None), Part(url='a', part=0, parts=1, ranges=((6, 7),), count=None)]
+    """
+    out: list[Part] = []
+    for part in parts:
+        last = out[-1] if out else None
+        if last is not None and last.url == part.url and last.parts == part.parts == 1 and last.stop == part.first:
+            joined = (*last.ranges[:-1], (last.ranges[-1][0], part.ranges[0][1]), *part.ranges[1:])
+            out[-1] = last._replace(ranges=joined)
+        else:
+            out.append(part)
+    return out
+
+
+def runs(part: Part, gap: int) -> list[Part]:
+    """``part`` cut where it skips more than ``gap`` samples: pieces each worth one stream, for a
+    reader that can start anywhere in the shard (an index at hand).
+
+    >>> [p.ranges for p in runs(Part("a", ranges=((0, 2), (3, 4), (90, 91))), 8)]
+    [((0, 2), (3, 4)), ((90, 91),)]
+    """
+    pieces: list[list[Range]] = []
+    for a, b in part.ranges:
+        if pieces and a - _known(pieces[-1][-1][1]) <= gap:
+            pieces[-1].append((a, b))
+        else:
+            pieces.append([(a, b)])
+    return [part._replace(ranges=tuple(p)) for p in pieces]
 
 
 def _slice_ranges(ranges: Sequence[Range], lo: int, hi: int) -> tuple[Range, ...]:
