@@ -13,6 +13,7 @@ import itertools
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from .errors import OptionError, SampleError
 from .samples import Sample, field_names
@@ -139,22 +140,62 @@ def shuffle(samples: Iterable[Sample], bufsize: int, seed: int | None = None) ->
     """
     if bufsize < 1:
         raise OptionError("shuffle buffer must hold at least 1 sample")
-    import random  # here, not at the top: tarcat starts without it
+    return ShuffleBuffer(bufsize, seed).run(samples)
 
-    rng = random.Random(seed)
-    buf: list[Sample] = []
-    it = iter(samples)
-    for sample in it:
-        buf.append(sample)
-        if len(buf) >= bufsize:
-            break
-    for sample in it:
-        i = rng.randrange(len(buf))
-        out = buf[i]
-        buf[i] = sample
-        yield out
-    rng.shuffle(buf)
-    yield from buf
+
+class ShuffleBuffer:
+    """``shuffle``'s buffer and random state, which can be taken apart and put back: the choices
+    depend on positions only, never on the samples, so a run over positions (``range(n)``) says which
+    inputs a run over samples holds at any point, and ``resume`` continues it from there.
+
+    >>> a = ShuffleBuffer(3, seed=1)
+    >>> out = a.run(range(10))
+    >>> head = [next(out) for _ in range(4)]
+    >>> b = ShuffleBuffer.resume(3, a.state(), a.buffer, a.tail)
+    >>> head + list(b.run(range(a.pulled, 10))) == list(ShuffleBuffer(3, seed=1).run(range(10)))
+    True
+    """
+
+    def __init__(self, bufsize: int, seed: int | None = None) -> None:
+        import random  # here, not at the top: tarcat starts without it
+
+        self.bufsize = bufsize
+        self.rng = random.Random(seed)
+        self.buffer: list[Any] = []
+        self.tail: list[Any] | None = None  # the last samples, shuffled once the input ran out
+        self.pulled = 0  # inputs taken so far
+
+    def state(self) -> Any:
+        return self.rng.getstate()
+
+    @classmethod
+    def resume(cls, bufsize: int, state: Any, buffer: list[Any], tail: list[Any] | None) -> ShuffleBuffer:
+        """A buffer that goes on where one with this random ``state``, ``buffer`` and ``tail`` stood."""
+        out = cls(bufsize)
+        out.rng.setstate(state)
+        out.buffer, out.tail = list(buffer), None if tail is None else list(tail)
+        return out
+
+    def run(self, samples: Iterable[Any]) -> Iterator[Any]:
+        buf, rng = self.buffer, self.rng
+        if self.tail is None:
+            it = iter(samples)
+            if len(buf) < self.bufsize:
+                for sample in it:
+                    buf.append(sample)
+                    self.pulled += 1
+                    if len(buf) >= self.bufsize:
+                        break
+            for sample in it:
+                self.pulled += 1
+                i = rng.randrange(len(buf))
+                out = buf[i]
+                buf[i] = sample
+                yield out
+            rng.shuffle(buf)
+            self.tail, self.buffer = buf[::-1], []
+        while self.tail:
+            yield self.tail.pop()
 
 
 _MAX_KEY_WIDTH = 255  # widths and precisions in --key formats (a key is a file name)

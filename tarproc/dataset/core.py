@@ -29,11 +29,12 @@ from typing import Any, NamedTuple
 from ..decode.spec import AugmentSpec, plan_key
 from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder, parse_field_list
 from ..errors import DecodeError, OptionError, ShardCountError, TarprocError
-from ..samples import Sample, read_samples, read_samples_from
 from ..index import COMPRESSED_SUFFIXES
+from ..samples import Sample, read_samples, read_samples_from
 from ..sources import expand_urls, local_path
-from ..stages import chunked, shuffle
+from ..stages import ShuffleBuffer, shuffle
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
+from .counts import shard_counts
 from .fields import (
     DEFAULT_HANDLERS,
     BatchBuffer,
@@ -45,10 +46,10 @@ from .fields import (
     parse_selection,
     pick,
 )
-from .counts import shard_counts
 from .split import (
     Assignment,
     Part,
+    at_positions,
     decode_work,
     encode_work,
     epoch_order,
@@ -58,6 +59,7 @@ from .split import (
     runs,
     split_by_shard,
     split_work,
+    take,
     worker_batches_taken,
 )
 
@@ -569,15 +571,20 @@ class Dataset:
         self, assignment: Assignment, epoch: int, run_epoch: int, generation: int, consumer: int, skip: int,
         skip_batches: int, pass_: int,
     ) -> Iterator[tuple[Position, Any]]:
-        samples: Iterable[Sample] = self._read(assignment.parts)
-        if self.shuffle:
-            samples = shuffle(samples, self.shuffle, seed=self._sample_seed(run_epoch, generation, consumer))
-        if self.pad:
-            samples = itertools.chain(_valid(samples, True), _valid(self._read(assignment.pad_parts), False))
-            samples = itertools.islice(samples, assignment.samples + assignment.pad)
-        taken, made = skip, skip_batches
-        if skip:
+        seed = self._sample_seed(run_epoch, generation, consumer)
+        samples: Iterable[Sample]
+        if assignment.batches is not None:  # counts: start where the skip ends, reading only what is needed
+            real = assignment.samples
+            samples = self._from(assignment.parts, real, min(skip, real), seed)
+            if self.pad:
+                padding = itertools.islice(self._read(assignment.pad_parts), max(0, skip - real), assignment.pad)
+                samples = itertools.chain(_valid(samples, True), _valid(padding, False))
+        else:  # no counts: replay the reader's sequence, skipping what it had handed out
+            samples = self._read(assignment.parts)
+            if self.shuffle:
+                samples = shuffle(samples, self.shuffle, seed=seed)
             samples = itertools.islice(samples, skip, None)
+        taken, made = skip, skip_batches
         sizes: Iterable[int] = itertools.repeat(self.batch_size)
         if assignment.batches is not None:
             sizes = assignment.batches[skip_batches:]
@@ -605,6 +612,24 @@ class Dataset:
             if decoder is not None:
                 decoder.close()
 
+    def _from(self, parts: list[Part], n: int, skip: int, seed: int) -> Iterator[Sample]:
+        """The ``n`` samples of ``parts`` through the shuffle buffer, less its first ``skip`` outputs,
+        without reading what those needed: the buffer's choices depend on positions only, so a run
+        over positions says which samples it held then (read just those) and where the input stood
+        (read on from there; with an index at hand both start at their first sample)."""
+        if not self.shuffle:
+            return self._read(take(parts, skip, n))
+        buffer = ShuffleBuffer(self.shuffle, seed)
+        if not skip:
+            return buffer.run(self._read(parts))
+        for _ in itertools.islice(buffer.run(range(n)), skip):
+            pass
+        held = sorted(buffer.buffer if buffer.tail is None else buffer.tail)
+        fetched = dict(zip(held, self._read(at_positions(parts, held)), strict=True))
+        tail = None if buffer.tail is None else [fetched[p] for p in buffer.tail]
+        resumed = ShuffleBuffer.resume(self.shuffle, buffer.state(), [fetched[p] for p in buffer.buffer], tail)
+        return resumed.run(self._read(take(parts, buffer.pulled, n)))
+
     def _read(self, parts: list[Part]) -> Iterator[Sample]:
         for part in parts:
             if part.parts == 1 and len(part.ranges) > 1 and self._offsets_of(part.url):
@@ -619,20 +644,21 @@ class Dataset:
         offset = self._offset(part.url, part.first) if part.first else None
         if offset is not None:  # an index is at hand: start at the part's first sample
             samples = read_samples_from(part.url, offset, dup=self.dup, max_member_size=self.max_member_size)
-            index = part.first - 1
+            start = part.first
         else:
             samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size)
-            index = -1
+            start = 0
+        index = start - 1
         try:
-            for index, sample in enumerate(samples, index + 1):
+            for index, sample in enumerate(samples, start):
                 if part.stop is not None and index >= part.stop:
-                    if part.count is not None and part.stop == part.count:  # the shard's end: check its count
+                    if part.holds is not None and part.stop == part.holds:  # the shard's end: check its count
                         self._count_error(part, index + 1 + sum(1 for _ in samples))
                     break
                 if part.wants(index):
                     yield sample
             else:
-                if part.count is not None and index + 1 != part.count:
+                if part.holds is not None and index + 1 != part.holds:
                     self._count_error(part, index + 1)
         finally:
             samples.close()  # type: ignore[attr-defined]  # a generator: stop reading, close the source
@@ -654,8 +680,8 @@ class Dataset:
         return offsets
 
     def _count_error(self, part: Part, holds: int) -> None:
-        assert part.count is not None
-        raise ShardCountError(part.url, holds, part.count, self.count_sources.get(part.url, "given"))
+        assert part.holds is not None
+        raise ShardCountError(part.url, holds, part.holds, self.count_sources.get(part.url, "given"))
 
     def _rows(self, chunk: list[Sample], decoder: Any, epoch: int) -> list[Any]:
         """Map, decode, handle and select one batch's samples; bad ones fail or are skipped (counted)."""
@@ -925,9 +951,9 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
         mine = [split_work(plan_work, my_rank, world, w, saved_workers, batch_size, drop_last, pad)
                 for w in range(saved_workers)]
         taken = worker_batches_taken([len(a.batches or ()) for a in mine], steps)
-        skip = {my_rank * saved_workers + w: (0, sum((a.batches or [])[:t]), t, t)
-                for w, (a, t) in enumerate(zip(mine, taken, strict=True))}
-        return _Resume(epoch, generation, work, skip, world * saved_workers, steps % saved_workers, steps,
+        replay: dict[int, Taken] = {my_rank * saved_workers + w: (0, sum((a.batches or [])[:t]), t, t)
+                                    for w, (a, t) in enumerate(zip(mine, taken, strict=True))}
+        return _Resume(epoch, generation, work, replay, world * saved_workers, steps % saved_workers, steps,
                        dict(state), replan)
     if mode != "readers":
         raise OptionError(f"dataset state: bad 'mode': {mode[:20]!r}")

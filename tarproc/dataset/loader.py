@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .core import COUNT_HINT, Position, Taken
+from .core import COUNT_HINT, Position, Taken, _few
 from .core import Dataset as _Core
-from .core import _few
 from .core import _warn as warn
 from .fields import BatchBuffer, as_numpy
 

@@ -53,7 +53,7 @@ class Part(NamedTuple):
     part: int = 0
     parts: int = 1
     ranges: tuple[Range, ...] = ((0, None),)
-    count: int | None = None
+    holds: int | None = None
 
     def wants(self, index: int) -> bool:
         """True when the shard's ``index``-th sample belongs to this part.
@@ -128,7 +128,7 @@ def epoch_order(urls: Sequence[str], seed: int, epoch: int, shuffle: bool) -> li
 
 def whole_shards(order: Sequence[str], counts: Mapping[str, int]) -> list[Part]:
     """An epoch's work at its start: every shard whole, in epoch order."""
-    return [Part(url, ranges=((0, counts[url]),), count=counts[url]) for url in order if counts[url] > 0]
+    return [Part(url, ranges=((0, counts[url]),), holds=counts[url]) for url in order if counts[url] > 0]
 
 
 def epoch_work(
@@ -144,7 +144,7 @@ def epoch_work(
     """
     if not (shuffle and part_size):
         return whole_shards(epoch_order(urls, seed, epoch, shuffle), counts)
-    parts = [Part(url, ranges=((a, min(a + part_size, counts[url])),), count=counts[url])
+    parts = [Part(url, ranges=((a, min(a + part_size, counts[url])),), holds=counts[url])
              for url in urls for a in range(0, counts[url], part_size)]
     random.Random(f"{seed}/parts/{epoch}").shuffle(parts)
     return parts
@@ -154,7 +154,7 @@ def split_by_shard(order: Sequence[str], consumer: int, consumers: int) -> Assig
     """The rule without counts (see the module docstring).
 
     >>> split_by_shard(["a", "b", "c"], 1, 2).parts
-    [Part(url='b', part=0, parts=1, ranges=((0, None),), count=None)]
+    [Part(url='b', part=0, parts=1, ranges=((0, None),), holds=None)]
     >>> [p[:3] for p in split_by_shard(["a"], 2, 3).parts]
     [('a', 2, 3)]
     """
@@ -218,7 +218,7 @@ def split_work(
 ) -> Assignment:
     """What consumer ``(rank, worker)`` reads of ``work`` (see the module docstring).
 
-    >>> work = [Part("a", ranges=((0, 5),), count=5), Part("b", ranges=((0, 4),), count=4)]
+    >>> work = [Part("a", ranges=((0, 5),), holds=5), Part("b", ranges=((0, 4),), holds=4)]
     >>> a = split_work(work, 1, 2, 0, 1, 2)
     >>> [(p.url, p.ranges) for p in a.parts], a.batches
     ([('b', ((0, 4),))], [2, 2])
@@ -242,8 +242,8 @@ def split_work(
 def take(work: Sequence[Part], lo: int, hi: int) -> list[Part]:
     """The parts covering the samples ``[lo, hi)`` of ``work`` (positions in its concatenation).
 
-    >>> take([Part("a", ranges=((0, 3), (5, 7)), count=9)], 2, 4)
-    [Part(url='a', part=0, parts=1, ranges=((2, 3), (5, 6)), count=9)]
+    >>> take([Part("a", ranges=((0, 3), (5, 7)), holds=9)], 2, 4)
+    [Part(url='a', part=0, parts=1, ranges=((2, 3), (5, 6)), holds=9)]
     """
     out: list[Part] = []
     first = 0
@@ -262,7 +262,7 @@ def merged(parts: Sequence[Part]) -> list[Part]:
     """Parts of one shard that follow each other without a gap merged into one (one stream).
 
     >>> merged([Part("a", ranges=((0, 2),)), Part("a", ranges=((2, 4),)), Part("a", ranges=((6, 7),))])
-    [Part(url='a', part=0, parts=1, ranges=((0, 4),), count=None), Part(url='a', part=0, parts=1, ranges=((6, 7),), count=None)]
+    [Part(url='a', part=0, parts=1, ranges=((0, 4),), holds=None), Part(url='a', part=0, parts=1, ranges=((6, 7),), holds=None)]
     """
     out: list[Part] = []
     for part in parts:
@@ -289,6 +289,28 @@ def runs(part: Part, gap: int) -> list[Part]:
         else:
             pieces.append([(a, b)])
     return [part._replace(ranges=tuple(p)) for p in pieces]
+
+
+def at_positions(parts: Sequence[Part], positions: Sequence[int]) -> list[Part]:
+    """The samples at sorted ``positions`` (in the concatenation of ``parts``), as parts.
+
+    >>> at_positions([Part("a", ranges=((0, 3),)), Part("b", ranges=((5, 9),))], [1, 2, 4])
+    [Part(url='a', part=0, parts=1, ranges=((1, 3),), holds=None), Part(url='b', part=0, parts=1, ranges=((6, 7),), holds=None)]
+    """
+    out: list[Part] = []
+    first = 0
+    i = 0
+    for part in parts:
+        n = part.size
+        chosen = []
+        while i < len(positions) and positions[i] < first + n:
+            chosen.append(positions[i] - first)
+            i += 1
+        if chosen:
+            indices = list(part.indices())
+            out.append(part._replace(ranges=_as_ranges(indices[k] for k in chosen)))
+        first += n
+    return out
 
 
 def _slice_ranges(ranges: Sequence[Range], lo: int, hi: int) -> tuple[Range, ...]:
@@ -409,7 +431,7 @@ def decode_work(data: object, urls: Sequence[str], counts: Mapping[str, int], wh
             last = b
         if not pairs:
             raise OptionError(f"{where}[{row}]: no ranges")
-        out.append(Part(url, ranges=pairs, count=n))
+        out.append(Part(url, ranges=pairs, holds=n))
     return out
 
 

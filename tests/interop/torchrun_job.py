@@ -1,10 +1,12 @@
-"""A DDP training job for tests/interop/test_torchrun.py, run by ``torchrun`` with gloo on the CPU.
+"""DDP training runs for tests/interop/test_torchrun.py, started by ``torchrun`` with gloo on the CPU.
 
-Reads one JSON argument (the Dataset's keyword arguments, the shards, the loader's workers, where
-to write, when to stop, a state to resume from) and writes, per rank, ``rank-R.json``: the keys of
-every batch, the padding mask, the number of steps, and the loader's state at the stop. The model
-is a DDP-wrapped linear layer, so ranks that took unequal numbers of steps would hang in backward
-(the process group's timeout is short, to fail fast instead).
+Takes one JSON argument: the shards, where to write, and a list of runs, each a name, the
+Dataset's keyword arguments, the loader's workers, an optional step to stop at and an optional
+state to resume from. The runs go one after the other in one process group (a torchrun start
+costs seconds); each rank writes ``rank-R.json``: per run, the keys of every batch, the padding
+mask, the steps, ``len(loader)``, the loader's state at the stop, or the error that ended it. The
+model is a DDP-wrapped linear layer, so ranks that took unequal numbers of steps would hang in
+backward (the process group's timeout is short, to fail fast instead).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import datetime
 import json
 import os
 import sys
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,14 +23,11 @@ import torch.distributed as dist
 import tarproc
 
 
-def main() -> None:
-    job = json.loads(sys.argv[1])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=job.get("timeout", 60)))
-    rank = dist.get_rank()
-    ds = tarproc.Dataset(job["shards"], **job["dataset"])
-    loader = ds.loader(num_workers=job["workers"])
-    if job.get("state") is not None:
-        loader.load_state_dict(job["state"])
+def run(shards: list[str], spec: dict[str, Any]) -> dict[str, Any]:
+    ds = tarproc.Dataset(shards, **spec["dataset"])
+    loader = ds.loader(num_workers=spec["workers"])
+    if spec.get("state") is not None:
+        loader.load_state_dict(spec["state"])
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batches, valid, state = [], [], None
@@ -37,16 +37,24 @@ def main() -> None:
         batches.append(keys)
         if len(batch) > 1:
             valid.append([bool(v) for v in batch[1]])
-        x = torch.ones(len(keys), 1)
-        loss = model(x).sum()
+        loss = model(torch.ones(len(keys), 1)).sum()
         optimizer.zero_grad()
         loss.backward()  # a collective: unequal steps would hang here
         optimizer.step()
-        if job.get("stop") is not None and len(batches) == job["stop"]:
+        if spec.get("stop") is not None and len(batches) == spec["stop"]:
             state = loader.state_dict()
             break
-    dist.barrier()
-    out = {"batches": batches, "valid": valid, "steps": len(batches), "state": state, "len": length}
+    return {"batches": batches, "valid": valid, "steps": len(batches), "state": state, "len": length}
+
+
+def main() -> None:
+    job = json.loads(sys.argv[1])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=job.get("timeout", 60)))
+    rank = dist.get_rank()
+    out = {}
+    for spec in job["runs"]:
+        out[spec["name"]] = run(job["shards"], spec)
+        dist.barrier()
     with open(os.path.join(job["out"], f"rank-{rank}.json"), "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()
