@@ -297,20 +297,27 @@ def at_positions(parts: Sequence[Part], positions: Sequence[int]) -> list[Part]:
     >>> at_positions([Part("a", ranges=((0, 3),)), Part("b", ranges=((5, 9),))], [1, 2, 4])
     [Part(url='a', part=0, parts=1, ranges=((1, 3),), holds=None), Part(url='b', part=0, parts=1, ranges=((6, 7),), holds=None)]
     """
-    out: list[Part] = []
+    return [part._replace(ranges=_ranges_at(part, chosen)) for part, chosen in _per_part(parts, positions) if chosen]
+
+
+def _per_part(parts: Sequence[Part], positions: Sequence[int]) -> Iterator[tuple[Part, list[int]]]:
+    """Each part with the sorted ``positions`` that fall in it, as positions within it."""
     first = 0
     i = 0
     for part in parts:
         n = part.size
-        chosen = []
+        mine = []
         while i < len(positions) and positions[i] < first + n:
-            chosen.append(positions[i] - first)
+            mine.append(positions[i] - first)
             i += 1
-        if chosen:
-            indices = list(part.indices())
-            out.append(part._replace(ranges=_as_ranges(indices[k] for k in chosen)))
+        yield part, mine
         first += n
-    return out
+
+
+def _ranges_at(part: Part, positions: Iterable[int]) -> tuple[Range, ...]:
+    """The shard indices of the part's samples at ``positions`` (within it), as ranges."""
+    indices = list(part.indices())
+    return _as_ranges(indices[k] for k in positions)
 
 
 def _slice_ranges(ranges: Sequence[Range], lo: int, hi: int) -> tuple[Range, ...]:
@@ -368,28 +375,13 @@ def emitted(n: int, taken: int, bufsize: int, seed: int) -> set[int]:
 
 def subtract(parts: Sequence[Part], done: Iterable[int]) -> list[Part]:
     """``parts`` less the samples at the positions ``done`` (positions in their concatenation)."""
-    done_sorted = sorted(done)
     out: list[Part] = []
-    first = 0
-    i = 0
-    for part in parts:
-        n = part.size
-        gone = []
-        while i < len(done_sorted) and done_sorted[i] < first + n:
-            gone.append(done_sorted[i] - first)
-            i += 1
-        if len(gone) < n:
-            out.append(part._replace(ranges=_without(part, gone)))
-        first += n
+    for part, gone in _per_part(parts, sorted(done)):
+        if not gone:
+            out.append(part)
+        elif len(gone) < part.size:
+            out.append(part._replace(ranges=_ranges_at(part, sorted(set(range(part.size)) - set(gone)))))
     return out
-
-
-def _without(part: Part, gone: Sequence[int]) -> tuple[Range, ...]:
-    keep = sorted(set(range(part.size)) - set(gone)) if gone else None
-    if keep is None:
-        return part.ranges
-    indices = list(part.indices())
-    return _as_ranges(indices[k] for k in keep)
 
 
 def _as_ranges(indices: Iterable[int]) -> tuple[Range, ...]:
