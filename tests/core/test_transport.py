@@ -635,7 +635,7 @@ def test_two_receivers_on_one_bound_push_endpoint_share_the_batches(tmp_path):
                 time.sleep(0.01)
 
     threads = [in_thread(receive, i) for i in range(2)]
-    time.sleep(0.3)
+    time.sleep(1.0)  # both connected before the first batch (0.3 s was too short on a loaded machine)
     send_epochs(f"zrpush+{url}", batches=20, n=1)
     for t in threads:
         t.join()
