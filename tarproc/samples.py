@@ -304,10 +304,12 @@ def read_samples_from(
     _check_dup_policy(dup)
     stats = ReadStats()
     with open_source(url, offset=offset) as stream:
+        # the reader counts from where it started: the members' offsets, and its errors', are moved by offset
         members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats)
+        placed = ((key, field, data, at + offset) for key, field, data, at in members)
         try:
-            yield from _group(members, url, dup, stats, _warn_stderr)
-        except TarFormatError as e:  # the reader counts from where it started
+            yield from _group(placed, url, dup, stats, _warn_stderr)
+        except TarFormatError as e:
             raise type(e)(url, e.offset + offset, e.reason, e.member) from None
 
 

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from ..decode.spec import AugmentSpec, plan_key
 from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder, parse_field_list
-from ..errors import DecodeError, OptionError, ShardCountError, TarprocError
+from ..errors import DecodeError, IndexFileError, OptionError, ShardCountError, TarprocError
 from ..index import COMPRESSED_SUFFIXES
 from ..samples import Sample, read_samples, read_samples_from
 from ..sources import expand_urls, local_path
@@ -58,6 +58,7 @@ from .split import (
     remaining,
     runs,
     split_by_shard,
+    split_rank,
     split_work,
     take,
     worker_batches_taken,
@@ -67,6 +68,7 @@ ON_ERROR = ("fail", "skip")
 _FROZEN: list[bool] = []  # gc.freeze() done in this (worker) process
 DEVICES = ("cpu", "dali-cpu", "gpu")
 STATE_VERSION = 2
+MAX_READERS = 1 << 20  # ranks x workers a state may describe
 COUNT_HINT = ("write index files beside the shards with 'tarindex SHARDS' (for remote shards, upload the .idx files "
               "too), pass lengths='count' to count them by reading each once, or lengths=MANIFEST")
 DEFAULT_PART_SIZE = 256  # samples: shuffled shards are read in parts this long, in one order for all readers
@@ -90,10 +92,17 @@ class Position(NamedTuple):
     reader: int = 0  # the DataLoader worker that made it
 
     def taken_state(self) -> Taken:
-        return self.pass_, self.taken, self.batches, self.made
+        return Taken(self.pass_, self.taken, self.batches, self.made)
 
 
-Taken = tuple[int, int, int, int]  # a reader's position: (pass, samples and batches of the pass, batches of the iteration)
+class Taken(NamedTuple):
+    """Where a reader stands: in ``pass_`` (of a repeat stream; 0 otherwise), the input samples and
+    batches of that pass it has handed out, and the batches of the iteration (a nominal epoch)."""
+
+    pass_: int = 0
+    samples: int = 0
+    batches: int = 0
+    made: int = 0
 
 
 class EncodedImages(NamedTuple):
@@ -279,6 +288,12 @@ class Dataset:
         self.lengths: dict[str, int] | None = found.counts
         self.count_sources = found.sources
         self.uncounted = found.missing
+        for url, n in (self.lengths or {}).items():
+            if not n and not self.count_sources.get(url, "").startswith("counted"):
+                # no reader's plan takes a shard said to be empty: check now that it is
+                samples = read_samples(url, dup=dup, max_member_size=max_member_size)
+                if next(samples, None) is not None:
+                    raise ShardCountError(url, 1 + sum(1 for _ in samples), 0, self.count_sources.get(url, "given"))
         if part_size == "auto":
             # parts only where a reader can start anywhere in a shard, else it would read what it skips
             part_size = DEFAULT_PART_SIZE if self.lengths is not None and all(self._seekable(u) for u in self.urls) else None
@@ -301,7 +316,7 @@ class Dataset:
         self._main_decoder: Any = None
         self._reading: str | None = None  # the shard this process is reading now
         self._warned_uncounted = False
-        self._offsets: dict[str, Sequence[int]] = {}  # shard -> where its samples begin (see _offset)
+        self._offsets: dict[str, _Offsets] = {}  # shard -> where its samples begin (see _offset)
         self.seeks = 0  # parts read from their first sample on, not from the shard's start (this process)
 
     # -- who am I ---------------------------------------------------------------------------------
@@ -343,8 +358,8 @@ class Dataset:
     @property
     def agrees_on_the_end(self) -> bool:
         """True when ranks must agree on the end of each epoch collectively: several ranks and no
-        sample counts (a repeat stream with ``batches_per_epoch`` has equal steps anyway)."""
-        return self.lengths is None and self.rank_world()[1] > 1 and not (self.repeat and self.batches_per_epoch)
+        sample counts (a reader of a repeat stream may find its share empty, and stop)."""
+        return self.lengths is None and self.rank_world()[1] > 1
 
     # -- epochs and resume -------------------------------------------------------------------------
 
@@ -513,27 +528,28 @@ class Dataset:
         epoch = self._clock.begin(worker)
         consumers = world * workers
         resume = self._resume_for(epoch, consumers)
-        reader = worker
-        if resume is not None:
-            # a DataLoader takes batches from its workers round robin from worker 0: so that a resumed
-            # stream goes on in the same order, worker w plays the reader that was to deliver next
-            worker = (worker + resume.shift) % workers
-        consumer = rank * workers + worker
+        # the reader this worker plays: itself, but a DataLoader takes batches from its workers round
+        # robin from worker 0, so in a resumed epoch worker w plays the reader that was to deliver next
+        # (the readers' batch counts differ by one at most, so their turns go on in the same order)
+        role = (worker + resume.shift) % workers if resume is not None else worker
+        consumer = rank * workers + role
         if self.decodes_in_main and in_worker and not self._tagged:
             raise OptionError(
                 f"device={self.device!r} with decoding in the main process (CUDA can't run in forked DataLoader "
                 "workers): iterate ds.loader(num_workers=N) instead of DataLoader(ds, ...)"
             )
-        skip = resume.skip.get(consumer, (0, 0, 0, 0)) if resume is not None else (0, 0, 0, 0)
+        skip = resume.skip.get(consumer, Taken()) if resume is not None else Taken()
         if not in_worker:
             self._epoch_seen, self._steps = epoch, 0
             self._taken = {consumer: skip}
-        batches = self._batches(epoch, rank, world, worker, workers, resume, skip)
+        batches = self._batches(epoch, rank, world, role, workers, resume, skip)
         if self.batches_per_epoch is not None:
-            base, extra = divmod(self.batches_per_epoch, workers)
-            batches = itertools.islice(batches, max(0, base + (1 if worker < extra else 0) - skip[3]))
-        for made, (position, batch) in enumerate(batches, skip[3] + 1):
-            position = position._replace(consumer=consumer, consumers=consumers, made=made, reader=reader)
+            readers = self._readers_with_batches(rank, world, workers)
+            base, extra = divmod(self.batches_per_epoch, readers)
+            quota = base + (1 if role < extra else 0) if role < readers else 0
+            batches = itertools.islice(batches, max(0, quota - skip.made))
+        for made, (position, batch) in enumerate(batches, skip.made + 1):
+            position = position._replace(consumer=consumer, consumers=consumers, made=made, reader=worker)
             if self._tagged:  # the Loader keeps the position (and decodes, when decoding in main)
                 yield position, batch
                 continue
@@ -544,28 +560,40 @@ class Dataset:
                     batch = self.finish(batch)
             yield batch
 
+    def _readers_with_batches(self, rank: int, world: int, workers: int) -> int:
+        """The readers of a rank that make batches in a pass of a repeat stream: with counts, those
+        the plan gives batches (fewer than ``workers`` when a pass has fewer batches per rank); the
+        nominal epoch's batches are shared among them only."""
+        if self.lengths is None:
+            return workers
+        batches = self.assignment(0, rank, world, 0, 1).steps or 0  # the same in every pass
+        return max(1, min(workers, batches))
+
     def _batches(
-        self, epoch: int, rank: int, world: int, worker: int, workers: int, resume: _Resume | None,
-        skip: Taken,
+        self, epoch: int, rank: int, world: int, role: int, workers: int, resume: _Resume | None, skip: Taken,
     ) -> Iterator[tuple[Position, Any]]:
-        """``(position, batch)`` for one consumer: one epoch, or passes without end."""
-        consumer = rank * workers + worker
+        """``(position, batch)`` for one reader: one epoch, or passes without end."""
+        consumer = rank * workers + role
         generation = resume.generation if resume is not None else 0
         if not self.repeat:
-            assignment = self.assignment(epoch, rank, world, worker, workers, resume)
-            yield from self._epoch_batches(assignment, epoch, epoch, generation, consumer, skip[1], skip[2], 0)
+            assignment = self.assignment(epoch, rank, world, role, workers, resume)
+            yield from self._epoch_batches(assignment, epoch, epoch, generation, consumer, skip.samples, skip.batches, 0)
             return
-        first_pass, skip_samples, skip_batches, _ = skip
-        for p in itertools.count(first_pass):
+        for p in itertools.count(skip.pass_):
             run_epoch = epoch * _PASS_STRIDE + p
-            assignment = self.assignment(run_epoch, rank, world, worker, workers)
-            if not assignment.parts:
-                return  # nothing to read (more readers than samples): an empty stream, not a spin
-            if p == first_pass and assignment.batches is not None and skip_batches:
-                skip_samples = sum(assignment.batches[:skip_batches])  # with counts: by batches (any rank)
-            yield from self._epoch_batches(assignment, epoch, run_epoch, 0, consumer,
-                                           skip_samples if p == first_pass else 0,
-                                           skip_batches if p == first_pass else 0, p)
+            assignment = self.assignment(run_epoch, rank, world, role, workers)
+            first = p == skip.pass_
+            skip_samples, skip_batches = (skip.samples, skip.batches) if first else (0, 0)
+            if assignment.batches is not None:
+                if not assignment.batches:
+                    return  # with counts, a reader the plan gives no batch: an empty stream, not a spin
+                skip_samples = sum(assignment.batches[:skip_batches])  # by batches: the same on every rank
+            made = False
+            for item in self._epoch_batches(assignment, epoch, run_epoch, 0, consumer, skip_samples, skip_batches, p):
+                made = True
+                yield item
+            if not made and not skip_samples:
+                return  # a pass without a single sample for this reader: an empty stream, not a spin
 
     def _epoch_batches(
         self, assignment: Assignment, epoch: int, run_epoch: int, generation: int, consumer: int, skip: int,
@@ -600,9 +628,13 @@ class Dataset:
                 rows = self._rows(chunk, decoder, run_epoch)
                 position = Position(epoch, consumer, 0, taken, self._reading, made, pass_)
                 if not rows:
-                    if assignment.batches is not None:
-                        raise DecodeError(f"every sample of a batch of {len(chunk)} was skipped: the ranks would "
-                                          "take unequal numbers of steps", self._reading)
+                    if assignment.batches is not None and self.rank_world()[1] > 1:
+                        from ..errors import DatasetError
+
+                        raise DatasetError(
+                            f"every sample of a batch of {len(chunk)} was dropped (by map, or skipped with "
+                            "on_error='skip'), and an empty step would leave the ranks with unequal numbers of "
+                            "steps: drop fewer samples, or filter the shards before training", self._reading)
                     continue
                 if self.decodes_in_main:
                     yield position, _bundle_encoded(rows)  # decoded (and made tensors) by finish()
@@ -632,7 +664,7 @@ class Dataset:
 
     def _read(self, parts: list[Part]) -> Iterator[Sample]:
         for part in parts:
-            if part.parts == 1 and len(part.ranges) > 1 and self._offsets_of(part.url):
+            if part.parts == 1 and len(part.ranges) > 1 and self._offsets_of(part.url).offsets:
                 # what a resume left of a part: each stretch read from its first sample, not across the gaps
                 for piece in runs(part, _GAP):
                     yield from self._read_part(piece)
@@ -651,6 +683,8 @@ class Dataset:
         index = start - 1
         try:
             for index, sample in enumerate(samples, start):
+                if index == start and offset is not None:
+                    self._check_seek(part.url, index, sample)
                 if part.stop is not None and index >= part.stop:
                     if part.holds is not None and part.stop == part.holds:  # the shard's end: check its count
                         self._count_error(part, index + 1 + sum(1 for _ in samples))
@@ -667,17 +701,26 @@ class Dataset:
         """The byte where the shard's ``index``-th sample begins, where an index is at hand: a
         plain local shard (its ``.idx``, else indexed now: a walk over its headers) or a remote one
         with a ``.idx`` beside it. None where there is none (the part is then read from the start)."""
-        offsets = self._offsets_of(url)
+        offsets = self._offsets_of(url).offsets
         if not 0 < index < len(offsets):
             return None
         self.seeks += 1
         return offsets[index]
 
-    def _offsets_of(self, url: str) -> Sequence[int]:
-        offsets = self._offsets.get(url)
-        if offsets is None:  # 8 bytes a sample, kept for the reader's life: a shard is indexed once
-            offsets = self._offsets[url] = array.array("q", _sample_offsets(url, self.count_sources.get(url, "")))
-        return offsets
+    def _offsets_of(self, url: str) -> _Offsets:
+        found = self._offsets.get(url)
+        if found is None:  # 16 bytes a sample, kept for the reader's life: a shard is indexed once
+            found = self._offsets[url] = _sample_offsets(url, self.count_sources.get(url, ""))
+        return found
+
+    def _check_seek(self, url: str, index: int, sample: Sample) -> None:
+        """The sample found where the index put sample ``index`` must be that sample (a shard
+        rewritten after its index was made could hold another there)."""
+        if hash(sample["__key__"]) != self._offsets_of(url).keys[index]:
+            raise IndexFileError(
+                f"the index doesn't match the shard: sample {index} is not {sample['__key__']!r}'s place; the shard "
+                f"changed after it was indexed: rebuild the index (tarindex {url})", url,
+            )
 
     def _count_error(self, part: Part, holds: int) -> None:
         assert part.holds is not None
@@ -842,25 +885,37 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def _sample_offsets(url: str, count_source: str) -> list[int]:
-    """Where each sample of a shard begins, from an index; ``[]`` when there is none to be had."""
+class _Offsets(NamedTuple):
+    """Where each sample of a shard begins, and a hash of its key (to check a seek), from an index."""
+
+    offsets: Sequence[int]
+    keys: Sequence[int]
+
+
+def _sample_offsets(url: str, count_source: str) -> _Offsets:
+    """The samples' offsets of a shard, from an index; empty when there is none to be had."""
     from ..index import build_index, default_index_url, load_index
-    from ..sources import local_path
 
     path = local_path(url)
+    index = None
     try:
         if path is not None:
             sidecar = default_index_url(path)
             if os.path.exists(sidecar):
                 index = load_index(sidecar)
-                if index.size == os.path.getsize(path):
-                    return [e.offset for e in index.entries]
-            return [e.offset for e in build_index(url).entries]
-        if count_source.startswith("index "):
-            return [e.offset for e in load_index(default_index_url(url)).entries]
+                shard, made = os.stat(path), os.stat(sidecar)
+                if index.size != shard.st_size or made.st_mtime_ns < shard.st_mtime_ns:
+                    index = None  # stale: made for another shard, or before this one was written
+            if index is None:
+                index = build_index(url)
+        elif count_source.startswith("index "):
+            index = load_index(default_index_url(url))
     except TarprocError:  # compressed, links, damage: the part is read from the start, which says what is wrong
-        pass
-    return []
+        index = None
+    if index is None:
+        return _Offsets(array.array("q"), array.array("q"))
+    return _Offsets(array.array("q", (e.offset for e in index.entries)),
+                    array.array("q", (hash(e.key) for e in index.entries)))
 
 
 def _chunks(samples: Iterable[Sample], sizes: Iterable[int]) -> Iterator[list[Sample]]:
@@ -896,12 +951,12 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
     if not isinstance(state, Mapping):
         raise OptionError("not a tarproc dataset state (expected the dict state_dict() returned)")
 
-    def field(name: str, kind: type | tuple[type, ...], low: int | None = 0) -> Any:
+    def field(name: str, kind: type | tuple[type, ...], low: int | None = 0, high: int = 1 << 62) -> Any:
         if name not in state:
             raise OptionError(f"dataset state: no field {name!r} (expected the dict state_dict() returned)")
         value = state[name]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)) or \
-                (low is not None and isinstance(value, int) and value < low):
+                (isinstance(value, int) and ((low is not None and value < low) or abs(value) > high)):
             raise OptionError(f"dataset state: bad {name!r}: {str(value)[:40]!r}")
         return value
 
@@ -913,7 +968,10 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
         raise OptionError(f"the state is for seed {seed}, this dataset has seed {ds.seed}: resume with the same seed")
     if field("fingerprint", str) != ds._fingerprint():
         raise OptionError("the state is for another dataset: its shard list or their sample counts differ from this one's")
-    world, saved_workers = field("world_size", int, 1), field("workers", int, 1)
+    world, saved_workers = field("world_size", int, 1, MAX_READERS), field("workers", int, 1, EpochClock.SLOTS)
+    if world * saved_workers > MAX_READERS:
+        raise OptionError(f"dataset state: bad 'world_size' x 'workers': {world} x {saved_workers} readers, more than "
+                          f"{MAX_READERS}")
     mode = field("mode", str)
     if mode == "start":
         return _Resume(epoch, state=dict(state))
@@ -935,6 +993,8 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
             raise OptionError("dataset state: bad 'plan' (batch_size, shuffle, drop_last, pad, shuffle_shards, "
                               "part_size)") from None
         drop_last, pad, shuffle_shards = flags
+        if drop_last and pad:
+            raise OptionError("dataset state: bad 'plan': drop_last and pad both set")
         work = None if state.get("work") is None else decode_work(state["work"], ds.urls, ds.lengths,
                                                                    "dataset state: 'work'")
         plan_work = work if work is not None else epoch_work(ds.urls, ds.lengths, ds.seed, epoch, shuffle_shards,
@@ -943,15 +1003,18 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
                          lambda c: ds._sample_seed(epoch, generation, c))
         if not left:
             return _Resume(epoch + 1)  # that epoch was over
+        total = sum(p.size for p in left)
+        if total < my_world and not ds.pad:
+            raise OptionError(f"the state leaves {total} samples of epoch {epoch}, fewer than this run's {my_world} "
+                              f"ranks: resume on at most {total} ranks, or with pad=True")
         replan = _Resume(epoch, generation + 1, left, state=dict(state))
         if world != my_world or (batch_size, drop_last, pad, bufsize, shuffle_shards, part_size) != (
                 ds.batch_size, ds.drop_last, ds.pad, ds.shuffle, ds.shuffle_shards, ds.part_size):
             return replan
         # the same plan: on the same layout, each reader replays its sequence to where it stood
-        mine = [split_work(plan_work, my_rank, world, w, saved_workers, batch_size, drop_last, pad)
-                for w in range(saved_workers)]
+        mine = split_rank(plan_work, my_rank, world, saved_workers, batch_size, drop_last, pad)
         taken = worker_batches_taken([len(a.batches or ()) for a in mine], steps)
-        replay: dict[int, Taken] = {my_rank * saved_workers + w: (0, sum((a.batches or [])[:t]), t, t)
+        replay: dict[int, Taken] = {my_rank * saved_workers + w: Taken(0, sum((a.batches or [])[:t]), t, t)
                                     for w, (a, t) in enumerate(zip(mine, taken, strict=True))}
         return _Resume(epoch, generation, work, replay, world * saved_workers, steps % saved_workers, steps,
                        dict(state), replan)
@@ -976,12 +1039,14 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
     skip: dict[int, Taken] = {}
     for key, value in taken.items():
         try:
-            consumer = int(key)
-            p, n, b, m = value
-            if not (0 <= consumer < consumers and all(type(x) is int and x >= 0 for x in (p, n, b, m))):
+            consumer = int(key) if isinstance(key, str) and key.isdigit() else key
+            if type(consumer) is not int:
                 raise ValueError
-        except (TypeError, ValueError):
+            p, n, b, m = value
+            if not (0 <= consumer < consumers and all(type(x) is int and 0 <= x < 1 << 62 for x in (p, n, b, m))):
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
             raise OptionError(f"dataset state: bad 'taken' entry {str(key)[:20]!r}") from None
-        skip[my_rank * saved_workers + consumer % saved_workers] = (p, n, b, m)
-    shift = sum(m for _, _, _, m in skip.values()) % saved_workers
+        skip[my_rank * saved_workers + consumer % saved_workers] = Taken(p, n, b, m)
+    shift = sum(t.made for t in skip.values()) % saved_workers
     return _Resume(epoch, skip=skip, consumers=consumers, shift=shift, state=dict(state))

@@ -1,4 +1,4 @@
-"""Sample counts per shard, from whatever records them, for the even split (``split.split_even``).
+"""Sample counts per shard, from whatever records them, for the equal-steps plan (``split.split_work``).
 
 ``shard_counts(urls, lengths)`` finds how many samples each shard holds:
 
@@ -6,7 +6,9 @@
   which only the first line, the header, is read), else a DALI index (``wds2idx``'s name,
   ``SHARD-UP-TO-THE-FIRST-DOT.idx``; either name may hold either format: the content tells), else,
   for a local file, the shard itself, counted once and remembered in a cache. A local sidecar made
-  for another size of shard is stale: one warning, and the shard is counted instead. Remote
+  for another size of shard, or older than the shard (a shard rewritten after it was indexed: tar
+  pads to 10 KiB records, so the size often stays), is stale: one warning, and the shard is
+  counted instead. Remote
   shards (``http://``, ``s3://``, any fsspec URL) without a sidecar, and ``pipe:`` commands, are
   left without a count.
 - ``"count"``: as ``"auto"``, and a remote shard without a sidecar is read once and counted.
@@ -274,14 +276,16 @@ class _Counter:
             recorded = found.size
             stale = (recorded is not None and recorded != st.st_size) or (
                 found.end is not None and found.end > st.st_size)
-            if not stale:
+            older = os.stat(index_path).st_mtime_ns < st.st_mtime_ns
+            if not (stale or older):
                 return found.samples, found.source
             if index_url not in self.warned:
                 self.warned.add(index_url)
-                what = (f"made for a shard of {recorded} bytes" if recorded is not None
-                        else f"lists samples up to byte {found.end}")
-                self.warn(f"{index_url}: stale index ({what}, but {url} has {st.st_size} bytes); "
-                          f"counting {url} instead (rebuild the index with: tarindex {url})")
+                what = (f"made for a shard of {recorded} bytes, but {url} has {st.st_size} bytes" if stale and
+                        recorded is not None else f"lists samples up to byte {found.end}, but {url} has "
+                        f"{st.st_size} bytes" if stale else f"older than {url}, which was written after it")
+                self.warn(f"{index_url}: stale index ({what}); counting {url} instead (rebuild the index with: "
+                          f"tarindex {url})")
             break
         return self._count_local(url, path, st)
 

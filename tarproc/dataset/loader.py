@@ -17,6 +17,10 @@ from .core import _warn as warn
 from .fields import BatchBuffer, as_numpy
 
 try:  # torch stays optional at runtime
+    # imported here, once, and not by each forked DataLoader worker (torch seeds numpy.random in
+    # them): an import in a child forked while another thread of this process was importing fails
+    # there with a KeyError from the import lock
+    import numpy.random  # noqa: F401
     import torch
     from torch.utils.data import IterableDataset
 
@@ -174,13 +178,14 @@ def _together(batches: Iterator[Any], ds: _Core) -> Iterator[Any]:
     all-reduce "I have a batch"; the first rank that runs dry ends the epoch for all."""
     import torch.distributed as dist
 
-    from ..errors import OptionError
-
     if not (dist.is_available() and dist.is_initialized()):
-        raise OptionError(
-            f"{ds.rank_world()[1]} ranks and no sample counts: the ranks agree on the end of each epoch through "
-            "torch.distributed, which is not initialized (call init_process_group first, or give counts)"
-        )
+        if not ds._warned_uncounted:
+            ds._warned_uncounted = True
+            warn(f"{ds.rank_world()[1]} ranks, no sample counts for {_few(ds.uncounted)} and torch.distributed not "
+                 "initialized: the ranks can't agree on the end of each epoch and may take unequal numbers of steps; "
+                 f"for equal steps, {COUNT_HINT}")
+        yield from batches
+        return
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     flag = torch.zeros(1, dtype=torch.int32, device=device)
     if not ds._warned_uncounted:

@@ -32,6 +32,7 @@ from ..errors import DatasetError, OptionError, TarprocError
 STATE_VERSION = 1
 COMPOSE = ("batches", "stratified")
 UNTIL = ("first", "all")
+PREFETCH = 4  # batches each source's DataLoader worker makes ahead (torch's default is 2)
 
 
 def _have_torch() -> bool:
@@ -315,7 +316,13 @@ class Mix:
                     )
             self.per_batch = dict(zip(self.names, counts, strict=True))
             for name, ds in named:
+                if getattr(ds, "pad", False):
+                    raise OptionError(f"source {name!r} pads its batches (pad=True): a stratified batch takes only full "
+                                      "batches of each source")
                 ds.batch_size = self.per_batch[name]  # set again before each pass
+                # full batches only: a rank's last batch of a source may hold one sample more or less than
+                # another rank's, which would end the source at different steps on different ranks
+                ds.drop_last = True
         workers = self._check_workers(num_workers)
         torch_ok = _have_torch()
         self._sources: dict[str, _Source] = {}
@@ -324,7 +331,11 @@ class Mix:
             if not use_loader and (workers[name] or loader_kwargs):
                 what = f"num_workers={workers[name]}" if workers[name] else f"loader options {sorted(loader_kwargs)}"
                 raise OptionError(f"source {name!r}: {what} needs PyTorch (a Loader); without it each source is read in this process")
-            loader = ds.loader(num_workers=workers[name], **loader_kwargs) if use_loader else None
+            options = dict(loader_kwargs)
+            if workers[name]:
+                # a source's workers work ahead while the others are drawn (each keeps 4 batch buffers)
+                options.setdefault("prefetch_factor", PREFETCH)
+            loader = ds.loader(num_workers=workers[name], **options) if use_loader else None
             self._sources[name] = _Source(name, ds, self.weights[name], workers[name], loader)
         self._epoch, self._step = 0, 0
         self._dropped: list[str] = []

@@ -31,6 +31,7 @@ the plan and each consumer's seeded shuffle say exactly which samples were hande
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -46,7 +47,7 @@ Range = tuple[int, int | None]
 
 class Part(NamedTuple):
     """Samples of one shard: those whose index is in one of ``ranges`` (``[start, stop)``; stop
-    None: to the end) and, of those, every ``parts``-th from ``part``. ``count``: the samples the
+    None: to the end) and, of those, every ``parts``-th from ``part``. ``holds``: the samples the
     shard holds, when known (the reader checks it)."""
 
     url: str
@@ -224,30 +225,46 @@ def split_work(
     ([('b', ((0, 4),))], [2, 2])
     """
     _check_consumer(worker, workers)
-    total = sum(p.size for p in work)
-    plan = rank_plan(total, rank, world, batch_size, drop_last, pad)
+    return split_rank(work, rank, world, workers, batch_size, drop_last, pad)[worker]
+
+
+def split_rank(
+    work: Sequence[Part], rank: int, world: int, workers: int, batch_size: int, drop_last: bool = False,
+    pad: bool = False, starts: Sequence[int] | None = None,
+) -> list[Assignment]:
+    """``split_work`` for every worker of ``rank``; ``starts``: ``work_starts(work)``, when at hand."""
+    _check_consumer(0, workers)
+    starts = work_starts(work) if starts is None else starts
+    plan = rank_plan(starts[-1], rank, world, batch_size, drop_last, pad)
     last = (len(plan.sizes) - 1) % workers  # the worker of the rank's last batch, where padding goes
+    out = []
+    lo = plan.lo
+    for worker in range(workers):
+        sizes = plan.sizes[worker::workers]
+        pad_here = plan.pad if worker == last else 0
+        hi = lo + sum(sizes) - pad_here
+        pad_parts = take(work, 0, pad_here, starts) if pad_here else []
+        out.append(Assignment(merged(take(work, lo, hi, starts)), sizes, pad_here, pad_parts, plan.dropped,
+                              len(plan.sizes)))
+        lo = hi
+    return out
 
-    def real(w: int) -> int:
-        return sum(plan.sizes[w::workers]) - (plan.pad if w == last else 0)
 
-    lo = plan.lo + sum(real(w) for w in range(worker))
-    hi = lo + real(worker)
-    pad_here = plan.pad if worker == last else 0
-    pad_parts = take(work, 0, pad_here) if pad_here else []
-    return Assignment(merged(take(work, lo, hi)), plan.sizes[worker::workers], pad_here, pad_parts, plan.dropped,
-                      len(plan.sizes))
+def work_starts(work: Sequence[Part]) -> list[int]:
+    """The position of each part's first sample in the work, and the work's total last."""
+    return [0, *itertools.accumulate(p.size for p in work)]
 
 
-def take(work: Sequence[Part], lo: int, hi: int) -> list[Part]:
+def take(work: Sequence[Part], lo: int, hi: int, starts: Sequence[int] | None = None) -> list[Part]:
     """The parts covering the samples ``[lo, hi)`` of ``work`` (positions in its concatenation).
 
     >>> take([Part("a", ranges=((0, 3), (5, 7)), holds=9)], 2, 4)
     [Part(url='a', part=0, parts=1, ranges=((2, 3), (5, 6)), holds=9)]
     """
     out: list[Part] = []
-    first = 0
-    for part in work:
+    i = max(0, bisect.bisect_right(starts, lo) - 1) if starts is not None else 0
+    first = starts[i] if starts is not None else 0
+    for part in work[i:]:
         n = part.size
         start, stop = max(lo, first), min(hi, first + n)
         if start < stop:
@@ -406,24 +423,32 @@ def decode_work(data: object, urls: Sequence[str], counts: Mapping[str, int], wh
     if not isinstance(data, list):
         raise OptionError(f"{where}: not a list of parts")
     out = []
+    taken: dict[str, list[tuple[int, int]]] = {}  # the ranges of each shard, to refuse overlaps
     for row, item in enumerate(data):
         try:
             number, ranges = item
-            url = urls[number] if isinstance(number, int) and number >= 0 else None
-            if url is None:
+            if type(number) is not int or not 0 <= number < len(urls) or not isinstance(ranges, list):
                 raise ValueError
-            pairs = tuple((int(a), int(b)) for a, b in ranges)
-        except (TypeError, ValueError, IndexError):
+            pairs = tuple((a, b) for a, b in ranges)
+            if not all(type(a) is int and type(b) is int for a, b in pairs):
+                raise ValueError
+        except (TypeError, ValueError):
             raise OptionError(f"{where}[{row}]: not [shard number, [[start, stop], ...]] of this shard list") from None
+        url = urls[number]
         n = counts[url]
         last = 0
         for a, b in pairs:
-            if not (last <= a < b <= n) or type(a) is bool:
+            if not (last <= a < b <= n):
                 raise OptionError(f"{where}[{row}]: bad range [{a}, {b}] for {url}, which holds {n} samples")
             last = b
         if not pairs:
             raise OptionError(f"{where}[{row}]: no ranges")
+        taken.setdefault(url, []).extend(pairs)
         out.append(Part(url, ranges=pairs, holds=n))
+    for url, spans in taken.items():
+        spans.sort()
+        if any(b > c for (_, b), (c, _) in itertools.pairwise(spans)):
+            raise OptionError(f"{where}: two parts of {url} overlap: their samples would be read twice")
     return out
 
 
@@ -486,8 +511,9 @@ def remaining(
     [('a', ((2, 5),)), ('b', ((2, 4),))]
     """
     out: list[Part] = []
+    starts = work_starts(work)
     for rank in range(world):
-        mine = [split_work(work, rank, world, w, workers, batch_size, drop_last, pad) for w in range(workers)]
+        mine = split_rank(work, rank, world, workers, batch_size, drop_last, pad, starts)
         taken = worker_batches_taken([len(a.batches or ()) for a in mine], steps)
         for worker, a in enumerate(mine):
             n = a.samples

@@ -5,6 +5,7 @@ DataLoader workers; ``tests/interop/test_torchrun.py`` runs the same under torch
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -273,3 +274,97 @@ def test_a_replayed_reader_reads_only_what_its_buffer_held_and_what_is_left(tmp_
     resumed.load_state_dict(first.state_dict())
     assert head + [list(b[0]) for b in resumed] == whole  # the same sequence
     assert resumed.seeks >= 1  # and it started reading mid-shard instead of reading what it had handed out
+
+
+# ---------------------------------------------------------------------------------------------
+# what a review found: each failed before its fix
+
+
+def test_padding_in_a_repeat_stream_keeps_the_steps_equal(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [3])
+    for workers in (0, 2):
+        steps = [len(list(Dataset(paths, rank=r, world_size=2, batch_size=1, pad=True, repeat=True, batches_per_epoch=4,
+                                  to_tuple=("__key__", "__valid__")).loader(num_workers=workers))) for r in range(2)]
+        assert steps == [4, 4]
+
+
+def test_a_nominal_epoch_is_whole_with_more_workers_than_batches_in_a_pass(tmp_path: Path) -> None:
+    loader = Dataset(make_shards(tmp_path, [2]), batch_size=1, repeat=True, batches_per_epoch=4,
+                     to_tuple=("__key__",)).loader(num_workers=4)
+    assert len(loader) == len(list(loader)) == 4
+
+
+@pytest.mark.timeout(60)
+def test_a_repeat_stream_whose_share_is_empty_ends_instead_of_spinning(tmp_path: Path) -> None:
+    ds = Dataset(make_shards(tmp_path, [1]), rank=1, world_size=2, batch_size=1, lengths=None, repeat=True,
+                 batches_per_epoch=3, to_tuple=("__key__",))
+    assert list(ds) == []  # rank 1's part of the one-sample shard holds nothing (a warning says why ranks may differ)
+
+
+def test_an_index_older_than_its_shard_is_not_trusted(tmp_path: Path) -> None:
+    shard = tmp_path / "s.tar"
+    write_tar(shard, [{"__key__": "k0", "bin": b"x" * 1500}] + [{"__key__": f"k{i}", "bin": b"y"} for i in range(1, 5)])
+    index = tarproc.build_index(str(shard)).jsonl_bytes()
+    size = shard.stat().st_size
+    write_tar(shard, [{"__key__": f"k{i}", "bin": b"z"} for i in range(6)])  # rewritten: the same size
+    assert shard.stat().st_size == size
+    idx = Path(str(shard) + ".idx")
+    idx.write_bytes(index)
+    os.utime(idx, ns=(shard.stat().st_mtime_ns - 10**9,) * 2)  # made before the shard was rewritten
+    got = []
+    for r in range(5):
+        ds = Dataset([str(shard)], rank=r, world_size=5, batch_size=1, shuffle_shards=True, part_size=1,
+                     to_tuple=("__key__",))
+        got += [k for (b,) in ds for k in b]
+    assert ds.lengths == {str(shard): 6} and sorted(got) == [f"k{i}" for i in range(6)]
+    # an index newer than the shard but not of it: the reader that starts mid-shard finds another sample there
+    os.utime(idx, ns=(shard.stat().st_mtime_ns + 10**9,) * 2)
+    with pytest.raises((tarproc.IndexFileError, ShardCountError)):
+        for r in range(5):
+            list(Dataset([str(shard)], rank=r, world_size=5, batch_size=1, shuffle_shards=True, part_size=1,
+                         lengths=[6]))
+
+
+def test_a_shard_said_to_be_empty_is_checked(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [4, 3])
+    with pytest.raises(ShardCountError, match="train-1.tar: holds 3 samples, but its count \\(given\\) says 0"):
+        Dataset(paths, lengths=[4, 0])
+
+
+def test_a_state_leaving_fewer_samples_than_ranks_is_refused_at_load(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [5])
+    loader = Dataset(paths, batch_size=4, to_tuple=("__key__",)).loader()
+    next(iter(loader))
+    with pytest.raises(OptionError, match="leaves 1 samples of epoch 0, fewer than this run's 3 ranks"):
+        Dataset(paths, batch_size=4, rank=0, world_size=3).loader().load_state_dict(loader.state_dict())
+
+
+DAMAGED = [
+    ({"work": [[0, [[0, 1e400]]]]}, "'work'"),
+    ({"work": [[0, [[0, 2.5]]]]}, "'work'"),
+    ({"work": [[0, [["0", 3]]]]}, "'work'"),
+    ({"work": [[True, [[0, 3]]]]}, "'work'"),
+    ({"work": [[0, [[0, 3]]], [0, [[2, 5]]]]}, "overlap"),
+    ({"epoch": 2**64}, "'epoch'"),
+    ({"workers": 3000}, "'workers'"),
+    ({"world_size": 10**7}, "'world_size'"),
+]
+
+
+@pytest.mark.parametrize("change,message", DAMAGED, ids=[str(c)[:30] for c, _ in DAMAGED])
+@pytest.mark.timeout(30)
+def test_a_damaged_state_is_refused_naming_the_field(tmp_path: Path, change: dict, message: str) -> None:
+    paths = make_shards(tmp_path)
+    _, state = run_ranks(paths, 2, 1, stop=1)
+    assert state is not None
+    with pytest.raises(OptionError, match=message):
+        Dataset(paths, batch_size=4, shuffle=6, seed=1, rank=0, world_size=2).load_state_dict({**state, **change})
+
+
+def test_a_map_that_empties_a_batch_skips_it_on_one_rank(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [6])
+    drop = {"k0002", "k0003"}
+    ds = Dataset(paths, batch_size=2, map=lambda s: None if s["__key__"] in drop else s, to_tuple=("__key__",))
+    assert [list(b) for (b,) in ds] == [["k0000", "k0001"], ["k0004", "k0005"]]
+    with pytest.raises(DatasetError, match="every sample of a batch of . was dropped"):
+        list(Dataset(paths, batch_size=2, map=lambda s: None if s["__key__"] in drop else s, rank=0, world_size=2))

@@ -453,3 +453,16 @@ def test_without_torch_it_mixes_numpy_batches(tmp_path: Path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_stratified_ranks_end_at_the_same_step(tmp_path: Path) -> None:
+    # with counts a rank's last batch of a source may hold one sample more or less than another rank's:
+    # stratified mixing takes full batches only (each source's drop_last), so every rank ends together
+    a, b = shards(tmp_path, "a", 7), shards(tmp_path, "b", 40)
+    steps = []
+    for rank in range(2):
+        sources = {n: Dataset(p, rank=rank, world_size=2, to_tuple=("__key__",), tensors="numpy") for n, p in (("a", a), ("b", b))}
+        batches = list(Mix(sources, {"a": 0.5, "b": 0.5}, compose="stratified", batch_size=4))
+        assert all(len(keys) == 4 for (keys,) in batches)
+        steps.append(len(batches))
+    assert steps[0] == steps[1] == 1
