@@ -229,7 +229,9 @@ def resume_first_batch(shard: str, state: dict[str, Any], expected: list[str], s
     def run() -> int:
         ds = tarproc.Dataset(shard, to_tuple=("__key__", "cls"), batch_size=64, rank=0, world_size=world)
         if seek is False:
-            ds._offsets[ds.urls[0]] = []  # no index at hand: read from the start, skip what was taken
+            from tarproc.dataset.core import _Offsets
+
+            ds._offsets[ds.urls[0]] = _Offsets([], [])  # no index at hand: read from the start, skip what was taken
         loader = ds.loader(num_workers=0)
         loader.load_state_dict(state)
         it: Any = iter(loader)
