@@ -44,7 +44,7 @@ from typing import Any
 
 from bench_index import tar_lister
 from bench_train import count_batches, make_shards
-from common import Context, Row, log, spread, warm, write_tar, yes_no
+from common import Context, Row, alternate_many, log, spread, warm, write_tar, yes_no
 
 SECTION = "scale"
 WORKERS = 2
@@ -92,25 +92,6 @@ def epoch(make: Callable[[], Any]) -> Callable[[], int]:
 
 # ------------------------------------------------------------------------------------------------
 # helpers
-
-
-def alternate_many(series: list[tuple[str, int, Callable[[], Any]]], expect: Any, what: str) -> list[list[float]]:
-    """``common.alternate`` for any number of ``(name, reps, run)`` series: each run must return
-    ``expect``; returns the times of each series."""
-    from common import timed
-
-    times: list[list[float]] = [[] for _ in series]
-    for r in range(max(reps for _, reps, _ in series)):
-        line = f"  rep {r + 1}:"
-        for (name, reps, run), ts in zip(series, times, strict=True):
-            if r < reps:
-                t, got = timed(run)
-                if got != expect:
-                    raise RuntimeError(f"{what}: {name} gave {got!r}, expected {expect!r}")
-                ts.append(t)
-                line += f" {name} {t:.3f} s"
-        log(line)
-    return times
 
 
 def rate(n: int, times: list[float]) -> float:

@@ -281,20 +281,25 @@ def alternate(
 
     Both must return ``expect`` (a count of what they read). Returns both lists of times.
     """
-    ta: list[float] = []
-    tb: list[float] = []
-    sides = (("tarproc", reps_a, a, ta), ("baseline", reps_b, b, tb))
-    for r in range(max(reps_a, reps_b)):
+    ta, tb = alternate_many([("tarproc", reps_a, a), ("baseline", reps_b, b)], expect, what)
+    return ta, tb
+
+
+def alternate_many(series: list[tuple[str, int, Callable[[], Any]]], expect: Any, what: str) -> list[list[float]]:
+    """``alternate`` for any number of ``(name, reps, run)`` series, repetition by repetition: each
+    run must return ``expect``; returns the times of each series."""
+    times: list[list[float]] = [[] for _ in series]
+    for r in range(max(reps for _, reps, _ in series)):
         line = f"  rep {r + 1}:"
-        for name, reps, run, times in sides:
+        for (name, reps, run), ts in zip(series, times, strict=True):
             if r < reps:
-                t, n = timed(run)
-                if n != expect:
-                    raise RuntimeError(f"{what}: {name} counted {n}, expected {expect}")
-                times.append(t)
+                t, got = timed(run)
+                if got != expect:
+                    raise RuntimeError(f"{what}: {name} gave {got!r}, expected {expect!r}")
+                ts.append(t)
                 line += f" {name} {t:.3f} s"
         log(line)
-    return ta, tb
+    return times
 
 
 def machine() -> str:
