@@ -21,10 +21,10 @@ from .core import EncodedImages, EpochClock, Position
 from .fields import DEFAULT_HANDLERS, apply_handlers, collate
 from .loader import HAVE_TORCH, Dataset, Loader
 from .mix import Mix
-from .split import Assignment, Part, epoch_order, load_lengths, rank_plan, remaining, split_by_shard, split_work
+from .split import Assignment, Part, epoch_order, rank_plan, remaining, split_by_shard, split_work
 
 __all__ = [
     "DEFAULT_HANDLERS", "HAVE_TORCH", "Assignment", "Dataset", "EncodedImages", "EpochClock", "Loader", "Mix", "Part",
-    "Position", "apply_handlers", "collate", "epoch_order", "load_lengths", "rank_plan", "remaining",
+    "Position", "apply_handlers", "collate", "epoch_order", "rank_plan", "remaining",
     "split_by_shard", "split_work",
 ]

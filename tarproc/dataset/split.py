@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import math
-import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
@@ -450,52 +448,6 @@ def decode_work(data: object, urls: Sequence[str], counts: Mapping[str, int], wh
         if any(b > c for (_, b), (c, _) in itertools.pairwise(spans)):
             raise OptionError(f"{where}: two parts of {url} overlap: their samples would be read twice")
     return out
-
-
-def load_lengths(lengths: str | os.PathLike[str] | Mapping[str, int] | Sequence[int], urls: Sequence[str]) -> dict[str, int]:
-    """Sample counts per URL from a tarsplit manifest (JSON lines with ``shard`` and ``samples``), a
-    dict or a list in the order of ``urls``. A manifest entry matches a URL exactly or by file name."""
-    if isinstance(lengths, (str, os.PathLike)):
-        path = os.fspath(lengths)
-        by_name: dict[str, int] = {}
-        try:
-            with open(path, encoding="utf-8") as f:
-                for row, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        entry = json.loads(line)
-                        by_name[str(entry["shard"])] = _count(entry["samples"])
-                    except (ValueError, KeyError, TypeError):
-                        raise OptionError(f"{path}: row {row}: not a manifest line (expected JSON with shard and samples)") from None
-        except OSError as e:
-            raise OptionError(f"cannot read the manifest {path}: {e.strerror or e}") from None
-        except UnicodeDecodeError:
-            raise OptionError(f"{path}: not UTF-8 text, not a manifest") from None
-        base = {os.path.basename(k): v for k, v in by_name.items()}
-        out = {}
-        for url in urls:
-            n = by_name.get(url, base.get(os.path.basename(url)))
-            if n is None:
-                raise OptionError(f"{path}: no entry for shard {url}")
-            out[url] = n
-        return out
-    if isinstance(lengths, Mapping):
-        missing = [u for u in urls if u not in lengths]
-        if missing:
-            raise OptionError(f"no sample count for shard {missing[0]}")
-        return {u: _count(lengths[u], u) for u in urls}
-    if len(lengths) != len(urls):
-        raise OptionError(f"{len(lengths)} sample counts for {len(urls)} shards")
-    return {u: _count(n, u) for u, n in zip(urls, lengths, strict=True)}
-
-
-def _count(value: object, url: str | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        if url is None:
-            raise ValueError(value)
-        raise OptionError(f"bad sample count {value!r} for shard {url}; must be an integer >= 0")
-    return value
 
 
 def remaining(
