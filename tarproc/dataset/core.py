@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from ..decode.spec import AugmentSpec, plan_key
 from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder, parse_field_list
-from ..errors import DecodeError, IndexFileError, OptionError, ShardCountError, TarprocError
+from ..errors import DecodeError, IndexFileError, OptionError, ShardCountError, SourceError, TarprocError
 from ..index import COMPRESSED_SUFFIXES
 from ..samples import Sample, read_samples, read_samples_from
 from ..sources import expand_urls, local_path
@@ -674,10 +674,12 @@ class Dataset:
     def _read_part(self, part: Part) -> Iterator[Sample]:
         self._reading = part.url
         offset = self._offset(part.url, part.first) if part.first else None
+        samples: Iterator[Sample] | None = None
         if offset is not None:  # an index is at hand: start at the part's first sample
-            samples = read_samples_from(part.url, offset, dup=self.dup, max_member_size=self.max_member_size)
+            samples = self._samples_from(part.url, offset)
             start = part.first
-        else:
+        if samples is None:
+            offset = None
             samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size)
             start = 0
         index = start - 1
@@ -712,6 +714,21 @@ class Dataset:
         if found is None:  # 16 bytes a sample, kept for the reader's life: a shard is indexed once
             found = self._offsets[url] = _sample_offsets(url, self.count_sources.get(url, ""))
         return found
+
+    def _samples_from(self, url: str, offset: int) -> Iterator[Sample] | None:
+        """The shard's samples from byte ``offset`` on; None where the store can't start there (a
+        server that ignores range requests): then, said once, its parts are read from the start."""
+        samples = read_samples_from(url, offset, dup=self.dup, max_member_size=self.max_member_size)
+        try:
+            first = next(samples)  # opens the source: where a store can't start at a byte, it says so here
+        except StopIteration:
+            return iter(())
+        except SourceError as e:
+            _warn(f"{url}: can't start reading at byte {offset} ({e.message}); reading its parts from the start "
+                  "of the shard instead, skipping what they don't hold")
+            self._offsets[url] = _Offsets(array.array("q"), array.array("q"))
+            return None
+        return _pushed_back(first, samples)
 
     def _check_seek(self, url: str, index: int, sample: Sample) -> None:
         """The sample found where the index put sample ``index`` must be that sample (a shard
@@ -916,6 +933,15 @@ def _sample_offsets(url: str, count_source: str) -> _Offsets:
         return _Offsets(array.array("q"), array.array("q"))
     return _Offsets(array.array("q", (e.offset for e in index.entries)),
                     array.array("q", (hash(e.key) for e in index.entries)))
+
+
+def _pushed_back(first: Sample, rest: Iterator[Sample]) -> Iterator[Sample]:
+    """``first``, then ``rest``: a generator, so that closing it closes ``rest`` (and its source)."""
+    try:
+        yield first
+        yield from rest
+    finally:
+        rest.close()  # type: ignore[attr-defined]
 
 
 def _chunks(samples: Iterable[Sample], sizes: Iterable[int]) -> Iterator[list[Sample]]:
