@@ -12,12 +12,17 @@ shared helpers live here and are handed out through fixtures:
 
 from __future__ import annotations
 
+import http.server
 import io
 import os
 import random
 import shutil
+import socket
 import subprocess
+import threading
 from collections.abc import Iterable
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -214,3 +219,67 @@ def c_scan() -> Any:
 def no_source_date_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Written archives must not depend on the caller's environment."""
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+
+
+# -------------------------------------------------------------------------------------------
+# an HTTP server on 127.0.0.1 (interop tests, and the dataset's counts over HTTP)
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """Serves files of the server's directory (no range requests, as Python's server); ``/half/NAME``
+    announces the full length of NAME but sends half of it and closes the connection;
+    ``/error/NAME`` answers 500, to HEAD too. GET requests are recorded in ``server.requests``."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:  # keep the test output clean
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.server.requests.append(self.path)  # type: ignore[attr-defined]
+        if self.path.startswith("/half/"):
+            path = Path(self.directory) / self.path[len("/half/") :]
+            data = path.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-tar")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        if self.path.startswith("/error/"):
+            self.send_error(500, "server exploded")
+            return
+        super().do_GET()
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        if self.path.startswith("/error/"):
+            self.send_error(500, "server exploded")
+            return
+        super().do_HEAD()
+
+
+@pytest.fixture
+def http_server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    root = tmp_path / "www"
+    root.mkdir()
+
+    def handler(*args: Any, **kw: Any) -> _Handler:
+        return _Handler(*args, directory=str(root), **kw)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    server.requests = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield SimpleNamespace(root=root, url=f"http://127.0.0.1:{server.server_address[1]}", requests=server.requests)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

@@ -34,7 +34,7 @@ from ..samples import Sample, read_samples, read_samples_from
 from ..sources import expand_urls, local_path
 from ..stages import ShuffleBuffer, shuffle
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
-from .counts import shard_counts
+from .counts import shard_counts, stale_index
 from .fields import (
     DEFAULT_HANDLERS,
     BatchBuffer,
@@ -920,9 +920,8 @@ def _sample_offsets(url: str, count_source: str) -> _Offsets:
             sidecar = default_index_url(path)
             if os.path.exists(sidecar):
                 index = load_index(sidecar)
-                shard, made = os.stat(path), os.stat(sidecar)
-                if index.size != shard.st_size or made.st_mtime_ns < shard.st_mtime_ns:
-                    index = None  # stale: made for another shard, or before this one was written
+                if stale_index(url, os.stat(path), sidecar, index.size) is not None:
+                    index = None  # counts.py has said so, and counted the shard
             if index is None:
                 index = build_index(url)
         elif count_source.startswith("index "):

@@ -236,6 +236,19 @@ class _Sidecar(NamedTuple):
     end: int | None  # where the last sample a DALI index lists ends, when its last line tells
 
 
+def stale_index(url: str, shard: os.stat_result, index_path: str, size: int | None, end: int | None = None) -> str | None:
+    """Why a local index file doesn't describe the shard any more, or None: made for another size
+    (``size`` it records, ``end`` of its last sample), or older than the shard (rewritten after it
+    was indexed: tar pads to 10 KiB records, so the size often stays)."""
+    if size is not None and size != shard.st_size:
+        return f"made for a shard of {size} bytes, but {url} has {shard.st_size} bytes"
+    if end is not None and end > shard.st_size:
+        return f"lists samples up to byte {end}, but {url} has {shard.st_size} bytes"
+    if os.stat(index_path).st_mtime_ns < shard.st_mtime_ns:
+        return f"older than {url}, which was written after it"
+    return None
+
+
 class _Counter:
     def __init__(self, cache_dir: str | None, warn: Callable[[str], None], count_remote: bool) -> None:
         self.cache = _Cache(cache_dir if cache_dir is not None else default_cache_dir())
@@ -273,17 +286,11 @@ class _Counter:
             if index_path is None or not os.path.isfile(index_path):
                 continue
             found = _read_sidecar(index_url)
-            recorded = found.size
-            stale = (recorded is not None and recorded != st.st_size) or (
-                found.end is not None and found.end > st.st_size)
-            older = os.stat(index_path).st_mtime_ns < st.st_mtime_ns
-            if not (stale or older):
+            what = stale_index(url, st, index_path, found.size, found.end)
+            if what is None:
                 return found.samples, found.source
             if index_url not in self.warned:
                 self.warned.add(index_url)
-                what = (f"made for a shard of {recorded} bytes, but {url} has {st.st_size} bytes" if stale and
-                        recorded is not None else f"lists samples up to byte {found.end}, but {url} has "
-                        f"{st.st_size} bytes" if stale else f"older than {url}, which was written after it")
                 self.warn(f"{index_url}: stale index ({what}); counting {url} instead (rebuild the index with: "
                           f"tarindex {url})")
             break

@@ -5,15 +5,12 @@ sidecars, damaged shards, and shards served over HTTP by a real server on 127.0.
 from __future__ import annotations
 
 import gzip
-import http.server
 import json
 import multiprocessing
 import os
 import tarfile
-import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -525,47 +522,11 @@ def test_directory_in_place_of_a_sidecar_is_skipped(tmp_path, cache, no_build):
 # over HTTP, from a real server on 127.0.0.1
 
 
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:  # noqa: N802
-        self.server.requests.append(self.path)  # type: ignore[attr-defined]
-        if self.path.startswith("/error/"):
-            self.send_error(500, "server exploded")
-            return
-        super().do_GET()
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self.server.requests.append("HEAD " + self.path)  # type: ignore[attr-defined]
-        if self.path.startswith("/error/"):
-            self.send_error(500, "server exploded")
-            return
-        super().do_HEAD()
-
-
 @pytest.fixture
-def web(tmp_path: Path):  # type: ignore[no-untyped-def]
-    root = tmp_path / "www"
-    (root / "error").mkdir(parents=True)
-
-    def handler(*args: Any, **kw: Any) -> _Handler:
-        return _Handler(*args, directory=str(root), **kw)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    server.requests = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield SimpleNamespace(root=root, url=f"http://127.0.0.1:{server.server_address[1]}",
-                              requests=server.requests)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+def web(http_server):  # type: ignore[no-untyped-def]
+    """tests/conftest.py's server: GETs recorded, ``/error/`` answering 500."""
+    (http_server.root / "error").mkdir()
+    return http_server
 
 
 @pytest.fixture(autouse=True)

@@ -8,14 +8,12 @@ the ``ix`` fixture.
 
 from __future__ import annotations
 
-import http.server
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
@@ -147,60 +145,7 @@ def shards(tmp_path: Path) -> SimpleNamespace:
 
 
 # -------------------------------------------------------------------------------------------
-# an HTTP server on 127.0.0.1
-
-
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    """Serves files of the server's directory; ``/half/NAME`` announces the full length of NAME
-    but sends half of it and closes the connection; ``/slow-fail/NAME`` answers 500."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: Any) -> None:  # keep the test output clean
-        pass
-
-    def do_GET(self) -> None:  # noqa: N802
-        self.server.requests.append(self.path)  # type: ignore[attr-defined]
-        if self.path.startswith("/half/"):
-            path = Path(self.directory) / self.path[len("/half/") :]
-            data = path.read_bytes()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-tar")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data[: len(data) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            return
-        if self.path.startswith("/error/"):
-            self.send_error(500, "server exploded")
-            return
-        super().do_GET()
-
-
-@pytest.fixture
-def http_server(tmp_path: Path):  # type: ignore[no-untyped-def]
-    root = tmp_path / "www"
-    root.mkdir()
-
-    def handler(*args: Any, **kw: Any) -> _Handler:
-        return _Handler(*args, directory=str(root), **kw)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    server.requests = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield SimpleNamespace(root=root, url=f"http://127.0.0.1:{server.server_address[1]}", requests=server.requests)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+# an HTTP server on 127.0.0.1: the http_server fixture of tests/conftest.py
 
 
 # -------------------------------------------------------------------------------------------
