@@ -14,10 +14,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import DuplicateError, OptionError, TarprocError
 from .tario import DEFAULT_MAX_MEMBER_SIZE, FileRange, ReadStats, iter_keyed_members, split_key
+
+if TYPE_CHECKING:  # the sources are imported where used: the commands that read none start without them
+    from .sources import Network, Prefetcher
 
 # the C grouper (tarproc/_speedups.c); _group_python is the reference. TARPROC_PURE_PYTHON=1 turns it
 # off, and so does setting _Grouper to None (the tests do, to compare the two).
@@ -244,6 +247,7 @@ def read_samples(
     ignore_zeros: bool = False,
     views: bool = False,
     refs: bool = False,
+    network: Network | None = None,
 ) -> Iterator[Sample]:
     """Read samples from one or more tar shards, in order.
 
@@ -258,7 +262,9 @@ def read_samples(
     ``refs=True`` too (the same commands) goes further: from a plain local file, such values that
     were not in what was read come as ``tario.FileRange``, data left in the file for ``TarWriter``
     to have the kernel copy. Write each sample before asking for the next: a range is valid only
-    while its shard is open.
+    while its shard is open. Remote shards are read as ``network`` says (retries, read-ahead,
+    the shard cache; default ``sources.settings()``): with read-ahead, the next remote shard is
+    opened while one is read.
 
     >>> import io, tempfile, os
     >>> from tarproc import TarWriter
@@ -268,18 +274,33 @@ def read_samples(
     >>> [(s["__key__"], s["cls"]) for s in read_samples(path)]
     [('a', b'1')]
     """
-    from .sources import expand_urls, open_source
+    from .sources import Prefetcher, expand_urls, open_remote, settings
 
     check_read_policies(on_error, dup)
     if stats is None:
         stats = ReadStats()
     if warn is None:
         warn = _warn_stderr
+    network = network if network is not None else settings()
     url_list = expand_urls([urls] if isinstance(urls, str) else urls)
-    for url in url_list:
+    with Prefetcher(lambda url, offset: open_remote(url, offset, network)) as ahead:
+        yield from _read_shards(url_list, ahead, network, on_error, dup, max_member_size, stats, warn, links,
+                                ignore_zeros, views, refs)
+
+
+def _read_shards(
+    url_list: list[str], ahead: Prefetcher, network: Network, on_error: str, dup: str, max_member_size: int,
+    stats: ReadStats, warn: Callable[[str], None], links: str, ignore_zeros: bool, views: bool, refs: bool,
+) -> Iterator[Sample]:
+    from .sources import is_fsspec_url, open_source
+
+    for i, url in enumerate(url_list):
         stats.shards += 1
+        following = url_list[i + 1] if i + 1 < len(url_list) else None
         try:
-            with open_source(url) as stream:
+            with open_source(url, network=network, prefetcher=ahead) as stream:
+                if network.prefetch and following is not None and is_fsspec_url(following):
+                    ahead.schedule(following)  # opened while this one is read
                 members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats, links=links,
                                              ignore_zeros=ignore_zeros, views=views, refs=refs)
                 yield from _group(members, url, dup, stats, warn)
@@ -293,17 +314,19 @@ def read_samples(
 
 def read_samples_from(
     url: str, offset: int, *, dup: str = "error", max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    network: Network | None = None, prefetcher: Prefetcher | None = None,
 ) -> Iterator[Sample]:
     """The samples of one shard from the member header at byte ``offset`` on (an index gives it):
     a local file or a URL whose store takes range requests, read from there, not from the start.
-    Errors name the byte in the shard, as ``read_samples``'s do.
+    Errors name the byte in the shard, as ``read_samples``'s do. ``network`` and ``prefetcher``
+    as for ``open_source``.
     """
     from .errors import TarFormatError
     from .sources import open_source
 
     _check_dup_policy(dup)
     stats = ReadStats()
-    with open_source(url, offset=offset) as stream:
+    with open_source(url, offset=offset, network=network, prefetcher=prefetcher) as stream:
         # the reader counts from where it started: the members' offsets, and its errors', are moved by offset
         members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats)
         placed = ((key, field, data, at + offset) for key, field, data, at in members)

@@ -12,6 +12,7 @@ shared helpers live here and are handed out through fixtures:
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import io
 import os
@@ -44,6 +45,18 @@ def pytest_configure(config: pytest.Config) -> None:
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The datasets' count cache (tarproc.dataset.counts) in a folder of the test run's, never the user's."""
     os.environ["TARPROC_CACHE_DIR"] = str(tmp_path_factory.mktemp("tarproc-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _network_defaults() -> Any:
+    """Each test starts from the default ``sources.Network`` (a command's --retries etc. set it for
+    the process), with short waits between retries (tests of the waits set their own)."""
+    from tarproc.sources import remote
+
+    saved = remote.settings()
+    remote.configure(**{**dataclasses.asdict(remote.Network()), "backoff": 0.01})
+    yield
+    remote._settings = saved
 
 
 class ChunkedReader:

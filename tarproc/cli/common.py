@@ -26,7 +26,8 @@ from ..samples import DUP_POLICIES, ON_ERROR_POLICIES, Sample, read_samples
 from ..shards import parse_size
 from ..sinks import open_sink, remove_live_temporaries
 from ..sniff import escape_text
-from ..sources import expand_urls
+from ..sources import Network, configure, expand_urls
+from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT
 from ..tario import DEFAULT_MAX_MEMBER_SIZE, LINK_POLICIES, ReadStats, TarWriter
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -302,7 +303,7 @@ def _params(options: list[Callable[[Any], Any]]) -> list[click.Parameter]:
 
 
 def _input_params(
-    on_error: Iterable[str], on_error_help: str, on_error_flag: str = "--on-error"
+    on_error: Iterable[str], on_error_help: str, on_error_flag: str = "--on-error", read_ahead: bool = True,
 ) -> list[Callable[[Any], Any]]:
     return [
         click.argument("inputs", nargs=-1, metavar="[INPUTS]..."),
@@ -319,10 +320,43 @@ def _input_params(
                           "extracts them; one that can't be had is an error), or skip them (counted in --stats)."),
         click.option("-i", "--ignore-zeros", is_flag=True,
                      help="Read on past end-of-archive blocks (as GNU tar -i): concatenated archives are read whole."),
+        *network_params(read_ahead),
     ]
 
 
+def network_params(read_ahead: bool = True) -> list[Callable[[Any], Any]]:
+    """How remote inputs are read: retries, timeout, read-ahead (``read_ahead``: a --prefetch, for the
+    commands that read one shard at a time), the shard cache (``sources.Network``)."""
+    options = [
+        click.option("--retries", type=click.IntRange(min=0), default=DEFAULT_RETRIES, show_default=True,
+                     help="Remote inputs: attempts after a failed read (a reset, a timeout, a 5xx); each goes on at "
+                          "the byte reached (a range request), after a growing wait."),
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
+                     show_default=True, metavar="SECONDS", help="Remote inputs: longest wait for a connect or a read."),
+        click.option("--cache", "cache_dir", metavar="DIR", default=None,
+                     help="Keep verified copies of remote shards in DIR/shards (written as they are read first) and "
+                          "read them from there next time."),
+        click.option("--cache-size", type=SIZE, default=None, metavar="SIZE",
+                     help="Bound the --cache: least recently used shards are removed past SIZE."),
+    ]
+    if read_ahead:
+        options.insert(2, click.option(
+            "--prefetch", type=SIZE, default=DEFAULT_PREFETCH, show_default="32MiB",
+            help="Remote inputs: bytes read ahead, of the shard being read and of the next one (0: none)."))
+    return options
+
+
+def network_settings(v: dict[str, Any]) -> Network:
+    """The process's ``Network`` from ``network_params``'s values (``sources.configure``)."""
+    if v["cache_size"] is not None and v["cache_dir"] is None:
+        raise click.UsageError("--cache-size bounds the --cache: give --cache DIR too")
+    # a command without --prefetch reads ahead its own way (tarpcat's lanes)
+    return configure(retries=v["retries"], timeout=v["timeout"], prefetch=v.get("prefetch", 0),
+                     cache_dir=v["cache_dir"], cache_size=v["cache_size"])
+
+
 def _read_options(v: dict[str, Any], on_error: str) -> ReadOptions:
+    network_settings(v)
     return ReadOptions(inputs_or_stdin(v["inputs"], v["list_files"]), on_error, v["dup"], v["max_member_size"],
                        v["links"], v["ignore_zeros"])
 
@@ -334,6 +368,16 @@ input_options = _bundle(
     lambda v: {"reading": _read_options(v, v["input_on_error"])},
 )
 """INPUTS argument, -T lists and the reading policies; the command gets ``reading: ReadOptions``."""
+
+
+parallel_input_options = _bundle(
+    lambda: _input_params(
+        ON_ERROR_POLICIES, "On a missing or damaged input: stop, or report it and go on with the next shard.",
+        read_ahead=False,
+    ),
+    lambda v: {"reading": _read_options(v, v["input_on_error"])},
+)
+"""``input_options`` for tarpcat, whose --prefetch is its lanes' read-ahead in samples."""
 
 
 decode_input_options = _bundle(

@@ -17,8 +17,8 @@ from .common import (
     WriteOptions,
     common_options,
     count_option,
-    input_options,
     output_option,
+    parallel_input_options,
     progress,
     report_stats,
     seed_option,
@@ -46,7 +46,7 @@ exactly once. --shuffle then mixes further with a buffer of N samples.
 
 
 @click.command("tarpcat", cls=TarprocCommand, epilog=EPILOG)
-@input_options
+@parallel_input_options
 @output_option
 @click.option("-p", "--readers", type=click.IntRange(min=1), default=DEFAULT_READERS, show_default=True,
               help="Shards read at once. 4 hides the latency of http/s3 shards and keeps a 2-core machine "

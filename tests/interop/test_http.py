@@ -58,7 +58,7 @@ def test_not_found(ix, served, tmp_path):
 
 def test_server_error(ix, served):
     url = f"{served.url}/error/shard-0.tar"
-    r = ix.run(ix.tarcat, [url])
+    r = ix.run(ix.tarcat, ["--retries", "0", url])  # retried by default: tests/interop/test_faults.py
     assert r.exit_code == 1
     assert url in one_line_error(r)
 
@@ -74,7 +74,7 @@ def test_connection_dropped_halfway(ix, shards, served, tmp_path):
     url = f"{served.url}/half/shard-2.tar"
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    r = ix.run(ix.tarcat, ["-o", out_dir / "out.tar", f"{served.url}/shard-0.tar", url])
+    r = ix.run(ix.tarcat, ["--retries", "0", "-o", out_dir / "out.tar", f"{served.url}/shard-0.tar", url])
     assert r.exit_code == 1
     line = one_line_error(r)
     assert url in line
@@ -88,7 +88,7 @@ def test_connection_dropped_halfway_tarsplit(ix, shards, served, tmp_path):
     url = f"{served.url}/half/shard-2.tar"
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    r = ix.run(ix.tarsplit, ["-n", "5", "-o", out_dir / "s", f"{served.url}/shard-{{0..1}}.tar", url])
+    r = ix.run(ix.tarsplit, ["--retries", "0", "-n", "5", "-o", out_dir / "s", f"{served.url}/shard-{{0..1}}.tar", url])
     assert r.exit_code == 1
     assert url in one_line_error(r, "tarsplit")
     names = sorted(os.listdir(out_dir))

@@ -24,8 +24,12 @@ from typing import IO, TYPE_CHECKING, Any
 
 from braceexpand import UnbalancedBracesError, braceexpand  # type: ignore[attr-defined]
 
-from .compression import DecompressingReader, detect, unsupported
-from .errors import CompressionError, OptionError, SourceError, TarprocError
+from ..compression import DecompressingReader, detect, unsupported
+from ..errors import CompressionError, OptionError, SourceError, TarprocError
+from . import remote
+from .cache import ShardCache, Tee
+from .prefetch import Ahead, Prefetcher
+from .remote import Identity, Network, configure, describe, settings
 
 if TYPE_CHECKING:  # imported where used (pipe: only): commands start without it
     import subprocess
@@ -159,7 +163,7 @@ class Source:
         except TarprocError:
             raise
         except Exception as e:  # OSError, aiohttp.ClientPayloadError, botocore errors...
-            raise SourceError(f"read failed at byte {self.offset}: {_describe(e)}", self.url) from None
+            raise SourceError(f"read failed at byte {self.offset}: {describe(e)}", self.url) from None
         if data is None:  # a non-blocking stream; not expected here
             data = b""
         if not data:
@@ -184,7 +188,7 @@ class Source:
         found = self.file_origin()
         if found is None:
             return None
-        from .tario import MemberFinder
+        from ..tario import MemberFinder
 
         file, at = found
         return MemberFinder(file.fileno(), at - consumed, max_member_size).find
@@ -237,11 +241,15 @@ class Source:
             return head
         return self._raw_read(n)
 
-    def close(self) -> None:
-        """Close the stream; reap a ``pipe:`` child and check its exit status."""
+    def close(self, completed: bool = False) -> None:
+        """Close the stream; reap a ``pipe:`` child and check its exit status. ``completed``: the
+        reader came to the end of what it wanted (a remote shard's cache entry may then be published)."""
         if self._closed:
             return
         self._closed = True
+        finish = getattr(self.raw, "finish", None)
+        if completed and finish is not None:
+            finish()
         early = not self._eof
         try:
             self.raw.close()
@@ -255,7 +263,7 @@ class Source:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            self.close()
+            self.close(completed=True)
             return
         if exc_type is GeneratorExit or not self._eof:
             # we stopped reading early: a pipe's exit status means nothing then
@@ -280,13 +288,6 @@ class _RawAdapter:
 
     def read(self, n: int = -1) -> bytes:
         return self.source._raw_read(n)
-
-
-def _describe(e: BaseException) -> str:
-    """One short line about an exception from a library (some put whole responses in there)."""
-    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    line = str(text).splitlines()[0] if text else type(e).__name__
-    return line if len(line) <= 200 else line[:197] + "..."
 
 
 def stop_process_group(proc: subprocess.Popen[Any]) -> None:
@@ -351,14 +352,16 @@ def enlarge_pipe(fileobj: Any, size: int = 1 << 20) -> None:
 
 def open_source(
     url: str, *, stdin: IO[bytes] | None = None, on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
-    offset: int = 0,
+    offset: int = 0, network: Network | None = None, prefetcher: Prefetcher | None = None,
 ) -> Source:
     """Open a URL for reading; raises ``SourceError`` naming it when it can't be opened.
 
     ``on_start`` is called with a ``pipe:`` command's process as soon as it starts, before its
     first byte is read, so that another thread can end a command that stalls. ``offset``: start
     reading at that byte of a local file or of a URL whose store takes range requests (not stdin
-    or ``pipe:``; the stream's bytes are counted from there).
+    or ``pipe:``; the stream's bytes are counted from there). Remote URLs are read as ``network``
+    says (default: ``remote.settings()``): retries, read-ahead, the shard cache; ``prefetcher``:
+    one that may have opened this source already (``read_samples`` and the Dataset's readers).
     """
     if offset and (url == "-" or url.startswith("pipe:")):
         raise SourceError(f"can't start reading at byte {offset}: stdin and pipe: commands can only be read from the start", url)
@@ -399,34 +402,54 @@ def open_source(
         if offset:
             f.seek(offset)
         return Source(url, f)
-    return _open_fsspec(url, offset)
+    raw = prefetcher.take(url, offset) if prefetcher is not None else None
+    return Source(url, raw if raw is not None else open_remote(url, offset, network))
 
 
-def _open_fsspec(url: str, offset: int = 0) -> Source:
-    try:
-        import fsspec
-    except ImportError:  # pragma: no cover - fsspec is a dependency
-        raise SourceError("reading URLs needs fsspec", url) from None
-    scheme = url.partition("://")[0]
-    options: dict[str, Any] = {}
-    if scheme in ("http", "https"):
-        # stream, don't do range requests; from an offset, range requests of 4 MiB
-        options["block_size"] = 1 << 22 if offset else 0
-    try:
-        f = fsspec.open(url, "rb", **options).open()
-        if offset:
-            f.seek(offset)
-    except FileNotFoundError as e:
-        # fsspec's http turns every failure into FileNotFoundError; its cause says which
-        cause = e.__cause__ or e.__context__
-        raise SourceError(f"not found ({_describe(cause)})" if cause else "not found", url) from None
-    except ImportError as e:
-        raise SourceError(f"no filesystem for this URL ({_describe(e)})", url) from None
-    except ValueError as e:
-        raise SourceError(f"cannot open: {_describe(e)}", url) from None
-    except Exception as e:
-        raise SourceError(f"cannot open: {_describe(e)}", url) from None
-    return Source(url, f)
+def open_remote(url: str, offset: int = 0, network: Network | None = None) -> Any:
+    """The raw stream of a remote URL from byte ``offset`` on, for a ``Source``: the shard cache's
+    copy when it has this version, else the store's bytes (retried, reconnected at the byte reached,
+    read ahead by ``network.prefetch`` bytes, and copied into the cache when read from the start)."""
+    network = network if network is not None else remote.settings()
+    cache = shard_cache(network)
+    if cache is not None:
+        hit = cache.lookup(url)  # a version learned before: no request at all
+        if hit is not None:
+            return _open_at(hit, offset)
+    raw: Any = remote.RemoteReader(url, offset, network)
+    if cache is not None:
+        hit = cache.lookup(url, raw.identity)
+        if hit is not None:
+            raw.close()
+            return _open_at(hit, offset)
+    if network.prefetch:
+        raw = Ahead(raw, network.prefetch)
+    if cache is not None and offset == 0:
+        filling = cache.fill(url, raw.identity)
+        if filling is not None:
+            raw = Tee(raw, filling)
+    return raw
+
+
+def _open_at(path: str, offset: int) -> io.FileIO:
+    f = open(path, "rb", buffering=0)
+    if offset:
+        f.seek(offset)
+    return f
+
+
+_caches: dict[tuple[str, int | None], ShardCache] = {}
+
+
+def shard_cache(network: Network) -> ShardCache | None:
+    """The process's ``ShardCache`` for ``network.cache_dir`` (None without one)."""
+    if network.cache_dir is None:
+        return None
+    key = (network.cache_dir, network.cache_size)
+    cache = _caches.get(key)
+    if cache is None:
+        cache = _caches[key] = ShardCache(network.cache_dir, network.cache_size, warn=remote.warn_stderr)
+    return cache
 
 
 class _Unclosable:
@@ -446,3 +469,9 @@ class _Unclosable:
     def close(self) -> None:
         if self.closes:
             self.stream.close()
+
+
+__all__ = [
+    "Identity", "Network", "Prefetcher", "ShardCache", "Source", "configure", "expand_braces", "expand_urls",
+    "is_fsspec_url", "local_path", "open_remote", "open_source", "read_list_file", "settings", "shard_cache",
+]

@@ -1,0 +1,347 @@
+"""Remote shards read as one stream that survives dropped connections.
+
+A ``RemoteReader`` reads an object from a byte on. When a read fails in a way that may pass (a
+reset, a timeout, a body shorter than announced, a 5xx or 429 answer), it waits (exponential
+backoff with jitter), reopens the object **at the byte reached** with a range request and goes on;
+one warning line per retry names the URL and the byte. The tar reader above checks the stitched
+stream as it checks any other (headers, checksums, the end-of-archive blocks). When the retries are
+used up, the failure is the one-line ``SourceError`` naming the URL and byte.
+
+``http(s)://`` is read with the standard library (``urllib``: ``HTTP(S)_PROXY`` and redirects as
+usual); every other scheme through fsspec (``s3://``, ``gs://``...: its options come from fsspec's
+configuration, e.g. ``FSSPEC_S3_ENDPOINT_URL``, or the store's own, e.g. ``AWS_ENDPOINT_URL``).
+A server that ignores range requests is read from the start again and the bytes before the one
+reached skipped, said once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import random
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ..errors import OptionError, SourceError, TarprocError
+
+DEFAULT_RETRIES = 5
+DEFAULT_TIMEOUT = 60.0  # seconds a connect or a single read may take
+DEFAULT_PREFETCH = 32 << 20  # bytes read ahead of each reader, for remote shards
+BACKOFF_FIRST = 0.5  # seconds before the first retry; doubled each time, with jitter
+BACKOFF_MAX = 30.0
+_CHUNK = 1 << 20
+_RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """How remote shards are read: retries, the per-read timeout, read-ahead and the shard cache.
+
+    ``retries``: attempts after a failed read or open (0: none); ``timeout``: seconds a connect or
+    a single read may wait (None: no limit); ``prefetch``: bytes read ahead of the reader, of the
+    shard it reads and of its next one (0: none); ``cache_dir``: keep verified copies of remote
+    shards there (``sources.cache``), at most ``cache_size`` bytes of them (None: no bound).
+    """
+
+    retries: int = DEFAULT_RETRIES
+    timeout: float | None = DEFAULT_TIMEOUT
+    prefetch: int = DEFAULT_PREFETCH
+    cache_dir: str | None = None
+    cache_size: int | None = None
+    backoff: float = BACKOFF_FIRST
+
+    def __post_init__(self) -> None:
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise OptionError(f"bad retries {self.retries!r}; must be a number >= 0")
+        if self.timeout is not None and not self.timeout > 0:
+            raise OptionError(f"bad timeout {self.timeout!r}; must be > 0 seconds (or None: no limit)")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise OptionError(f"bad prefetch {self.prefetch!r}; must be a number of bytes >= 0")
+        if self.cache_size is not None and (not isinstance(self.cache_size, int) or self.cache_size <= 0):
+            raise OptionError(f"bad cache_size {self.cache_size!r}; must be a number of bytes > 0 (or None)")
+        if self.cache_size is not None and self.cache_dir is None:
+            raise OptionError("cache_size bounds the shard cache: give cache_dir too")
+
+
+_settings = Network()
+
+
+def configure(**changes: Any) -> Network:
+    """Change this process's default ``Network`` (what ``open_source`` uses when given none); the
+    commands call it with their ``--retries``, ``--timeout``, ``--prefetch`` and ``--cache``."""
+    global _settings
+    _settings = dataclasses.replace(_settings, **changes)
+    return _settings
+
+
+def settings() -> Network:
+    """This process's default ``Network``."""
+    return _settings
+
+
+class Identity(NamedTuple):
+    """What names a remote object's version: its size and its ETag (or last-modified time)."""
+
+    size: int
+    stamp: str | None
+
+
+class _Transient(Exception):
+    """A failure worth a retry (a 5xx answer, a short body), with its own description."""
+
+    def __init__(self, message: str, wait: float | None = None) -> None:
+        super().__init__(message)
+        self.wait = wait  # the server's Retry-After, when it gave one
+
+
+def warn_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def describe(e: BaseException) -> str:
+    """One short line about an exception from a library (some put whole responses in there)."""
+    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    line = str(text).splitlines()[0] if text else type(e).__name__
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether a failure may pass: not a missing object, a refusal or a bad URL."""
+    if isinstance(e, _Transient):
+        return True
+    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotImplementedError, ValueError,
+                      ImportError, TypeError, TarprocError)):
+        return False
+    if isinstance(e, socket.gaierror):  # a name that doesn't resolve won't start to
+        return False
+    return isinstance(e, Exception)
+
+
+# -- opening at a byte: http(s) with urllib, the rest with fsspec -----------------------------------
+
+
+class _Opened(NamedTuple):
+    stream: Any  # .read(n), .close()
+    start: int  # the byte its first read returns
+    identity: Identity | None
+
+
+def _open_http(url: str, offset: int, timeout: float | None) -> _Opened:
+    import urllib.error
+    import urllib.request
+
+    headers = {"User-Agent": "tarproc", "Accept-Encoding": "identity"}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - the user's URL
+    except urllib.error.HTTPError as e:
+        e.close()
+        if e.code == 416:
+            raise SourceError(f"can't start reading at byte {offset}: past the end (HTTP 416)", url) from None
+        if e.code in _RETRY_STATUS:
+            retry_after = e.headers.get("Retry-After") if e.headers else None
+            raise _Transient(f"HTTP {e.code} {e.reason}", _seconds(retry_after)) from None
+        if e.code == 404:
+            raise SourceError("not found (HTTP 404)", url) from None
+        raise SourceError(f"cannot open: HTTP {e.code} {e.reason}", url) from None
+    except urllib.error.URLError as e:
+        reason = e.reason
+        if isinstance(reason, BaseException):
+            raise reason from None  # the OSError underneath: a timeout, a reset, a refusal
+        raise SourceError(f"cannot open: {reason}", url) from None
+    length = response.headers.get("Content-Length")
+    total: int | None = None
+    start = 0
+    if response.status == 206:
+        content_range = response.headers.get("Content-Range", "")
+        first, _, size = content_range.removeprefix("bytes ").partition("/")
+        start = int(first.partition("-")[0]) if first.partition("-")[0].isdigit() else -1
+        if start != offset:
+            response.close()
+            raise SourceError(f"asked for the bytes from {offset} on, the server sent {content_range!r}", url)
+        total = int(size) if size.isdigit() else None
+    elif length is not None and length.isdigit():
+        total = int(length)
+    stamp = response.headers.get("ETag") or response.headers.get("Last-Modified")
+    return _Opened(response, start, Identity(total, stamp) if total is not None else None)
+
+
+def _seconds(value: str | None) -> float | None:
+    """A Retry-After header: seconds, or an HTTP date."""
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _open_fsspec(url: str, offset: int, timeout: float | None) -> _Opened:
+    try:
+        import fsspec
+    except ImportError:  # pragma: no cover - fsspec is a dependency
+        raise SourceError("reading URLs needs fsspec", url) from None
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except ImportError as e:
+        raise SourceError(f"no filesystem for this URL ({describe(e)})", url) from None
+    except ValueError as e:
+        raise SourceError(f"cannot open: {describe(e)}", url) from None
+    try:
+        f = fs.open(path, "rb")
+    except FileNotFoundError as e:
+        cause = e.__cause__ or e.__context__
+        raise SourceError(f"not found ({describe(cause)})" if cause else "not found", url) from None
+    except (PermissionError, ValueError, NotImplementedError) as e:
+        raise SourceError(f"cannot open: {describe(e)}", url) from None
+    if offset:
+        f.seek(offset)
+    details = getattr(f, "details", None) or {}
+    size = getattr(f, "size", None)
+    identity = None
+    if type(size) is int:
+        lowered = {str(k).lower(): v for k, v in details.items()}
+        stamp = next((f"{k}={lowered[k]}" for k in ("etag", "md5", "crc32c", "generation", "lastmodified",
+                                                     "last_modified", "mtime", "updated") if lowered.get(k)), None)
+        identity = Identity(size, stamp)
+    return _Opened(f, offset, identity)
+
+
+def identify(url: str, timeout: float | None = DEFAULT_TIMEOUT) -> Identity | None:
+    """A remote object's size and ETag (or modification time), asking the store once (a HEAD
+    request); None when it can't be had. For the cache, which must know a version before reading."""
+    try:
+        if url.startswith(("http://", "https://")):
+            import urllib.request
+
+            request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": "tarproc",
+                                                                          "Accept-Encoding": "identity"})
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+                length = response.headers.get("Content-Length")
+                if length is None or not length.isdigit():
+                    return None
+                return Identity(int(length), response.headers.get("ETag") or response.headers.get("Last-Modified"))
+        opened = _open_fsspec(url, 0, timeout)
+        opened.stream.close()
+        return opened.identity
+    except Exception:
+        return None
+
+
+# -- the reader -------------------------------------------------------------------------------------
+
+_ignoring_range: set[str] = set()  # servers said once to ignore range requests (netloc)
+_said_lock = threading.Lock()
+
+
+class RemoteReader:
+    """A remote object's bytes from ``offset`` on, reopened at the byte reached after a failure.
+
+    ``read(n)`` returns at most ``n`` bytes, ``b""`` at the end; ``pos`` is the next byte's place in
+    the object. ``identity`` (size and ETag) is what the first answer said, None if it said no size.
+    """
+
+    def __init__(self, url: str, offset: int = 0, network: Network | None = None,
+                 warn: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.url = url
+        self.pos = offset
+        self.network = network if network is not None else _settings
+        self.warn = warn if warn is not None else warn_stderr
+        self.sleep = sleep
+        self.retries_used = 0
+        self._http = url.startswith(("http://", "https://"))
+        self._stream: Any = None
+        self.identity: Identity | None = None
+        self._with_retries(lambda: b"", opening=True)
+
+    def _open(self) -> None:
+        opener = _open_http if self._http else _open_fsspec
+        opened = opener(self.url, self.pos, self.network.timeout)
+        stream = opened.stream
+        if self.identity is None:
+            self.identity = opened.identity
+        elif opened.identity is not None and opened.identity != self.identity:
+            stream.close()
+            raise SourceError(f"changed on the server while it was read (at byte {self.pos}: was {self.identity}, "
+                              f"now {opened.identity}); read it again", self.url)
+        if opened.start < self.pos:  # a server that ignores range requests: skip to the byte reached
+            netloc = self.url.split("/", 3)[2] if "//" in self.url else self.url
+            with _said_lock:
+                first = netloc not in _ignoring_range
+                _ignoring_range.add(netloc)
+            if first:
+                self.warn(f"{self.url}: the server ignores range requests: reading from the start and skipping "
+                          f"{self.pos:,} bytes to reach byte {self.pos} (said once per server)")
+            left = self.pos - opened.start
+            while left:
+                data = stream.read(min(left, _CHUNK))
+                if not data:
+                    raise _Transient(f"the answer ended at byte {self.pos - left}, before byte {self.pos}")
+                left -= len(data)
+        self._stream = stream
+
+    def _with_retries(self, action: Callable[[], bytes], opening: bool = False) -> bytes:
+        attempt = 0
+        first_open = opening and self.pos == 0
+        while True:
+            try:
+                if self._stream is None:
+                    self._open()
+                return action()
+            except BaseException as e:
+                self._drop()
+                if not isinstance(e, Exception):
+                    raise
+                if isinstance(e, SourceError):
+                    raise
+                doing = "open failed" if opening else "read failed"
+                if not _transient(e) or (first_open and isinstance(e, ConnectionRefusedError)):
+                    # nothing listens there (yet a refusal later, mid-shard, is a server restarting)
+                    raise SourceError(f"{doing} at byte {self.pos}: {describe(e)}", self.url) from None
+                if attempt >= self.network.retries:
+                    tries = f" ({attempt + 1} attempts)" if attempt else ""
+                    raise SourceError(f"{doing} at byte {self.pos}{tries}: {describe(e)}", self.url) from None
+                attempt += 1
+                self.retries_used += 1
+                wait = self.network.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
+                server_wait = getattr(e, "wait", None)
+                wait = min(BACKOFF_MAX, max(wait, server_wait or 0.0))
+                self.warn(f"{self.url}: {doing} at byte {self.pos} ({describe(e)}); retry {attempt} of "
+                          f"{self.network.retries} in {wait:.1f} s, from byte {self.pos}")
+                self.sleep(wait)
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            n = _CHUNK
+        data = self._with_retries(lambda: self._read_some(n))
+        self.pos += len(data)
+        return data
+
+    def _read_some(self, n: int) -> bytes:
+        data = self._stream.read(n)
+        if not data and self.identity is not None and self.pos < self.identity.size:
+            raise _Transient(f"the connection ended at byte {self.pos} of {self.identity.size:,}")
+        return bytes(data)
+
+    def _drop(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        self._drop()
+
+
+__all__ = ["Identity", "Network", "RemoteReader", "configure", "identify", "settings"]
