@@ -248,6 +248,7 @@ def read_samples(
     views: bool = False,
     refs: bool = False,
     network: Network | None = None,
+    prefetcher: Prefetcher | None = None,
 ) -> Iterator[Sample]:
     """Read samples from one or more tar shards, in order.
 
@@ -264,7 +265,8 @@ def read_samples(
     to have the kernel copy. Write each sample before asking for the next: a range is valid only
     while its shard is open. Remote shards are read as ``network`` says (retries, read-ahead,
     the shard cache; default ``sources.settings()``): with read-ahead, the next remote shard is
-    opened while one is read.
+    opened while one is read (by ``prefetcher``, when given: the caller's, which may have opened
+    the first already).
 
     >>> import io, tempfile, os
     >>> from tarproc import TarWriter
@@ -283,6 +285,10 @@ def read_samples(
         warn = _warn_stderr
     network = network if network is not None else settings()
     url_list = expand_urls([urls] if isinstance(urls, str) else urls)
+    if prefetcher is not None:
+        yield from _read_shards(url_list, prefetcher, network, on_error, dup, max_member_size, stats, warn, links,
+                                ignore_zeros, views, refs)
+        return
     with Prefetcher(lambda url, offset: open_remote(url, offset, network)) as ahead:
         yield from _read_shards(url_list, ahead, network, on_error, dup, max_member_size, stats, warn, links,
                                 ignore_zeros, views, refs)

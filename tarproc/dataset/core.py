@@ -28,10 +28,20 @@ from typing import Any, NamedTuple
 
 from ..decode.spec import AugmentSpec, plan_key
 from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder, parse_field_list
-from ..errors import DecodeError, IndexFileError, OptionError, ShardCountError, SourceError, TarprocError
+from ..errors import (
+    CompressionError,
+    DecodeError,
+    IndexFileError,
+    OptionError,
+    ShardCountError,
+    SourceError,
+    TarFormatError,
+    TarprocError,
+)
 from ..index import COMPRESSED_SUFFIXES
 from ..samples import Sample, read_samples, read_samples_from
-from ..sources import expand_urls, local_path
+from ..sources import Network, Prefetcher, expand_urls, is_fsspec_url, local_path, open_remote, shard_cache
+from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT, Identity, identify
 from ..stages import ShuffleBuffer, shuffle
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
 from .counts import shard_counts, stale_index
@@ -64,7 +74,7 @@ from .split import (
     worker_batches_taken,
 )
 
-ON_ERROR = ("fail", "skip")
+ON_ERROR = ("fail", "skip", "skip-shard")
 _FROZEN: list[bool] = []  # gc.freeze() done in this (worker) process
 DEVICES = ("cpu", "dali-cpu", "gpu")
 STATE_VERSION = 2
@@ -229,7 +239,11 @@ class Dataset:
         dup: str = "error",
         max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
         cache_dir: str | None = None,
+        cache_size: int | None = None,
         part_size: int | str | None = "auto",
+        retries: int = DEFAULT_RETRIES,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        prefetch: int = DEFAULT_PREFETCH,
     ) -> None:
         self.urls = expand_urls([urls] if isinstance(urls, str) else list(urls))
         if not self.urls:
@@ -284,6 +298,11 @@ class Dataset:
             raise OptionError("give both rank and world_size, or neither (then RANK/WORLD_SIZE or torch.distributed)")
         if rank is not None and world_size is not None and not 0 <= rank < world_size:
             raise OptionError(f"bad rank {rank} of world size {world_size}")
+        remote = [u for u in self.urls if is_fsspec_url(u)]
+        # the shard cache is for remote shards, the counts' cache for all (default_cache_dir() without cache_dir)
+        self.network = Network(retries, timeout, prefetch, cache_dir if remote else None,
+                               cache_size if remote else None)
+        self._identities = _identities(remote, self.network) if self.network.cache_dir is not None else {}
         found = shard_counts(self.urls, lengths, cache_dir=cache_dir, warn=_warn)
         self.lengths: dict[str, int] | None = found.counts
         self.count_sources = found.sources
@@ -295,14 +314,17 @@ class Dataset:
                 if next(samples, None) is not None:
                     raise ShardCountError(url, 1 + sum(1 for _ in samples), 0, self.count_sources.get(url, "given"))
         if part_size == "auto":
-            # parts only where a reader can start anywhere in a shard, else it would read what it skips
-            part_size = DEFAULT_PART_SIZE if self.lengths is not None and all(self._seekable(u) for u in self.urls) else None
+            # parts only where a reader can start anywhere in a shard, else it would read what it skips;
+            # whole shards where remote ones are cached: a shard read whole is what becomes an entry
+            part_size = DEFAULT_PART_SIZE if (self.lengths is not None and all(self._seekable(u) for u in self.urls)
+                                              and self.network.cache_dir is None) else None
         if part_size is not None and (isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < 0):
             raise OptionError(f"bad part_size {part_size!r}; use 'auto', a number of samples, or None (whole shards)")
         self.part_size = part_size or None
         if pad and self.lengths is None:
             raise OptionError(f"pad=True needs sample counts, and {_few(self.uncounted)} have none: {COUNT_HINT}")
         self.on_error = on_error
+        self._on_bad_sample = "fail" if on_error == "fail" else "skip"  # skip-shard skips bad samples too
         self.tensors = tensors
         self.dup = dup
         self.max_member_size = max_member_size
@@ -318,6 +340,8 @@ class Dataset:
         self._warned_uncounted = False
         self._offsets: dict[str, _Offsets] = {}  # shard -> where its samples begin (see _offset)
         self.seeks = 0  # parts read from their first sample on, not from the shard's start (this process)
+        self.skipped_shards = 0  # reads given up with on_error="skip-shard" (this process)
+        self.lost = 0  # samples of the plan those left out (this process)
 
     # -- who am I ---------------------------------------------------------------------------------
 
@@ -663,25 +687,52 @@ class Dataset:
         return resumed.run(self._read(take(parts, buffer.pulled, n)))
 
     def _read(self, parts: list[Part]) -> Iterator[Sample]:
-        for part in parts:
-            if part.parts == 1 and len(part.ranges) > 1 and self._offsets_of(part.url).offsets:
-                # what a resume left of a part: each stretch read from its first sample, not across the gaps
-                for piece in runs(part, _GAP):
-                    yield from self._read_part(piece)
-            else:
-                yield from self._read_part(part)
+        if self._identities:
+            shard_cache(self.network).learn(self._identities)  # type: ignore[union-attr]  # no request for those
+        with Prefetcher(lambda url, offset: open_remote(url, offset, self.network)) as ahead:
+            for i, part in enumerate(parts):
+                if part.parts == 1 and len(part.ranges) > 1 and self._offsets_of(part.url).offsets:
+                    # what a resume left of a part: each stretch read from its first sample, not across the gaps
+                    for piece in runs(part, _GAP):
+                        yield from self._read_part(piece, ahead)
+                else:
+                    following = parts[i + 1] if i + 1 < len(parts) else None
+                    yield from self._read_part(part, ahead, following)
 
-    def _read_part(self, part: Part) -> Iterator[Sample]:
+    def _read_part(self, part: Part, ahead: Prefetcher, following: Part | None = None) -> Iterator[Sample]:
+        """The samples of a part; with on_error="skip-shard", those before a read that failed (said,
+        counted in ``skipped_shards`` and ``lost``). ``following``: the next part, opened ahead."""
+        yielded = 0
+        try:
+            for sample in self._part_samples(part, ahead, following):
+                yielded += 1
+                yield sample
+        except (SourceError, TarFormatError, CompressionError) as e:
+            if self.on_error != "skip-shard":
+                raise
+            self.skipped_shards += 1
+            try:
+                lost: int | None = part.size - yielded
+            except ValueError:  # a part to the shard's end, of a shard without a count
+                lost = None
+            self.lost += lost or 0
+            _warn(f"{e}; skipping the rest of this shard (on_error='skip-shard'): "
+                  + (f"{lost} samples of this epoch lost" if lost is not None else "its samples not read are lost"))
+
+    def _part_samples(self, part: Part, ahead: Prefetcher, following: Part | None) -> Iterator[Sample]:
         self._reading = part.url
         offset = self._offset(part.url, part.first) if part.first else None
         samples: Iterator[Sample] | None = None
         if offset is not None:  # an index is at hand: start at the part's first sample
-            samples = self._samples_from(part.url, offset)
+            samples = self._samples_from(part.url, offset, ahead)
             start = part.first
         if samples is None:
             offset = None
-            samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size)
+            samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size,
+                                   network=self.network, prefetcher=ahead)
             start = 0
+        if following is not None and self.network.prefetch and is_fsspec_url(following.url):
+            ahead.schedule(following.url, self._start_byte(following))  # opened while this part is read
         index = start - 1
         try:
             for index, sample in enumerate(samples, start):
@@ -715,10 +766,16 @@ class Dataset:
             found = self._offsets[url] = _sample_offsets(url, self.count_sources.get(url, ""))
         return found
 
-    def _samples_from(self, url: str, offset: int) -> Iterator[Sample] | None:
-        """The shard's samples from byte ``offset`` on; None where the store can't start there (a
-        server that ignores range requests): then, said once, its parts are read from the start."""
-        samples = read_samples_from(url, offset, dup=self.dup, max_member_size=self.max_member_size)
+    def _start_byte(self, part: Part) -> int:
+        """Where reading ``part`` begins: its first sample's byte where an index gives it, else 0."""
+        offsets = self._offsets_of(part.url).offsets
+        return offsets[part.first] if 0 < part.first < len(offsets) else 0
+
+    def _samples_from(self, url: str, offset: int, ahead: Prefetcher) -> Iterator[Sample] | None:
+        """The shard's samples from byte ``offset`` on; None where the store can't start there:
+        then, said once, its parts are read from the start."""
+        samples = read_samples_from(url, offset, dup=self.dup, max_member_size=self.max_member_size,
+                                    network=self.network, prefetcher=ahead)
         try:
             first = next(samples)  # opens the source: where a store can't start at a byte, it says so here
         except StopIteration:
@@ -754,7 +811,7 @@ class Dataset:
         elif self.spec is not None and decoder is not None:
             chunk = next(iter(decoded_batches(
                 chunk, self.spec, field=";".join(self.image_fields), device=decoder, batch_size=len(chunk),
-                on_error=self.on_error, stats=self.decode_stats, warn=_warn, epoch=epoch,
+                on_error=self._on_bad_sample, stats=self.decode_stats, warn=_warn, epoch=epoch,
             )), [])
             skip_fields = frozenset(self.image_fields)
         elif self.spec is not None:
@@ -766,7 +823,7 @@ class Dataset:
                 sample = apply_handlers(sample, self.handlers, skip_fields)
                 rows.append(pick(sample, self.selection) if self.selection is not None else sample)
             except DecodeError as e:
-                reject(e, self.on_error, self.decode_stats)
+                reject(e, self._on_bad_sample, self.decode_stats)
         return rows
 
     def _decode_into_batch(self, chunk: list[Sample], epoch: int) -> list[Sample]:
@@ -786,7 +843,7 @@ class Dataset:
                     raise ImageError(f"no image field ({';'.join(self.image_fields)})")
                 decode_into(bytes(sample[name]), spec, plan_key(str(sample["__key__"]), epoch), buffer.array[len(out)])
             except ImageError as e:
-                reject(DecodeError(str(e), sample.get("__url__"), sample.get("__key__"), name), self.on_error,
+                reject(DecodeError(str(e), sample.get("__url__"), sample.get("__key__"), name), self._on_bad_sample,
                        self.decode_stats)
                 continue
             sample[name] = Slot(buffer, len(out))
@@ -808,7 +865,7 @@ class Dataset:
                 sample[name] = _Encoded(bytes(sample[name]), plan_key(str(sample["__key__"]), epoch), name)
                 return sample
         error = DecodeError(f"no image field ({';'.join(self.image_fields)})", sample.get("__url__"), sample.get("__key__"))
-        reject(error, self.on_error, self.decode_stats)
+        reject(error, self._on_bad_sample, self.decode_stats)
         return None
 
     # -- main-process decoding (device="gpu") ------------------------------------------------------
@@ -820,7 +877,7 @@ class Dataset:
 
             assert self.spec is not None
             self._main_decoder = DaliDecoder(self.spec, self.batch_size, threads=self.threads, gpu=self.device == "gpu")
-        return finish_encoded(batch, self._main_decoder, self.on_error, self.decode_stats, self.to_tensors)
+        return finish_encoded(batch, self._main_decoder, self._on_bad_sample, self.decode_stats, self.to_tensors)
 
 
 class _Encoded(NamedTuple):
@@ -896,6 +953,16 @@ def reject(error: DecodeError, on_error: str, stats: DecodeStats) -> None:
         raise error
     stats.skipped += 1
     _warn(f"skipped: {error}")
+
+
+def _identities(urls: list[str], network: Network) -> dict[str, Identity]:
+    """The versions (size, ETag) of remote shards, asked once here (a HEAD each, 16 at a time), so
+    that the readers find their cached copies without a request."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(16) as pool:
+        found = pool.map(lambda u: identify(u, network.timeout), urls)
+        return {url: identity for url, identity in zip(urls, found, strict=True) if identity is not None}
 
 
 def _warn(message: str) -> None:
