@@ -45,6 +45,7 @@ class _Fault:
     status: int = 503
     seconds: float = 0.0
     retry_after: float | None = None
+    reset: bool = False
 
     def matches(self, method: str, path: str) -> bool:
         return (self.path == "*" or self.path == path) and (method == "GET" or self.kind == "fail")
@@ -168,7 +169,7 @@ class _Handler(BaseHTTPRequestHandler):
             upto = length if fault is None else min(length, fault.after)
             self._pump(f, offset, upto)
             if fault is not None and fault.kind == "cut":
-                self._cut()
+                self._cut(fault.reset)
                 return
             if fault is not None and not self._wait(fault.seconds):
                 self.close_connection = True
@@ -208,10 +209,17 @@ class _Handler(BaseHTTPRequestHandler):
                 break
         return True
 
-    def _cut(self) -> None:
+    def _cut(self, reset: bool) -> None:
         self.close_connection = True
         self.rfile.close()  # drop its reference, so close() really closes the socket
-        _reset(self.connection)
+        if reset:
+            _reset(self.connection)
+        else:
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.connection.close()
 
 
 class FaultServer:
@@ -271,9 +279,11 @@ class FaultServer:
             with self._lock:
                 self._faults.append(fault)
 
-    def cut(self, path: str, after: int, times: int = 1) -> None:
-        """The next `times` GETs of `path` ("*": any) send `after` body bytes, then reset the connection."""
-        self._add(_Fault("cut", path, times, after=after))
+    def cut(self, path: str, after: int, times: int = 1, reset: bool = False) -> None:
+        """The next `times` GETs of `path` ("*": any) send `after` body bytes, then close the connection
+        (the client reads a short body), or with `reset` reset it (the client may lose what it had
+        received but not read yet)."""
+        self._add(_Fault("cut", path, times, after=after, reset=reset))
 
     def fail(self, path: str, status: int = 503, times: int = 1, retry_after: float | None = None) -> None:
         """The next `times` GETs or HEADs of `path` answer `status` (with Retry-After when given)."""

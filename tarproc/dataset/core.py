@@ -15,6 +15,7 @@ when torch can be imported.
 from __future__ import annotations
 
 import array
+import collections
 import dataclasses
 import gc
 import itertools
@@ -638,13 +639,17 @@ class Dataset:
             samples = itertools.islice(samples, skip, None)
         taken, made = skip, skip_batches
         sizes: Iterable[int] = itertools.repeat(self.batch_size)
+        refill = None
         if assignment.batches is not None:
             sizes = assignment.batches[skip_batches:]
+            if self.on_error == "skip-shard":  # what a skipped shard lost is filled in: the ranks stay in step
+                refill = _Refill(self.batch_size)
+                samples = refill.watch(samples)
         decoder = None
         if self.spec is not None and not self.decodes_in_main:
             decoder = make_decoder(self.spec, self.device, self.batch_size + 1, self.threads)
         try:
-            for chunk in _chunks(samples, sizes):
+            for chunk in _chunks(samples, sizes, refill):
                 taken += len(chunk)
                 made += 1
                 if self.drop_last and assignment.batches is None and len(chunk) < self.batch_size:
@@ -768,8 +773,10 @@ class Dataset:
 
     def _start_byte(self, part: Part) -> int:
         """Where reading ``part`` begins: its first sample's byte where an index gives it, else 0."""
+        if not part.first:
+            return 0
         offsets = self._offsets_of(part.url).offsets
-        return offsets[part.first] if 0 < part.first < len(offsets) else 0
+        return offsets[part.first] if part.first < len(offsets) else 0
 
     def _samples_from(self, url: str, offset: int, ahead: Prefetcher) -> Iterator[Sample] | None:
         """The shard's samples from byte ``offset`` on; None where the store can't start there:
@@ -1010,17 +1017,51 @@ def _pushed_back(first: Sample, rest: Iterator[Sample]) -> Iterator[Sample]:
         rest.close()  # type: ignore[attr-defined]
 
 
-def _chunks(samples: Iterable[Sample], sizes: Iterable[int]) -> Iterator[list[Sample]]:
-    """Batches of the given sizes (the last one shorter when the samples run out). After the last
-    one, the samples are read to their end, where the reader checks the shards' counts."""
+def _chunks(samples: Iterable[Sample], sizes: Iterable[int], refill: _Refill | None = None) -> Iterator[list[Sample]]:
+    """Batches of the given sizes (the last one shorter when the samples run out, unless ``refill``
+    fills it). After the last one, the samples are read to their end, where the reader checks the
+    shards' counts."""
     it = iter(samples)
     for size in sizes:
         chunk = list(itertools.islice(it, size))
+        if len(chunk) < size and refill is not None:
+            chunk += refill.copies(size - len(chunk))
         if not chunk:
             return
         yield chunk
     for _ in it:  # nothing is left to read by the plan: this only makes the reader look at the end
         break
+
+
+class _Refill:
+    """With counts and ``on_error="skip-shard"``: the samples a skipped shard lost leave a reader's
+    last batches short, which would leave its rank fewer steps than the others (a hang in DDP).
+    They are filled with copies of samples the reader read before, marked ``__valid__ = False``
+    (as ``pad=True``'s padding), said once; the real samples are marked True."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.recent: collections.deque[Sample] = collections.deque(maxlen=batch_size)
+        self.filled = 0
+
+    def watch(self, samples: Iterable[Sample]) -> Iterator[Sample]:
+        for sample in samples:
+            sample["__valid__"] = True
+            self.recent.append(sample)
+            yield sample
+
+    def copies(self, n: int) -> list[Sample]:
+        if not self.recent:
+            from ..errors import DatasetError
+
+            raise DatasetError("every sample this reader was to read was lost to shards skipped with "
+                               "on_error='skip-shard': there is nothing to fill its batches with")
+        if not self.filled:
+            _warn("samples were lost to skipped shards: this reader's last batches are filled with copies of samples "
+                  "it read before, marked __valid__ = False (add '__valid__' to to_tuple to mask them), so that "
+                  "every rank takes the same steps")
+        self.filled += n
+        recent = list(self.recent)
+        return [dict(recent[i % len(recent)], __valid__=False) for i in range(n)]
 
 
 def _valid(samples: Iterable[Sample], valid: bool) -> Iterator[Sample]:

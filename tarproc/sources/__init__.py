@@ -413,15 +413,11 @@ def open_remote(url: str, offset: int = 0, network: Network | None = None) -> An
     network = network if network is not None else remote.settings()
     cache = shard_cache(network)
     if cache is not None:
-        hit = cache.lookup(url)  # a version learned before: no request at all
+        # its version: learned before (the Dataset asks for all at once, at its start), else a HEAD request
+        hit = cache.lookup(url, cache.known.get(url) or remote.identify(url, network.timeout))
         if hit is not None:
             return _open_at(hit, offset)
     raw: Any = remote.RemoteReader(url, offset, network)
-    if cache is not None:
-        hit = cache.lookup(url, raw.identity)
-        if hit is not None:
-            raw.close()
-            return _open_at(hit, offset)
     if network.prefetch:
         raw = Ahead(raw, network.prefetch)
     if cache is not None and offset == 0:
