@@ -304,6 +304,7 @@ def _params(options: list[Callable[[Any], Any]]) -> list[click.Parameter]:
 
 def _input_params(
     on_error: Iterable[str], on_error_help: str, on_error_flag: str = "--on-error", read_ahead: bool = True,
+    timeout_flag: str = "--timeout",
 ) -> list[Callable[[Any], Any]]:
     return [
         click.argument("inputs", nargs=-1, metavar="[INPUTS]..."),
@@ -320,18 +321,19 @@ def _input_params(
                           "extracts them; one that can't be had is an error), or skip them (counted in --stats)."),
         click.option("-i", "--ignore-zeros", is_flag=True,
                      help="Read on past end-of-archive blocks (as GNU tar -i): concatenated archives are read whole."),
-        *network_params(read_ahead),
+        *network_params(read_ahead, timeout_flag),
     ]
 
 
-def network_params(read_ahead: bool = True) -> list[Callable[[Any], Any]]:
-    """How remote inputs are read: retries, timeout, read-ahead (``read_ahead``: a --prefetch, for the
-    commands that read one shard at a time), the shard cache (``sources.Network``)."""
+def network_params(read_ahead: bool = True, timeout_flag: str = "--timeout") -> list[Callable[[Any], Any]]:
+    """How remote inputs are read: retries, timeout (``timeout_flag``: tarproc's --timeout is about
+    its commands), read-ahead (``read_ahead``: a --prefetch, for the commands that read one shard
+    at a time), the shard cache (``sources.Network``)."""
     options = [
         click.option("--retries", type=click.IntRange(min=0), default=DEFAULT_RETRIES, show_default=True,
                      help="Remote inputs: attempts after a failed read (a reset, a timeout, a 5xx); each goes on at "
                           "the byte reached (a range request), after a growing wait."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
+        click.option(timeout_flag, "read_timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
                      show_default=True, metavar="SECONDS", help="Remote inputs: longest wait for a connect or a read."),
         click.option("--cache", "cache_dir", metavar="DIR", default=None,
                      help="Keep verified copies of remote shards in DIR/shards (written as they are read first) and "
@@ -351,7 +353,7 @@ def network_settings(v: dict[str, Any]) -> Network:
     if v["cache_size"] is not None and v["cache_dir"] is None:
         raise click.UsageError("--cache-size bounds the --cache: give --cache DIR too")
     # a command without --prefetch reads ahead its own way (tarpcat's lanes)
-    return configure(retries=v["retries"], timeout=v["timeout"], prefetch=v.get("prefetch", 0),
+    return configure(retries=v["retries"], timeout=v["read_timeout"], prefetch=v.get("prefetch", 0),
                      cache_dir=v["cache_dir"], cache_size=v["cache_size"])
 
 
@@ -398,6 +400,7 @@ job_input_options = _bundle(
         ON_ERROR_POLICIES,
         "On a missing or damaged input: stop, or report it and go on with the next shard.",
         on_error_flag="--on-bad-shard",
+        timeout_flag="--read-timeout",
     ),
     lambda v: {"reading": _read_options(v, v["input_on_error"])},
 )

@@ -45,7 +45,7 @@ from ..sources import Network, Prefetcher, expand_urls, is_fsspec_url, local_pat
 from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT, Identity, identify
 from ..stages import ShuffleBuffer, shuffle
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
-from .counts import shard_counts, stale_index
+from .counts import manifest_digests, shard_counts, stale_index
 from .fields import (
     DEFAULT_HANDLERS,
     BatchBuffer,
@@ -304,6 +304,7 @@ class Dataset:
         self.network = Network(retries, timeout, prefetch, cache_dir if remote else None,
                                cache_size if remote else None)
         self._identities = _identities(remote, self.network) if self.network.cache_dir is not None else {}
+        self._digests = manifest_digests(lengths, remote) if self.network.cache_dir is not None else {}
         found = shard_counts(self.urls, lengths, cache_dir=cache_dir, warn=_warn)
         self.lengths: dict[str, int] | None = found.counts
         self.count_sources = found.sources
@@ -692,8 +693,8 @@ class Dataset:
         return resumed.run(self._read(take(parts, buffer.pulled, n)))
 
     def _read(self, parts: list[Part]) -> Iterator[Sample]:
-        if self._identities:
-            shard_cache(self.network).learn(self._identities)  # type: ignore[union-attr]  # no request for those
+        if self._identities:  # no request for those; copies checked against a manifest's sha256
+            shard_cache(self.network).learn(self._identities, self._digests)  # type: ignore[union-attr]
         with Prefetcher(lambda url, offset: open_remote(url, offset, self.network)) as ahead:
             for i, part in enumerate(parts):
                 if part.parts == 1 and len(part.ranges) > 1 and self._offsets_of(part.url).offsets:

@@ -185,6 +185,24 @@ def _from_file(path: str, urls: list[str]) -> ShardCounts:
     return ShardCounts(counts, dict.fromkeys(counts, label), [])
 
 
+def manifest_digests(lengths: object, urls: Sequence[str]) -> dict[str, str]:
+    """The sha256 a ``tarsplit --manifest`` gives for each of ``urls`` (matched as for the counts:
+    the whole name, else the base name), when ``lengths`` is such a manifest; else none. The shard
+    cache checks a copy against it before keeping it."""
+    if not isinstance(lengths, (str, os.PathLike)) or os.fspath(lengths) in ("auto", "count"):
+        return {}
+    try:
+        with open(os.fspath(lengths), encoding="utf-8") as f:
+            rows = [_json(line) for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError):
+        return {}
+    table = {row["shard"]: row["sha256"] for row in rows if isinstance(row, dict)
+             and isinstance(row.get("shard"), str) and isinstance(row.get("sha256"), str)}
+    by_base = {posixpath.basename(name): digest for name, digest in table.items()}
+    found = {url: table.get(url) or by_base.get(posixpath.basename(url)) for url in urls}
+    return {url: digest for url, digest in found.items() if digest}
+
+
 def _json(text: str) -> Any:
     try:
         return json.loads(text)
@@ -491,4 +509,4 @@ class _Cache:
                     pass
 
 
-__all__ = ["ShardCounts", "default_cache_dir", "shard_counts"]
+__all__ = ["ShardCounts", "default_cache_dir", "manifest_digests", "shard_counts"]

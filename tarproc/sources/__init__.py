@@ -27,12 +27,12 @@ from braceexpand import UnbalancedBracesError, braceexpand  # type: ignore[attr-
 from ..compression import DecompressingReader, detect, unsupported
 from ..errors import CompressionError, OptionError, SourceError, TarprocError
 from . import remote
-from .cache import ShardCache, Tee
 from .prefetch import Ahead, Prefetcher
 from .remote import Identity, Network, configure, describe, settings
-
-if TYPE_CHECKING:  # imported where used (pipe: only): commands start without it
+if TYPE_CHECKING:  # imported where used (pipe:, the cache): commands start without them
     import subprocess
+
+    from .cache import ShardCache
 
 
 def expand_urls(args: Iterable[str], list_files: Iterable[str] = ()) -> list[str]:
@@ -423,6 +423,8 @@ def open_remote(url: str, offset: int = 0, network: Network | None = None) -> An
     if cache is not None and offset == 0:
         filling = cache.fill(url, raw.identity)
         if filling is not None:
+            from .cache import Tee
+
             raw = Tee(raw, filling)
     return raw
 
@@ -444,6 +446,8 @@ def shard_cache(network: Network) -> ShardCache | None:
     key = (network.cache_dir, network.cache_size)
     cache = _caches.get(key)
     if cache is None:
+        from .cache import ShardCache
+
         cache = _caches[key] = ShardCache(network.cache_dir, network.cache_size, warn=remote.warn_stderr)
     return cache
 
@@ -468,6 +472,6 @@ class _Unclosable:
 
 
 __all__ = [
-    "Identity", "Network", "Prefetcher", "ShardCache", "Source", "configure", "expand_braces", "expand_urls",
+    "Identity", "Network", "Prefetcher", "Source", "configure", "expand_braces", "expand_urls",
     "is_fsspec_url", "local_path", "open_remote", "open_source", "read_list_file", "settings", "shard_cache",
 ]

@@ -42,6 +42,7 @@ class ShardCache:
         self.max_bytes = max_bytes
         self.warn = warn
         self.known: dict[str, Identity] = {}  # identities learned before reading (no request then)
+        self.digests: dict[str, str] = {}  # sha256 a manifest gives: an entry must match
         self.broken = False
         self.hits = self.fills = 0
 
@@ -72,11 +73,13 @@ class ShardCache:
         self.hits += 1
         return path
 
-    def learn(self, identities: dict[str, Identity]) -> None:
-        """Remember the versions of these URLs, so that ``lookup`` needs no request."""
+    def learn(self, identities: dict[str, Identity], digests: dict[str, str] | None = None) -> None:
+        """Remember the versions of these URLs, so that ``lookup`` needs no request, and the sha256
+        their copies must have (a ``tarsplit --manifest``'s)."""
         self.known.update(identities)
+        self.digests.update(digests or {})
 
-    def fill(self, url: str, identity: Identity | None, sha256: str | None = None) -> Filling | None:
+    def fill(self, url: str, identity: Identity | None) -> Filling | None:
         """A ``Filling`` for this version of ``url``, or None: the version isn't known, the shard is
         larger than the whole cache, another process is filling it, or the cache can't be written."""
         if identity is None or self.broken or (self.max_bytes is not None and identity.size > self.max_bytes):
@@ -105,7 +108,7 @@ class ShardCache:
             os.close(lock)
             self._failed("creating a file", e)
             return None
-        return Filling(self, url, identity, name, tmp, f, lock, sha256)
+        return Filling(self, url, identity, name, tmp, f, lock, self.digests.get(url))
 
     def _remove_leftovers(self, name: str) -> None:
         """Temporary files of this entry left by a process that was killed (we hold its lock)."""

@@ -17,9 +17,6 @@ reached skipped, said once.
 from __future__ import annotations
 
 import dataclasses
-import email.utils
-import random
-import socket
 import sys
 import threading
 import time
@@ -116,6 +113,8 @@ def _transient(e: BaseException) -> bool:
     if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotImplementedError, ValueError,
                       ImportError, TypeError, TarprocError)):
         return False
+    import socket
+
     if isinstance(e, socket.gaierror):  # a name that doesn't resolve won't start to
         return False
     return isinstance(e, Exception)
@@ -178,6 +177,8 @@ def _seconds(value: str | None) -> float | None:
         return None
     if value.strip().isdigit():
         return float(value.strip())
+    import email.utils
+
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -310,6 +311,8 @@ class RemoteReader:
                 if attempt >= self.network.retries:
                     tries = f" ({attempt + 1} attempts)" if attempt else ""
                     raise SourceError(f"{doing} at byte {self.pos}{tries}: {describe(e)}", self.url) from None
+                import random
+
                 attempt += 1
                 self.retries_used += 1
                 wait = self.network.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)

@@ -6,6 +6,7 @@ never leaves an entry."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -334,3 +335,20 @@ def test_s3_behind_a_cutting_proxy(ix, s3, data, tmp_path):
         assert r.returncode == 0, r.stderr.decode()
         assert r.stdout == ix.run(ix.tarcat, paths(data)).stdout_bytes
         assert proxy.cuts == 2
+
+
+def test_a_copy_that_does_not_match_the_manifest_sha256_is_not_kept(data, server, tmp_path, capfd):
+    import json
+
+    manifest = tmp_path / "manifest.jsonl"
+    rows = []
+    for s in range(SHARDS):
+        digest = hashlib.sha256((data / f"train-{s}.tar").read_bytes()).hexdigest()
+        rows.append({"shard": f"train-{s}.tar", "samples": PER_SHARD, "sha256": "0" * 64 if s == 2 else digest})
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = tmp_path / "cache"
+    ds = Dataset(urls(server), batch_size=16, to_tuple=("__key__",), tensors="numpy", lengths=str(manifest),
+                 cache_dir=str(cache))
+    assert keys_of(ds) == all_keys()
+    assert set(entries(cache)) == {u for i, u in enumerate(urls(server)) if i != 2} and leftovers(cache) == []
+    assert f"{urls(server)[2]}: its sha256 is " in capfd.readouterr().err

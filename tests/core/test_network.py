@@ -1,0 +1,159 @@
+"""The pieces of remote reading that need no server: the settings, read-ahead, the shard cache.
+(With servers that misbehave: tests/interop/test_faults.py.)"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tarhelpers import run
+
+from tarproc.cli.tarcat import main as tarcat_main
+from tarproc.dataset import Dataset
+from tarproc.errors import OptionError, SourceError
+from tarproc.sources import Network
+from tarproc.sources.cache import DRAIN_MAX, ShardCache, Tee
+from tarproc.sources.prefetch import Ahead, Prefetcher
+from tarproc.sources.remote import Identity
+
+
+@pytest.mark.parametrize("bad", [{"retries": -1}, {"retries": True}, {"timeout": 0}, {"prefetch": -5},
+                                 {"cache_size": 10}, {"cache_dir": "c", "cache_size": 0}])
+def test_bad_settings_are_named(bad: dict[str, Any]) -> None:
+    with pytest.raises(OptionError, match=list(bad)[-1]):
+        Network(**bad)
+
+
+def test_the_dataset_checks_them_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(OptionError, match="bad retries"):
+        Dataset(str(tmp_path / "a.tar"), retries=-1, lengths=None)
+
+
+def test_cache_size_needs_cache() -> None:
+    r = run(tarcat_main, ["--cache-size", "1G", "x.tar"])
+    assert r.exit_code == 2 and "--cache-size bounds the --cache" in r.stderr
+
+
+class Pieces:
+    """A raw stream of given pieces, then an error or the end; counts its reads."""
+
+    def __init__(self, pieces: list[bytes], error: Exception | None = None) -> None:
+        self.pieces = list(pieces)
+        self.error = error
+        self.closed = threading.Event()
+
+    def read(self, n: int = -1) -> bytes:
+        if self.pieces:
+            return self.pieces.pop(0)
+        if self.error is not None:
+            raise self.error
+        return b""
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_read_ahead_hands_out_every_byte_then_the_error_where_it_happened() -> None:
+    raw = Pieces([b"a" * 10, b"b" * 5], SourceError("read failed at byte 15: reset", "u"))
+    ahead = Ahead(raw, max_bytes=4)
+    got = b""
+    with pytest.raises(SourceError, match="byte 15"):
+        while True:
+            got += ahead.read(3)
+    assert got == b"a" * 10 + b"b" * 5
+    ahead.close()
+    assert raw.closed.wait(5)
+
+
+def test_prefetcher_opens_in_the_background_and_closes_what_is_not_taken() -> None:
+    opened: list[tuple[str, int]] = []
+    raws: dict[str, Pieces] = {}
+
+    def open_raw(url: str, offset: int) -> Pieces:
+        if url == "missing":
+            raise SourceError("not found", url)
+        opened.append((url, offset))
+        raws[url] = Pieces([url.encode()])
+        return raws[url]
+
+    with Prefetcher(open_raw) as ahead:
+        ahead.schedule("a", 0)
+        ahead.schedule("b", 7)
+        ahead.schedule("missing")
+        assert ahead.take("a", 0).read() == b"a"
+        assert ahead.take("a", 0) is None  # taken once
+        assert ahead.take("b", 0) is None  # not what was scheduled: opened as usual by the caller
+        with pytest.raises(SourceError, match="not found"):
+            ahead.take("missing")
+    assert raws["b"].closed.wait(5)
+    assert sorted(opened) == [("a", 0), ("b", 7)]
+
+
+def identity(data: bytes) -> Identity:
+    return Identity(len(data), '"etag"')
+
+
+def fill(cache: ShardCache, url: str, data: bytes, finish: bool = True) -> None:
+    filling = cache.fill(url, identity(data))
+    assert filling is not None
+    tee = Tee(Pieces([data[: len(data) // 2], data[len(data) // 2 :]]), filling)
+    assert tee.read(len(data)) == data[: len(data) // 2]
+    if finish:
+        tee.finish()  # reads the rest (< DRAIN_MAX), then publishes
+    tee.close()
+
+
+def test_cache_entries_are_published_whole_and_looked_up_by_version(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path))
+    data = os.urandom(5000)
+    fill(cache, "http://h/a.tar", data)
+    path = cache.lookup("http://h/a.tar", identity(data))
+    assert path is not None and Path(path).read_bytes() == data
+    assert cache.lookup("http://h/a.tar", Identity(5000, '"other"')) is None  # changed on the server
+    assert cache.lookup("http://h/a.tar") is None  # the version unknown: no guess
+
+
+def test_a_reader_that_stops_early_publishes_nothing(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path))
+    fill(cache, "http://h/a.tar", os.urandom(DRAIN_MAX + 10_000), finish=False)
+    assert cache.entries() == [] and os.listdir(tmp_path / "shards" / ".tmp") == []
+
+
+def test_one_filler_at_a_time_and_a_damaged_entry_is_a_miss(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path))
+    data = os.urandom(3000)
+    first = cache.fill("http://h/a.tar", identity(data))
+    assert first is not None and cache.fill("http://h/a.tar", identity(data)) is None
+    first.write(data)
+    assert first.finish()
+    path = cache.lookup("http://h/a.tar", identity(data))
+    assert path is not None
+    Path(path).write_bytes(data[:100])  # cut short on disk
+    assert cache.lookup("http://h/a.tar", identity(data)) is None
+
+
+def test_eviction_removes_the_least_recently_used(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), max_bytes=2500)
+    blobs = {name: os.urandom(1000) for name in "abc"}
+    fill(cache, "http://h/a", blobs["a"])
+    os.utime(tmp_path / "shards" / os.listdir(tmp_path / "shards")[0], (1, 1))
+    fill(cache, "http://h/b", blobs["b"])
+    assert cache.lookup("http://h/a", identity(blobs["a"])) is not None  # a used again: b is the oldest now
+    os.utime(cache.lookup("http://h/b", identity(blobs["b"])) or "", (2, 2))
+    fill(cache, "http://h/c", blobs["c"])
+    assert [cache.lookup(f"http://h/{n}", identity(blobs[n])) is not None for n in "abc"] == [True, False, True]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_a_cache_that_cannot_be_written_is_said_once_and_reading_goes_on(tmp_path: Path) -> None:
+    said: list[str] = []
+    (tmp_path / "ro").mkdir()
+    os.chmod(tmp_path / "ro", stat.S_IRUSR | stat.S_IXUSR)
+    cache = ShardCache(str(tmp_path / "ro"), warn=said.append)
+    assert cache.fill("http://h/a", identity(b"x")) is None
+    assert cache.fill("http://h/b", identity(b"x")) is None
+    assert len(said) == 1 and "reading without the cache" in said[0]
