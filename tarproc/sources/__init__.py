@@ -29,6 +29,7 @@ from ..errors import CompressionError, OptionError, SourceError, TarprocError
 from . import remote
 from .prefetch import Ahead, Prefetcher
 from .remote import Identity, Network, configure, describe, settings
+
 if TYPE_CHECKING:  # imported where used (pipe:, the cache): commands start without them
     import subprocess
 
