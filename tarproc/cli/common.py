@@ -244,6 +244,7 @@ class ReadOptions:
     max_member_size: int
     links: str = "follow"
     ignore_zeros: bool = False
+    network: Network | None = None  # how remote inputs are read (also this process's default)
 
     @property
     def tar(self) -> dict[str, Any]:
@@ -255,7 +256,7 @@ class ReadOptions:
         for a command that writes each sample out before reading the next: big values may then be
         views of what was read or data left in a local file (``read_samples``'s views and refs)."""
         return read_samples(self.urls, on_error=self.on_error, dup=self.dup, stats=stats, warn=warn, views=views,
-                            refs=views, **self.tar)
+                            refs=views, network=self.network, **self.tar)
 
 
 @dataclass
@@ -358,9 +359,8 @@ def network_settings(v: dict[str, Any]) -> Network:
 
 
 def _read_options(v: dict[str, Any], on_error: str) -> ReadOptions:
-    network_settings(v)
     return ReadOptions(inputs_or_stdin(v["inputs"], v["list_files"]), on_error, v["dup"], v["max_member_size"],
-                       v["links"], v["ignore_zeros"])
+                       v["links"], v["ignore_zeros"], network_settings(v))
 
 
 input_options = _bundle(

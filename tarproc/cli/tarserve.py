@@ -127,7 +127,7 @@ def main(
         output_field=output_field, labels=list(labels),
         fields=None if fields is None else fields.replace(",", " ").split(),
         last_batch=last_batch, senders=senders, on_error=on_error, checkpoint=checkpoint,
-        reading={"on_error": reading.on_error, "dup": reading.dup, **reading.tar},
+        reading={"on_error": reading.on_error, "dup": reading.dup, "network": reading.network, **reading.tar},
         **transport,  # type: ignore[arg-type]
     )
     report = None if raw or quiet or decoding.device != "auto" else (

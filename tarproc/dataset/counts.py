@@ -39,6 +39,7 @@ from ..errors import CompressedShardError, IndexFileError, LinkError, OptionErro
 from ..index import INDEX_FORMAT, INDEX_VERSION, build_index, default_index_url
 from ..samples import _warn_stderr, read_samples
 from ..sources import is_fsspec_url, local_path, open_source
+from ..sources.remote import identify
 
 WIDS_KIND = "wids-shard-index-v1"
 DALI_VERSIONS = ("v1.1", "v1.2")
@@ -447,25 +448,9 @@ def _dali_end(version: str, line: bytes) -> int | None:
 
 
 def _remote_key(url: str) -> list[Any] | None:
-    """``[url, size, etag or modification time]`` from fsspec's info, or None when it has no size."""
-    try:
-        import fsspec
-
-        fs, path = fsspec.core.url_to_fs(url)
-        info = fs.info(path)
-    except Exception:  # no info: count, but don't cache
-        return None
-    size = info.get("size")
-    if type(size) is not int:
-        return None
-    lowered = {str(k).lower(): v for k, v in info.items()}
-    stamp = None
-    for name in ("etag", "content-md5", "md5", "crc32c", "mtime", "lastmodified", "last-modified", "last_modified",
-                 "updated", "modified"):
-        if lowered.get(name) not in (None, ""):
-            stamp = f"{name}={lowered[name]}"
-            break
-    return ["remote", url, size, stamp]
+    """``[url, size, etag or modification time]`` as the store gives them, or None when it gives no size."""
+    identity = identify(url)
+    return None if identity is None else ["remote", url, identity.size, identity.stamp]
 
 
 class _Cache:
