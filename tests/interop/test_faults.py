@@ -21,7 +21,9 @@ from tarhelpers import write_tar
 
 import tarproc
 from tarproc.cli.tar2tsv import main as tar2tsv_main
+from tarproc.cli.tarindex import main as tarindex_main
 from tarproc.cli.tarpcat import main as tarpcat_main
+from tarproc.cli.tarproc import main as tarproc_main
 from tarproc.cli.tarshow import main as tarshow_main
 from tarproc.dataset import Dataset
 
@@ -130,16 +132,18 @@ def test_retries_used_up_is_one_error_and_no_output(ix, data, server, tmp_path):
     assert os.listdir(out.parent) == []  # no partial file, no temporary one
 
 
-@pytest.mark.parametrize("command", ["tarsplit", "tarshow", "tar2tsv", "tarpcat"])
+@pytest.mark.parametrize("command", ["tarsplit", "tarshow", "tar2tsv", "tarpcat", "tarindex", "tarproc"])
 def test_every_reading_command_reconnects(ix, data, server, tmp_path, command):
     """Each command's output over cut connections is its output over a clean server."""
-    mains = {"tarsplit": ix.tarsplit, "tarshow": tarshow_main, "tar2tsv": tar2tsv_main, "tarpcat": tarpcat_main}
+    mains = {"tarsplit": ix.tarsplit, "tarshow": tarshow_main, "tar2tsv": tar2tsv_main, "tarpcat": tarpcat_main,
+             "tarindex": tarindex_main, "tarproc": tarproc_main}
 
     def run(name: str) -> tuple[Any, bytes]:
         out = tmp_path / name
         out.mkdir()
         args = {"tarsplit": ["-n", "50", "-o", out / "s"], "tarshow": ["--summary"], "tar2tsv": ["-f", "__key__ cls"],
-                "tarpcat": ["-p", "2", "-o", out / "all.tar"]}[command]
+                "tarpcat": ["-p", "2", "-o", out / "all.tar"], "tarindex": ["--format", "wids", "-o", out / "w.json"],
+                "tarproc": ["-c", "true", "-o", out / "all.tar"]}[command]
         r = ix.run(mains[command], [*args, *urls(server)])
         assert r.exit_code == 0, r.stderr
         files = b"".join((out / n).read_bytes() for n in sorted(os.listdir(out)))
