@@ -264,8 +264,8 @@ def read_samples(
     were not in what was read come as ``tario.FileRange``, data left in the file for ``TarWriter``
     to have the kernel copy. Write each sample before asking for the next: a range is valid only
     while its shard is open. Remote shards are read as ``network`` says (retries, read-ahead,
-    the shard cache; default ``sources.settings()``): with read-ahead, the next remote shard is
-    opened while one is read (by ``prefetcher``, when given: the caller's, which may have opened
+    the shard cache; default ``sources.settings()``): with read-ahead, the next remote shards
+    are opened and read ahead while one is read (by ``prefetcher``, when given: the caller's, which may have opened
     the first already).
 
     >>> import io, tempfile, os
@@ -289,7 +289,7 @@ def read_samples(
         yield from _read_shards(url_list, prefetcher, network, on_error, dup, max_member_size, stats, warn, links,
                                 ignore_zeros, views, refs)
         return
-    with Prefetcher(lambda url, offset: open_remote(url, offset, network)) as ahead:
+    with Prefetcher(lambda url, offset, budget: open_remote(url, offset, network, budget), network.prefetch) as ahead:
         yield from _read_shards(url_list, ahead, network, on_error, dup, max_member_size, stats, warn, links,
                                 ignore_zeros, views, refs)
 
@@ -299,14 +299,15 @@ def _read_shards(
     stats: ReadStats, warn: Callable[[str], None], links: str, ignore_zeros: bool, views: bool, refs: bool,
 ) -> Iterator[Sample]:
     from .sources import is_fsspec_url, open_source
+    from .sources.prefetch import DEPTH
 
     for i, url in enumerate(url_list):
         stats.shards += 1
-        following = url_list[i + 1] if i + 1 < len(url_list) else None
         try:
             with open_source(url, network=network, prefetcher=ahead) as stream:
-                if network.prefetch and following is not None and is_fsspec_url(following):
-                    ahead.schedule(following)  # opened while this one is read
+                for following in url_list[i + 1 : i + 1 + DEPTH] if network.prefetch else ():
+                    if is_fsspec_url(following):
+                        ahead.schedule(following)  # opened while this one is read
                 members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats, links=links,
                                              ignore_zeros=ignore_zeros, views=views, refs=refs)
                 yield from _group(members, url, dup, stats, warn)

@@ -42,6 +42,7 @@ from ..errors import (
 from ..index import COMPRESSED_SUFFIXES
 from ..samples import Sample, read_samples, read_samples_from
 from ..sources import Network, Prefetcher, expand_urls, is_fsspec_url, local_path, open_remote, shard_cache
+from ..sources.prefetch import DEPTH
 from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT, Identity, identify
 from ..stages import ShuffleBuffer, shuffle
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
@@ -695,19 +696,19 @@ class Dataset:
     def _read(self, parts: list[Part]) -> Iterator[Sample]:
         if self._identities:  # no request for those; copies checked against a manifest's sha256
             shard_cache(self.network).learn(self._identities, self._digests)  # type: ignore[union-attr]
-        with Prefetcher(lambda url, offset: open_remote(url, offset, self.network)) as ahead:
+        network = self.network
+        with Prefetcher(lambda url, offset, budget: open_remote(url, offset, network, budget), network.prefetch) as ahead:
             for i, part in enumerate(parts):
                 if part.parts == 1 and len(part.ranges) > 1 and self._offsets_of(part.url).offsets:
                     # what a resume left of a part: each stretch read from its first sample, not across the gaps
                     for piece in runs(part, _GAP):
                         yield from self._read_part(piece, ahead)
                 else:
-                    following = parts[i + 1] if i + 1 < len(parts) else None
-                    yield from self._read_part(part, ahead, following)
+                    yield from self._read_part(part, ahead, parts[i + 1 : i + 1 + DEPTH] if network.prefetch else [])
 
-    def _read_part(self, part: Part, ahead: Prefetcher, following: Part | None = None) -> Iterator[Sample]:
+    def _read_part(self, part: Part, ahead: Prefetcher, following: Sequence[Part] = ()) -> Iterator[Sample]:
         """The samples of a part; with on_error="skip-shard", those before a read that failed (said,
-        counted in ``skipped_shards`` and ``lost``). ``following``: the next part, opened ahead."""
+        counted in ``skipped_shards`` and ``lost``). ``following``: the next parts, opened ahead."""
         yielded = 0
         try:
             for sample in self._part_samples(part, ahead, following):
@@ -725,7 +726,7 @@ class Dataset:
             _warn(f"{e}; skipping the rest of this shard (on_error='skip-shard'): "
                   + (f"{lost} samples of this epoch lost" if lost is not None else "its samples not read are lost"))
 
-    def _part_samples(self, part: Part, ahead: Prefetcher, following: Part | None) -> Iterator[Sample]:
+    def _part_samples(self, part: Part, ahead: Prefetcher, following: Sequence[Part]) -> Iterator[Sample]:
         self._reading = part.url
         offset = self._offset(part.url, part.first) if part.first else None
         samples: Iterator[Sample] | None = None
@@ -737,8 +738,9 @@ class Dataset:
             samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size,
                                    network=self.network, prefetcher=ahead)
             start = 0
-        if following is not None and self.network.prefetch and is_fsspec_url(following.url):
-            ahead.schedule(following.url, self._start_byte(following))  # opened while this part is read
+        for next_part in following:
+            if is_fsspec_url(next_part.url):
+                ahead.schedule(next_part.url, self._start_byte(next_part))  # opened while this part is read
         index = start - 1
         try:
             for index, sample in enumerate(samples, start):

@@ -27,7 +27,7 @@ from braceexpand import UnbalancedBracesError, braceexpand  # type: ignore[attr-
 from ..compression import DecompressingReader, detect, unsupported
 from ..errors import CompressionError, OptionError, SourceError, TarprocError
 from . import remote
-from .prefetch import Ahead, Prefetcher
+from .prefetch import Ahead, Budget, Prefetcher
 from .remote import Identity, Network, configure, describe, settings
 
 if TYPE_CHECKING:  # imported where used (pipe:, the cache): commands start without them
@@ -403,14 +403,17 @@ def open_source(
         if offset:
             f.seek(offset)
         return Source(url, f)
-    raw = prefetcher.take(url, offset) if prefetcher is not None else None
+    if prefetcher is None:
+        return Source(url, open_remote(url, offset, network))
+    raw = prefetcher.take(url, offset)
     return Source(url, raw if raw is not None else open_remote(url, offset, network))
 
 
-def open_remote(url: str, offset: int = 0, network: Network | None = None) -> Any:
+def open_remote(url: str, offset: int = 0, network: Network | None = None, budget: Budget | None = None) -> Any:
     """The raw stream of a remote URL from byte ``offset`` on, for a ``Source``: the shard cache's
     copy when it has this version, else the store's bytes (retried, reconnected at the byte reached,
-    read ahead by ``network.prefetch`` bytes, and copied into the cache when read from the start)."""
+    read ahead within ``budget``, a ``Prefetcher``'s, when opened ahead of the reader, and copied
+    into the cache when read from the start)."""
     network = network if network is not None else remote.settings()
     cache = shard_cache(network)
     if cache is not None:
@@ -419,14 +422,12 @@ def open_remote(url: str, offset: int = 0, network: Network | None = None) -> An
         if hit is not None:
             return _open_at(hit, offset)
     raw: Any = remote.RemoteReader(url, offset, network)
-    if network.prefetch:
-        raw = Ahead(raw, network.prefetch)
-    if cache is not None and offset == 0:
-        filling = cache.fill(url, raw.identity)
-        if filling is not None:
-            from .cache import Tee
+    if budget is not None:  # opened ahead of the reader (a Prefetcher's)
+        raw = Ahead(raw, network.prefetch, budget)
+    if cache is not None and offset == 0 and raw.identity is not None:
+        from .cache import Tee
 
-            raw = Tee(raw, filling)
+        raw = Tee(raw, cache, url, raw.identity)
     return raw
 
 

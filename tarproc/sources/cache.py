@@ -240,23 +240,29 @@ class Filling:
 
 
 class Tee:
-    """A raw stream that copies what is read from it into a cache ``Filling``. ``finish()`` (the
+    """A raw stream that copies what is read from it into a cache entry: ``cache.fill(url, identity)``
+    on the first read (a stream opened ahead and never read makes no file). ``finish()`` (the
     reader came to the end) reads what is left, up to ``DRAIN_MAX`` bytes, and publishes; ``close``
     without it drops the entry."""
 
-    def __init__(self, raw: Any, filling: Filling) -> None:
+    def __init__(self, raw: Any, cache: ShardCache, url: str, identity: Identity) -> None:
         self.raw = raw
-        self.filling = filling
+        self.start: tuple[ShardCache, str, Identity] | None = (cache, url, identity)
+        self.filling: Filling | None = None
 
     def read(self, n: int = -1) -> bytes:
+        if self.start is not None:
+            cache, url, identity = self.start
+            self.start = None
+            self.filling = cache.fill(url, identity)
         data = self.raw.read(n)
-        if data:
+        if data and self.filling is not None:
             self.filling.write(data)
         return data  # type: ignore[no-any-return]
 
     def finish(self) -> None:
         filling = self.filling
-        if filling.done or filling.missing > DRAIN_MAX:
+        if filling is None or filling.done or filling.missing > DRAIN_MAX:
             return
         try:
             while filling.missing > 0:
@@ -268,7 +274,8 @@ class Tee:
         filling.finish()
 
     def close(self) -> None:
-        self.filling.abandon()
+        if self.filling is not None:
+            self.filling.abandon()
         self.raw.close()
 
 

@@ -1,10 +1,10 @@
-"""Read-ahead: remote bytes fetched by a thread before the reader asks for them.
+"""Read-ahead: the reader's next shards opened and read by threads while it reads the current one.
 
-``Ahead`` wraps an opened remote stream: a thread keeps up to ``max_bytes`` of it read ahead of
-the reader, so that parsing and the network overlap. ``Prefetcher`` opens the reader's **next**
-shard in the background while it reads the current one (the same bound applies to each), so that
-a reader never waits at a shard boundary for a slow store's first byte. Errors reach the reader at
-the byte where they happened, after what was read before them.
+``Prefetcher`` opens the shards a reader will read next (up to ``DEPTH``) in the background, each
+as an ``Ahead``: a thread reads it ahead within a byte bound shared by all of them (``Budget``),
+so that a reader never waits at a shard boundary for a slow store's first bytes. When the reader
+comes to a shard it takes what was read and reads on itself. Errors reach the reader at the byte
+where they happened, after what was read before them.
 """
 
 from __future__ import annotations
@@ -14,21 +14,36 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-_CHUNK = 1 << 20
+CHUNK = 1 << 19  # bytes a read-ahead thread asks for at once: what the tar reader asks for (tario._CHUNK), handed on whole
+DEPTH = 4  # following shards a Prefetcher opens at most
+
+
+class Budget:
+    """Bytes held by a set of ``Ahead`` streams, at most ``limit`` (and one chunk each)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(limit, 1)
+        self.held = 0
+        self.cond = threading.Condition()
 
 
 class Ahead:
-    """A raw stream read ahead by a thread, at most ``max_bytes`` ahead of ``read``."""
+    """A raw stream read ahead by a thread, within ``budget`` (its own, of ``max_bytes``, if None),
+    until the reader comes to it: then the reader takes what the thread read, and reads the rest
+    itself (the kernel's socket buffer reads ahead of it then; a thread in between would only add
+    a copy and a hand-off to every read)."""
 
-    def __init__(self, raw: Any, max_bytes: int) -> None:
+    def __init__(self, raw: Any, max_bytes: int, budget: Budget | None = None) -> None:
         self.raw = raw
-        self.max_bytes = max(max_bytes, 1)
+        self.budget = budget if budget is not None else Budget(max_bytes)
+        self._cond = self.budget.cond
         self._chunks: collections.deque[bytes] = collections.deque()
+        self._pos = 0  # into the first chunk: a partial read moves it, no copy of the rest
         self._held = 0
         self._error: BaseException | None = None
         self._eof = False
         self._closed = False
-        self._cond = threading.Condition()
+        self._taken = False  # the reader is here: the thread stops after its read in flight
         self._thread = threading.Thread(target=self._fill, name="tarproc-read-ahead", daemon=True)
         self._thread.start()
 
@@ -36,18 +51,20 @@ class Ahead:
         return getattr(self.raw, name)
 
     def _fill(self) -> None:
+        budget = self.budget
         try:
             while True:
                 with self._cond:
-                    while self._held >= self.max_bytes and not self._closed:
+                    while self._held and budget.held >= budget.limit and not self._closed and not self._taken:
                         self._cond.wait()
-                    if self._closed:
+                    if self._closed or self._taken:
                         return
-                data = self.raw.read(min(_CHUNK, self.max_bytes))
+                data = self.raw.read(CHUNK)
                 with self._cond:
                     if data:
                         self._chunks.append(data)
                         self._held += len(data)
+                        budget.held += len(data)
                     else:
                         self._eof = True
                     self._cond.notify_all()
@@ -64,30 +81,38 @@ class Ahead:
                 self.raw.close()
 
     def read(self, n: int = -1) -> bytes:
+        if not self._taken:
+            with self._cond:
+                self._taken = True
+                self._cond.notify_all()
+            self._thread.join()  # its read in flight: what the reader waits for anyway
+        if not self._chunks:
+            if self._error is not None:
+                raise self._error
+            return b"" if self._eof else self.raw.read(n)  # type: ignore[no-any-return]
+        head, pos = self._chunks[0], self._pos
+        if 0 <= n < len(head) - pos:
+            data = head[pos : pos + n]
+            self._pos += n
+        else:
+            data = head[pos:] if pos else head
+            self._chunks.popleft()
+            self._pos = 0
         with self._cond:
-            while not self._chunks and not self._eof and self._error is None:
-                self._cond.wait()
-            if not self._chunks:
-                if self._error is not None:
-                    raise self._error
-                return b""
-            head = self._chunks[0]
-            if 0 <= n < len(head):
-                self._chunks[0] = head[n:]
-                head = head[:n]
-            else:
-                self._chunks.popleft()
-            self._held -= len(head)
+            self._held -= len(data)
+            self.budget.held -= len(data)
             self._cond.notify_all()
-            return head
+        return data
 
     def close(self) -> None:
         with self._cond:
             if self._closed:
                 return
             self._closed = True
+            self.budget.held -= self._held
+            self._held = 0
             self._chunks.clear()
-            running = self._thread.is_alive() and not self._eof and self._error is None
+            running = self._thread.is_alive()
             self._cond.notify_all()
         if not running:  # else the thread closes it when its read returns: not under its feet
             self.raw.close()
@@ -95,16 +120,18 @@ class Ahead:
 
 class Prefetcher:
     """Opens sources before they are wanted: ``schedule(url, offset)`` starts opening one in the
-    background (``open_raw(url, offset)`` in a thread), ``take(url, offset)`` returns it (or None if
-    it wasn't scheduled; then open it as usual). ``close`` closes what was never taken."""
+    background (``open_raw(url, offset, budget)`` in a thread), ``take(url, offset)`` returns it
+    (or None if it wasn't scheduled; then open it as usual). ``close`` closes what was never taken.
+    ``budget``: the bytes all of them may hold ahead of the reader together."""
 
-    def __init__(self, open_raw: Callable[[str, int], Any]) -> None:
+    def __init__(self, open_raw: Callable[[str, int, Budget], Any], max_bytes: int = 0) -> None:
         self.open_raw = open_raw
+        self.budget = Budget(max_bytes)
         self._pending: dict[tuple[str, int], _Pending] = {}
 
     def schedule(self, url: str, offset: int = 0) -> None:
         if (url, offset) not in self._pending:
-            self._pending[(url, offset)] = _Pending(self.open_raw, url, offset)
+            self._pending[(url, offset)] = _Pending(self.open_raw, url, offset, self.budget)
 
     def take(self, url: str, offset: int = 0) -> Any | None:
         pending = self._pending.pop((url, offset), None)
@@ -123,7 +150,7 @@ class Prefetcher:
 
 
 class _Pending:
-    def __init__(self, open_raw: Callable[[str, int], Any], url: str, offset: int) -> None:
+    def __init__(self, open_raw: Callable[[str, int, Budget], Any], url: str, offset: int, budget: Budget) -> None:
         self._raw: Any = None
         self._error: BaseException | None = None
         self._discarded = False
@@ -131,7 +158,7 @@ class _Pending:
 
         def run() -> None:
             try:
-                raw = open_raw(url, offset)
+                raw = open_raw(url, offset, budget)
             except BaseException as e:  # noqa: BLE001 - raised when the reader takes it
                 self._error = e
                 return
@@ -158,4 +185,4 @@ class _Pending:
             raw.close()
 
 
-__all__ = ["Ahead", "Prefetcher"]
+__all__ = ["CHUNK", "DEPTH", "Ahead", "Budget", "Prefetcher"]

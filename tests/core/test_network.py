@@ -73,7 +73,7 @@ def test_prefetcher_opens_in_the_background_and_closes_what_is_not_taken() -> No
     opened: list[tuple[str, int]] = []
     raws: dict[str, Pieces] = {}
 
-    def open_raw(url: str, offset: int) -> Pieces:
+    def open_raw(url: str, offset: int, budget: Any) -> Pieces:
         if url == "missing":
             raise SourceError("not found", url)
         opened.append((url, offset))
@@ -98,9 +98,7 @@ def identity(data: bytes) -> Identity:
 
 
 def fill(cache: ShardCache, url: str, data: bytes, finish: bool = True) -> None:
-    filling = cache.fill(url, identity(data))
-    assert filling is not None
-    tee = Tee(Pieces([data[: len(data) // 2], data[len(data) // 2 :]]), filling)
+    tee = Tee(Pieces([data[: len(data) // 2], data[len(data) // 2 :]]), cache, url, identity(data))
     assert tee.read(len(data)) == data[: len(data) // 2]
     if finish:
         tee.finish()  # reads the rest (< DRAIN_MAX), then publishes

@@ -231,17 +231,24 @@ def test_without_skip_shard_a_failed_read_ends_the_epoch_with_the_error(data, se
 # the shard cache
 
 
-def entries(cache: Path) -> dict[str, bytes]:
-    """The cache's entries: the URL each holds -> its bytes."""
+def versions(cache: Path) -> dict[str, list[bytes]]:
+    """The cache's entries: the URL each holds -> the bytes of its versions."""
     import json
 
     root = cache / "shards"
-    found = {}
-    for name in os.listdir(root):
+    found: dict[str, list[bytes]] = {}
+    for name in sorted(os.listdir(root)):
         if name.endswith(".json"):
             meta = json.loads((root / name).read_text())
-            found[meta["url"]] = (root / name[: -len(".json")]).read_bytes()
+            found.setdefault(meta["url"], []).append((root / name[: -len(".json")]).read_bytes())
     return found
+
+
+def entries(cache: Path) -> dict[str, bytes]:
+    """The cache's entries, one version a URL: the URL -> its bytes."""
+    found = versions(cache)
+    assert all(len(v) == 1 for v in found.values())
+    return {url: v[0] for url, v in found.items()}
 
 
 def leftovers(cache: Path) -> list[str]:
@@ -283,7 +290,7 @@ def test_the_commands_cache_and_a_changed_shard_is_a_new_entry(ix, data, server,
     write_tar(data / "train-0.tar", [{"__key__": "new", "cls": 1}])
     changed = ix.run(ix.tarcat, ["--cache", cache, urls(server)[0]])
     assert ix.samples_of_bytes(changed.stdout_bytes, tmp_path) == [("new", {"cls": b"1"})]
-    assert entries(cache)[urls(server)[0]] in {(data / "train-0.tar").read_bytes()}
+    assert (data / "train-0.tar").read_bytes() in versions(cache)[urls(server)[0]]  # beside the old one
 
 
 def test_the_cache_size_evicts_the_least_recently_used(ix, data, server, tmp_path):
