@@ -345,8 +345,8 @@ def network_params(read_ahead: bool = True, timeout_flag: str = "--timeout") -> 
     if read_ahead:
         options.insert(2, click.option(
             "--prefetch", type=SIZE, default=DEFAULT_PREFETCH, show_default="32MiB",
-            help="Remote inputs: the next shards (up to 4) are opened and read ahead while one is read, up to "
-                 "SIZE bytes together (0: no read-ahead)."))
+            help="Remote inputs: bytes read ahead by threads, of the shard being read and of the next ones (up to "
+                 "4, opened meanwhile), together (0: no read-ahead)."))
     return options
 
 

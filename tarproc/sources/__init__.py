@@ -406,14 +406,14 @@ def open_source(
     if prefetcher is None:
         return Source(url, open_remote(url, offset, network))
     raw = prefetcher.take(url, offset)
-    return Source(url, raw if raw is not None else open_remote(url, offset, network))
+    return Source(url, raw if raw is not None else open_remote(url, offset, network, prefetcher.budget))
 
 
 def open_remote(url: str, offset: int = 0, network: Network | None = None, budget: Budget | None = None) -> Any:
     """The raw stream of a remote URL from byte ``offset`` on, for a ``Source``: the shard cache's
     copy when it has this version, else the store's bytes (retried, reconnected at the byte reached,
-    read ahead within ``budget``, a ``Prefetcher``'s, when opened ahead of the reader, and copied
-    into the cache when read from the start)."""
+    read ahead by a thread within ``budget``, a ``Prefetcher``'s, shared with the shards opened
+    ahead, else ``network.prefetch`` bytes, and copied into the cache when read from the start)."""
     network = network if network is not None else remote.settings()
     cache = shard_cache(network)
     if cache is not None:
@@ -422,7 +422,7 @@ def open_remote(url: str, offset: int = 0, network: Network | None = None, budge
         if hit is not None:
             return _open_at(hit, offset)
     raw: Any = remote.RemoteReader(url, offset, network)
-    if budget is not None:  # opened ahead of the reader (a Prefetcher's)
+    if network.prefetch:
         raw = Ahead(raw, network.prefetch, budget)
     if cache is not None and offset == 0 and raw.identity is not None:
         from .cache import Tee

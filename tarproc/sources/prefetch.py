@@ -1,9 +1,9 @@
 """Read-ahead: the reader's next shards opened and read by threads while it reads the current one.
 
 ``Prefetcher`` opens the shards a reader will read next (up to ``DEPTH``) in the background, each
-as an ``Ahead``: a thread reads it ahead within a byte bound shared by all of them (``Budget``),
-so that a reader never waits at a shard boundary for a slow store's first bytes. When the reader
-comes to a shard it takes what was read and reads on itself. Errors reach the reader at the byte
+as an ``Ahead``: a thread reads it ahead within a byte bound shared by all of them and by the
+shard being read (``Budget``), so that a reader never waits at a shard boundary for a slow store's
+first bytes, and the network and the reader's work overlap. Errors reach the reader at the byte
 where they happened, after what was read before them.
 """
 
@@ -28,10 +28,9 @@ class Budget:
 
 
 class Ahead:
-    """A raw stream read ahead by a thread, within ``budget`` (its own, of ``max_bytes``, if None),
-    until the reader comes to it: then the reader takes what the thread read, and reads the rest
-    itself (the kernel's socket buffer reads ahead of it then; a thread in between would only add
-    a copy and a hand-off to every read)."""
+    """A raw stream read ahead by a thread, within ``budget`` (its own, of ``max_bytes``, if None):
+    the network and the reader's work overlap (the thread lets the GIL go while it waits on a
+    socket). The stream being read may always hold one chunk: a full budget never stalls it."""
 
     def __init__(self, raw: Any, max_bytes: int, budget: Budget | None = None) -> None:
         self.raw = raw
@@ -43,7 +42,6 @@ class Ahead:
         self._error: BaseException | None = None
         self._eof = False
         self._closed = False
-        self._taken = False  # the reader is here: the thread stops after its read in flight
         self._thread = threading.Thread(target=self._fill, name="tarproc-read-ahead", daemon=True)
         self._thread.start()
 
@@ -55,9 +53,9 @@ class Ahead:
         try:
             while True:
                 with self._cond:
-                    while self._held and budget.held >= budget.limit and not self._closed and not self._taken:
+                    while self._held and budget.held >= budget.limit and not self._closed:
                         self._cond.wait()
-                    if self._closed or self._taken:
+                    if self._closed:
                         return
                 data = self.raw.read(CHUNK)
                 with self._cond:
@@ -81,28 +79,25 @@ class Ahead:
                 self.raw.close()
 
     def read(self, n: int = -1) -> bytes:
-        if not self._taken:
-            with self._cond:
-                self._taken = True
-                self._cond.notify_all()
-            self._thread.join()  # its read in flight: what the reader waits for anyway
-        if not self._chunks:
-            if self._error is not None:
-                raise self._error
-            return b"" if self._eof else self.raw.read(n)  # type: ignore[no-any-return]
-        head, pos = self._chunks[0], self._pos
-        if 0 <= n < len(head) - pos:
-            data = head[pos : pos + n]
-            self._pos += n
-        else:
-            data = head[pos:] if pos else head
-            self._chunks.popleft()
-            self._pos = 0
         with self._cond:
+            while not self._chunks and not self._eof and self._error is None:
+                self._cond.wait()
+            if not self._chunks:
+                if self._error is not None:
+                    raise self._error
+                return b""
+            head, pos = self._chunks[0], self._pos
+            if 0 <= n < len(head) - pos:
+                data = head[pos : pos + n]
+                self._pos += n
+            else:
+                data = head[pos:] if pos else head
+                self._chunks.popleft()
+                self._pos = 0
             self._held -= len(data)
             self.budget.held -= len(data)
             self._cond.notify_all()
-        return data
+            return data
 
     def close(self) -> None:
         with self._cond:
@@ -112,7 +107,7 @@ class Ahead:
             self.budget.held -= self._held
             self._held = 0
             self._chunks.clear()
-            running = self._thread.is_alive()
+            running = self._thread.is_alive() and not self._eof and self._error is None
             self._cond.notify_all()
         if not running:  # else the thread closes it when its read returns: not under its feet
             self.raw.close()

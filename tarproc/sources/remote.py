@@ -40,8 +40,9 @@ class Network:
     """How remote shards are read: retries, the per-read timeout, read-ahead and the shard cache.
 
     ``retries``: attempts after a failed read or open (0: none); ``timeout``: seconds a connect or
-    a single read may wait (None: no limit); ``prefetch``: bytes of its next shards (up to
-    ``prefetch.DEPTH``) read ahead of a reader while it reads one (0: none); ``cache_dir``: keep verified copies of remote
+    a single read may wait (None: no limit); ``prefetch``: bytes read ahead of a reader, of the
+    shard it reads and of its next ones (up to ``prefetch.DEPTH``, opened meanwhile), together (0:
+    none); ``cache_dir``: keep verified copies of remote
     shards there (``sources.cache``), at most ``cache_size`` bytes of them (None: no bound).
     """
 
