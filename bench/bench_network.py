@@ -161,22 +161,9 @@ def small_shards(ctx: Context, train_url: str) -> list[Path]:
     return paths
 
 
-def alternate_commands(series: list[tuple[str, int, Callable[[], tuple[float, Any]]]], expect: Any,
-                       what: str) -> list[list[float]]:
-    """``alternate_many`` for runs that time themselves (the command alone, not the checks after it):
-    each returns ``(seconds, result)``, the result must be ``expect``."""
-    times: list[list[float]] = [[] for _ in series]
-    for r in range(max(reps for _, reps, _ in series)):
-        line = f"  rep {r + 1}:"
-        for (name, reps, run), ts in zip(series, times, strict=True):
-            if r < reps:
-                t, got = run()
-                if got != expect:
-                    raise RuntimeError(f"{what}: {name} gave {got!r}, expected {expect!r}")
-                ts.append(t)
-                line += f" {name} {t:.3f} s"
-        log(line)
-    return times
+def self_timed(run: Callable[[], tuple[float, Any]]) -> tuple[float, Any]:
+    """``alternate_many``'s clock for runs that time themselves (the command alone, not the checks after it)."""
+    return run()
 
 
 def command(argv: list[str], **kw: Any) -> tuple[float, subprocess.CompletedProcess[str]]:
@@ -354,8 +341,8 @@ def reconnect_rows(ctx: Context, server: Any, train_url: str, rows: list[Row], n
         return run
 
     log(f"network: tarcat of {len(shards)} shards over HTTP, one cut per shard vs no faults")
-    t_cut, t_clean = alternate_commands([("cut", ctx.reps, over_http(True)), ("no faults", ctx.reps, over_http(False))],
-                                        want, "reconnect")
+    t_cut, t_clean = alternate_many([("cut", ctx.reps, over_http(True)), ("no faults", ctx.reps, over_http(False))],
+                                    want, "reconnect", clock=self_timed)
     cuts = len(sizes)
     per_cut = (statistics.median(t_cut) - statistics.median(t_clean)) / cuts
     rows.append(Row(f"`tarcat` of {cuts} shards over HTTP (loopback), each cut once midway: "
@@ -432,10 +419,10 @@ def raw_rows(ctx: Context, server: Any, rows: list[Row], notes: list[str]) -> No
         notes.append("raw rate over HTTP: skipped, no curl on PATH")
         return
     log(f"network: {big.name} ({gb:.2f} GB) over loopback HTTP: tarcat vs curl (and tarcat --prefetch 0, local)")
-    t_tarcat, t_curl, t_p0, t_local = alternate_commands(
+    t_tarcat, t_curl, t_p0, t_local = alternate_many(
         [("tarcat", ctx.reps, one_get(tarcat_run())), ("curl", ctx.reps, one_get(curl)),
          ("tarcat --prefetch 0", ctx.reps, one_get(tarcat_run("--prefetch", "0"))),
-         ("tarcat (local file)", ctx.reps, tarcat_run(source=str(big)))], size, "raw rate")
+         ("tarcat (local file)", ctx.reps, tarcat_run(source=str(big)))], size, "raw rate", clock=self_timed)
     ours, base = rate(gb, t_tarcat), rate(gb, t_curl)
     rows.append(Row(f"`tarcat URL -o /dev/null` of `{big.name}` ({gb:.2f} GB) over loopback HTTP, GB/s", ours, "GB/s",
                     "`curl -s URL -o /dev/null`", base, "≥ 0.8×", yes_no(ours >= 0.8 * base)))

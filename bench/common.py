@@ -285,15 +285,18 @@ def alternate(
     return ta, tb
 
 
-def alternate_many(series: list[tuple[str, int, Callable[[], Any]]], expect: Any, what: str) -> list[list[float]]:
+def alternate_many(series: list[tuple[str, int, Callable[[], Any]]], expect: Any, what: str,
+                   clock: Callable[[Callable[[], Any]], tuple[float, Any]] | None = None) -> list[list[float]]:
     """``alternate`` for any number of ``(name, reps, run)`` series, repetition by repetition: each
-    run must return ``expect``; returns the times of each series."""
+    run must return ``expect``; returns the times of each series. ``clock``: how a run is timed
+    (default ``timed``, the whole call; runs that time themselves return ``(seconds, result)``)."""
+    clock = clock or timed
     times: list[list[float]] = [[] for _ in series]
     for r in range(max(reps for _, reps, _ in series)):
         line = f"  rep {r + 1}:"
         for (name, reps, run), ts in zip(series, times, strict=True):
             if r < reps:
-                t, got = timed(run)
+                t, got = clock(run)
                 if got != expect:
                     raise RuntimeError(f"{what}: {name} gave {got!r}, expected {expect!r}")
                 ts.append(t)

@@ -58,6 +58,7 @@ from .errors import (
 )
 from .samples import Sample, _warn_stderr, group_keyed
 from .sources import is_fsspec_url, local_path, open_source
+from .sources.remote import url_to_fs
 from .tario import (
     BLOCK,
     DEFAULT_MAX_MEMBER_SIZE,
@@ -916,15 +917,7 @@ def _rebuild_command(shard: str, index_url: str | None) -> str:
 def _url_to_fs(url: str) -> tuple[Any, str]:
     if not is_fsspec_url(url):
         raise OptionError(f"{url}: not a file path or URL")
-    try:
-        import fsspec
-
-        fs, path = fsspec.core.url_to_fs(url)
-    except ImportError as e:
-        raise SourceError(f"no filesystem for this URL ({_short(e)})", url) from None
-    except Exception as e:
-        raise SourceError(f"cannot open: {_short(e)}", url) from None
-    return fs, path
+    return url_to_fs(url)
 
 
 def _short(e: BaseException) -> str:

@@ -319,7 +319,8 @@ def _reap(proc: subprocess.Popen[Any], url: str, early: bool) -> None:
         return
     status = proc.wait()
     if status != 0 and status != 141 and status != -signal.SIGPIPE:
-        raise SourceError(f"command exited with status {status}", url)
+        raise SourceError(f"command exited with status {status} (a pipe: command can't be read again from the byte "
+                          "it reached: give the URL itself to have failed reads retried)", url)
 
 
 def _regular_stdin(stream: Any) -> io.FileIO | None:

@@ -233,17 +233,21 @@ def _seconds(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _open_fsspec(url: str, offset: int, timeout: float | None) -> _Opened:
+def url_to_fs(url: str) -> tuple[Any, str]:
+    """fsspec's filesystem and path for a URL; ``SourceError`` naming it when there is none."""
     try:
         import fsspec
-    except ImportError:  # pragma: no cover - fsspec is a dependency
-        raise SourceError("reading URLs needs fsspec", url) from None
-    try:
+
         fs, path = fsspec.core.url_to_fs(url)
     except ImportError as e:
         raise SourceError(f"no filesystem for this URL ({describe(e)})", url) from None
-    except ValueError as e:
+    except Exception as e:
         raise SourceError(f"cannot open: {describe(e)}", url) from None
+    return fs, path
+
+
+def _open_fsspec(url: str, offset: int, timeout: float | None) -> _Opened:
+    fs, path = url_to_fs(url)
     try:
         f = fs.open(path, "rb")
     except FileNotFoundError as e:
