@@ -289,7 +289,8 @@ def read_samples(
         yield from _read_shards(url_list, prefetcher, network, on_error, dup, max_member_size, stats, warn, links,
                                 ignore_zeros, views, refs)
         return
-    with Prefetcher(lambda url, offset, budget: open_remote(url, offset, network, budget), network.prefetch) as ahead:
+    with Prefetcher(lambda url, offset, budget, end: open_remote(url, offset, network, budget, end),
+                    network.prefetch) as ahead:
         yield from _read_shards(url_list, ahead, network, on_error, dup, max_member_size, stats, warn, links,
                                 ignore_zeros, views, refs)
 
@@ -321,19 +322,19 @@ def _read_shards(
 
 def read_samples_from(
     url: str, offset: int, *, dup: str = "error", max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
-    network: Network | None = None, prefetcher: Prefetcher | None = None,
+    network: Network | None = None, prefetcher: Prefetcher | None = None, end: int | None = None,
 ) -> Iterator[Sample]:
     """The samples of one shard from the member header at byte ``offset`` on (an index gives it):
     a local file or a URL whose store takes range requests, read from there, not from the start.
-    Errors name the byte in the shard, as ``read_samples``'s do. ``network`` and ``prefetcher``
-    as for ``open_source``.
+    Errors name the byte in the shard, as ``read_samples``'s do. ``network``, ``prefetcher`` and
+    ``end`` (where the caller expects to stop) as for ``open_source``.
     """
     from .errors import TarFormatError
     from .sources import open_source
 
     _check_dup_policy(dup)
     stats = ReadStats()
-    with open_source(url, offset=offset, network=network, prefetcher=prefetcher) as stream:
+    with open_source(url, offset=offset, network=network, prefetcher=prefetcher, end=end) as stream:
         # the reader counts from where it started: the members' offsets, and its errors', are moved by offset
         members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats)
         placed = ((key, field, data, at + offset) for key, field, data, at in members)

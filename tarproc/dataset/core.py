@@ -42,7 +42,7 @@ from ..errors import (
 from ..index import COMPRESSED_SUFFIXES
 from ..samples import Sample, read_samples, read_samples_from
 from ..sources import Network, Prefetcher, expand_urls, is_fsspec_url, local_path, open_remote, shard_cache
-from ..sources.prefetch import DEPTH
+from ..sources.prefetch import DEPTH, Budget
 from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT, Identity, identify
 from ..stages import ShuffleBuffer, shuffle
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
@@ -697,7 +697,10 @@ class Dataset:
         if self._identities:  # no request for those; copies checked against a manifest's sha256
             shard_cache(self.network).learn(self._identities, self._digests)  # type: ignore[union-attr]
         network = self.network
-        with Prefetcher(lambda url, offset, budget: open_remote(url, offset, network, budget), network.prefetch) as ahead:
+        def open_raw(url: str, offset: int, budget: Budget, end: int | None) -> Any:
+            return open_remote(url, offset, network, budget, end)
+
+        with Prefetcher(open_raw, network.prefetch) as ahead:
             for i, part in enumerate(parts):
                 if part.parts == 1 and len(part.ranges) > 1 and self._offsets_of(part.url).offsets:
                     # what a resume left of a part: each stretch read from its first sample, not across the gaps
@@ -729,18 +732,18 @@ class Dataset:
     def _part_samples(self, part: Part, ahead: Prefetcher, following: Sequence[Part]) -> Iterator[Sample]:
         self._reading = part.url
         offset = self._offset(part.url, part.first) if part.first else None
-        samples: Iterator[Sample] | None = None
-        if offset is not None:  # an index is at hand: start at the part's first sample
-            samples = self._samples_from(part.url, offset, ahead)
-            start = part.first
-        if samples is None:
-            offset = None
+        end = self._end_byte(part)
+        samples: Iterator[Sample]
+        if offset is not None or end is not None:  # an index is at hand: from the part's first sample to its last
+            samples = read_samples_from(part.url, offset or 0, dup=self.dup, max_member_size=self.max_member_size,
+                                        network=self.network, prefetcher=ahead, end=end)
+        else:
             samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size,
                                    network=self.network, prefetcher=ahead)
-            start = 0
+        start = part.first if offset is not None else 0
         for next_part in following:
-            if is_fsspec_url(next_part.url):
-                ahead.schedule(next_part.url, self._start_byte(next_part))  # opened while this part is read
+            if is_fsspec_url(next_part.url):  # opened while this part is read
+                ahead.schedule(next_part.url, self._start_byte(next_part), self._end_byte(next_part))
         index = start - 1
         try:
             for index, sample in enumerate(samples, start):
@@ -781,21 +784,14 @@ class Dataset:
         offsets = self._offsets_of(part.url).offsets
         return offsets[part.first] if part.first < len(offsets) else 0
 
-    def _samples_from(self, url: str, offset: int, ahead: Prefetcher) -> Iterator[Sample] | None:
-        """The shard's samples from byte ``offset`` on; None where the store can't start there:
-        then, said once, its parts are read from the start."""
-        samples = read_samples_from(url, offset, dup=self.dup, max_member_size=self.max_member_size,
-                                    network=self.network, prefetcher=ahead)
-        try:
-            first = next(samples)  # opens the source: where a store can't start at a byte, it says so here
-        except StopIteration:
-            return iter(())
-        except SourceError as e:
-            _warn(f"{url}: can't start reading at byte {offset} ({e.message}); reading its parts from the start "
-                  "of the shard instead, skipping what they don't hold")
-            self._offsets[url] = _Offsets(array.array("q"), array.array("q"))
+    def _end_byte(self, part: Part) -> int | None:
+        """Where reading a part of a remote shard may stop, where an index gives it: the end of the
+        sample after its last (the reader reads one past the part to see it end); None: the shard's
+        end. A remote store is asked for no more (a part's reader reads on if it needs to)."""
+        if part.stop is None or (part.holds is not None and part.stop >= part.holds) or not is_fsspec_url(part.url):
             return None
-        return _pushed_back(first, samples)
+        offsets = self._offsets_of(part.url).offsets
+        return offsets[part.stop + 2] if part.stop + 2 < len(offsets) else None
 
     def _check_seek(self, url: str, index: int, sample: Sample) -> None:
         """The sample found where the index put sample ``index`` must be that sample (a shard
@@ -1011,15 +1007,6 @@ def _sample_offsets(url: str, count_source: str) -> _Offsets:
                     array.array("q", (hash(e.key) for e in index.entries)))
 
 
-def _pushed_back(first: Sample, rest: Iterator[Sample]) -> Iterator[Sample]:
-    """``first``, then ``rest``: a generator, so that closing it closes ``rest`` (and its source)."""
-    try:
-        yield first
-        yield from rest
-    finally:
-        rest.close()  # type: ignore[attr-defined]
-
-
 def _chunks(samples: Iterable[Sample], sizes: Iterable[int], refill: _Refill | None = None) -> Iterator[list[Sample]]:
     """Batches of the given sizes (the last one shorter when the samples run out, unless ``refill``
     fills it). After the last one, the samples are read to their end, where the reader checks the
@@ -1048,8 +1035,8 @@ class _Refill:
 
     def watch(self, samples: Iterable[Sample]) -> Iterator[Sample]:
         for sample in samples:
-            sample["__valid__"] = True
-            self.recent.append(sample)
+            sample.setdefault("__valid__", True)  # pad=True's padding is marked False already
+            self.recent.append(dict(sample))  # as read: map, handlers and the decoder change the batch's in place
             yield sample
 
     def copies(self, n: int) -> list[Sample]:

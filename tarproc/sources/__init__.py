@@ -249,13 +249,15 @@ class Source:
             return
         self._closed = True
         finish = getattr(self.raw, "finish", None)
-        if completed and finish is not None:
-            finish()
         early = not self._eof
         try:
-            self.raw.close()
-        except Exception:
-            pass
+            if completed and finish is not None:
+                finish()
+        finally:
+            try:
+                self.raw.close()
+            except Exception:
+                pass
         if self.proc is not None:
             _reap(self.proc, self.url, early)
 
@@ -354,7 +356,7 @@ def enlarge_pipe(fileobj: Any, size: int = 1 << 20) -> None:
 
 def open_source(
     url: str, *, stdin: IO[bytes] | None = None, on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
-    offset: int = 0, network: Network | None = None, prefetcher: Prefetcher | None = None,
+    offset: int = 0, network: Network | None = None, prefetcher: Prefetcher | None = None, end: int | None = None,
 ) -> Source:
     """Open a URL for reading; raises ``SourceError`` naming it when it can't be opened.
 
@@ -363,7 +365,8 @@ def open_source(
     reading at that byte of a local file or of a URL whose store takes range requests (not stdin
     or ``pipe:``; the stream's bytes are counted from there). Remote URLs are read as ``network``
     says (default: ``remote.settings()``): retries, read-ahead, the shard cache; ``prefetcher``:
-    one that may have opened this source already (``read_samples`` and the Dataset's readers).
+    one that may have opened this source already (``read_samples`` and the Dataset's readers);
+    ``end``: where the reader expects to stop in a remote URL (a hint: it may read on).
     """
     if offset and (url == "-" or url.startswith("pipe:")):
         raise SourceError(f"can't start reading at byte {offset}: stdin and pipe: commands can only be read from the start", url)
@@ -405,24 +408,29 @@ def open_source(
             f.seek(offset)
         return Source(url, f)
     if prefetcher is None:
-        return Source(url, open_remote(url, offset, network))
+        return Source(url, open_remote(url, offset, network, end=end))
     raw = prefetcher.take(url, offset)
-    return Source(url, raw if raw is not None else open_remote(url, offset, network, prefetcher.budget))
+    return Source(url, raw if raw is not None else open_remote(url, offset, network, prefetcher.budget, end))
 
 
-def open_remote(url: str, offset: int = 0, network: Network | None = None, budget: Budget | None = None) -> Any:
+def open_remote(url: str, offset: int = 0, network: Network | None = None, budget: Budget | None = None,
+                end: int | None = None) -> Any:
     """The raw stream of a remote URL from byte ``offset`` on, for a ``Source``: the shard cache's
     copy when it has this version, else the store's bytes (retried, reconnected at the byte reached,
     read ahead by a thread within ``budget``, a ``Prefetcher``'s, shared with the shards opened
-    ahead, else ``network.prefetch`` bytes, and copied into the cache when read from the start)."""
+    ahead, else ``network.prefetch`` bytes, and copied into the cache when read from the start).
+    ``end``: where the reader expects to stop (``RemoteReader``: nothing further is asked for)."""
     network = network if network is not None else remote.settings()
     cache = shard_cache(network)
     if cache is not None:
         # its version: learned before (the Dataset asks for all at once, at its start), else a HEAD request
         hit = cache.lookup(url, cache.known.get(url) or remote.identify(url, network.timeout))
         if hit is not None:
-            return _open_at(hit, offset)
-    raw: Any = remote.RemoteReader(url, offset, network)
+            try:
+                return _open_at(hit, offset)
+            except OSError:  # evicted since: read the store
+                pass
+    raw: Any = remote.RemoteReader(url, offset, network, end=end)
     if network.prefetch:
         raw = Ahead(raw, network.prefetch, budget)
     if cache is not None and offset == 0 and raw.identity is not None:

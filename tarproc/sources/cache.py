@@ -67,9 +67,10 @@ class ShardCache:
         try:
             if os.stat(path).st_size != identity.size:
                 return None
-            os.utime(path)  # last used now (the eviction order)
         except OSError:
             return None
+        with contextlib.suppress(OSError):  # a cache shared read-only is read all the same
+            os.utime(path)  # last used now (the eviction order)
         self.hits += 1
         return path
 
@@ -97,9 +98,14 @@ class ShardCache:
         except OSError:
             os.close(lock)
             return None  # another process fills it now
-        if os.path.exists(os.path.join(self.root, name)):  # filled while we looked
-            os.close(lock)
-            return None
+        final = os.path.join(self.root, name)
+        try:
+            if os.stat(final).st_size == identity.size:  # filled while we looked
+                os.close(lock)
+                return None
+            os.unlink(final)  # damaged (cut short on disk): filled again
+        except OSError:
+            pass
         self._remove_leftovers(name)
         tmp = os.path.join(self.root, ".tmp", f"{name}.{os.getpid()}.{secrets.token_hex(4)}")
         try:

@@ -117,8 +117,8 @@ def _transient(e: BaseException) -> bool:
         return False
     import socket
 
-    if isinstance(e, socket.gaierror):  # a name that doesn't resolve won't start to
-        return False
+    if isinstance(e, socket.gaierror):  # a name that doesn't resolve won't start to; a busy resolver may
+        return e.errno == socket.EAI_AGAIN
     return isinstance(e, Exception)
 
 
@@ -131,13 +131,14 @@ class _Opened(NamedTuple):
     identity: Identity | None
 
 
-def _open_http(url: str, offset: int, timeout: float | None) -> _Opened:
+def _open_http(url: str, offset: int, timeout: float | None, window: int | None = None) -> _Opened:
+    """``url``'s bytes from ``offset`` on, up to ``window`` (exclusive) when given."""
     import urllib.error
     import urllib.request
 
     headers = {"User-Agent": "tarproc", "Accept-Encoding": "identity"}
-    if offset:
-        headers["Range"] = f"bytes={offset}-"
+    if offset or window is not None:
+        headers["Range"] = f"bytes={offset}-{window - 1 if window is not None else ''}"
     request = urllib.request.Request(url, headers=headers)
     try:
         response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - the user's URL
@@ -171,8 +172,8 @@ def _open_http(url: str, offset: int, timeout: float | None) -> _Opened:
         total = int(length)
     stamp = response.headers.get("ETag") or response.headers.get("Last-Modified")
     stream: Any = response
-    if url.startswith("http://") and not response.chunked and response.length:
-        stream = _SocketBody(response, timeout)
+    if response.geturl().startswith("http://") and not response.chunked and response.length:  # not after a
+        stream = _SocketBody(response, timeout)  # redirect to https: the socket holds TLS records there
     return _Opened(stream, start, Identity(total, stamp) if total is not None else None)
 
 
@@ -246,7 +247,7 @@ def url_to_fs(url: str) -> tuple[Any, str]:
     return fs, path
 
 
-def _open_fsspec(url: str, offset: int, timeout: float | None) -> _Opened:
+def _open_fsspec(url: str, offset: int, timeout: float | None, window: int | None = None) -> _Opened:
     fs, path = url_to_fs(url)
     try:
         f = fs.open(path, "rb")
@@ -300,12 +301,18 @@ class RemoteReader:
 
     ``read(n)`` returns at most ``n`` bytes, ``b""`` at the end; ``pos`` is the next byte's place in
     the object. ``identity`` (size and ETag) is what the first answer said, None if it said no size.
+    ``end``: where the reader expects to stop (exclusive): an HTTP server is asked for the bytes up
+    to there only, and asked again for the rest if the reader goes on past it.
     """
 
     def __init__(self, url: str, offset: int = 0, network: Network | None = None,
-                 warn: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+                 warn: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep,
+                 end: int | None = None) -> None:
         self.url = url
         self.pos = offset
+        self.end = end if end is not None and end > offset else None
+        self._window: int | None = None  # the end of what the open request asked (None: the object's)
+        self._cancelled = False
         self.network = network if network is not None else _settings
         self.warn = warn if warn is not None else warn_stderr
         self.sleep = sleep
@@ -318,8 +325,10 @@ class RemoteReader:
 
     def _open(self) -> None:
         opener = _open_http if self._http else _open_fsspec
-        opened = opener(self.url, self.pos, self.network.timeout)
+        window = self.end if self._http and self.end is not None and self.pos < self.end else None
+        opened = opener(self.url, self.pos, self.network.timeout, window)
         stream = opened.stream
+        self._window = window if opened.start == self.pos else None  # a server ignoring ranges sends all
         if self.identity is None:
             self.identity = opened.identity
         elif opened.identity is not None and opened.identity != self.identity:
@@ -357,6 +366,8 @@ class RemoteReader:
                     raise
                 if isinstance(e, SourceError):
                     raise
+                if self._cancelled:  # closed by a read-ahead's reader: no more attempts
+                    raise SourceError(f"closed while reading byte {self.pos}", self.url) from None
                 doing = "open failed" if opening else "read failed"
                 if not _transient(e) or (first_open and isinstance(e, ConnectionRefusedError)):
                     # nothing listens there (yet a refusal later, mid-shard, is a server restarting)
@@ -386,10 +397,21 @@ class RemoteReader:
         return data
 
     def _read_some(self, n: int) -> bytes:
+        if self._window is not None:
+            if self.pos >= self._window:  # the reader goes on past the end it gave: ask for the rest
+                self.end = self._window = None
+                self._drop()
+                self._open()
+            else:
+                n = min(n, self._window - self.pos)
         data = self._stream.read(n)
         if not data and self.identity is not None and self.pos < self.identity.size:
             raise _Transient(f"the connection ended at byte {self.pos} of {self.identity.size:,}")
         return bytes(data)
+
+    def cancel(self) -> None:
+        """No more attempts: a failed read raises at once (another thread is closing this stream)."""
+        self._cancelled = True
 
     def _drop(self) -> None:
         stream, self._stream = self._stream, None

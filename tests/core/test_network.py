@@ -17,7 +17,7 @@ from tarproc.dataset import Dataset
 from tarproc.errors import OptionError, SourceError
 from tarproc.sources import Network
 from tarproc.sources.cache import DRAIN_MAX, ShardCache, Tee
-from tarproc.sources.prefetch import Ahead, Prefetcher
+from tarproc.sources.prefetch import Ahead, Budget, Prefetcher
 from tarproc.sources.remote import Identity
 
 
@@ -73,7 +73,7 @@ def test_prefetcher_opens_in_the_background_and_closes_what_is_not_taken() -> No
     opened: list[tuple[str, int]] = []
     raws: dict[str, Pieces] = {}
 
-    def open_raw(url: str, offset: int, budget: Any) -> Pieces:
+    def open_raw(url: str, offset: int, budget: Any, end: int | None) -> Pieces:
         if url == "missing":
             raise SourceError("not found", url)
         opened.append((url, offset))
@@ -87,8 +87,7 @@ def test_prefetcher_opens_in_the_background_and_closes_what_is_not_taken() -> No
         assert ahead.take("a", 0).read() == b"a"
         assert ahead.take("a", 0) is None  # taken once
         assert ahead.take("b", 0) is None  # not what was scheduled: opened as usual by the caller
-        with pytest.raises(SourceError, match="not found"):
-            ahead.take("missing")
+        assert ahead.take("missing") is None  # its opening failed: opened again by the reader, with fresh retries
     assert raws["b"].closed.wait(5)
     assert sorted(opened) == [("a", 0), ("b", 7)]
 
@@ -155,3 +154,32 @@ def test_a_cache_that_cannot_be_written_is_said_once_and_reading_goes_on(tmp_pat
     assert cache.fill("http://h/a", identity(b"x")) is None
     assert cache.fill("http://h/b", identity(b"x")) is None
     assert len(said) == 1 and "reading without the cache" in said[0]
+
+
+def test_read_ahead_closed_mid_read_gives_its_budget_back() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(Pieces):
+        def read(self, n: int = -1) -> bytes:
+            started.set()
+            release.wait(5)
+            return b"x" * 1000
+
+    budget = Budget(10_000)
+    ahead = Ahead(Slow([]), 0, budget)
+    assert started.wait(5)
+    ahead.close()  # while its thread is in a read
+    release.set()
+    ahead._thread.join(5)
+    assert budget.held == 0
+
+
+def test_a_damaged_entry_is_filled_again(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path))
+    data = os.urandom(3000)
+    fill(cache, "http://h/a.tar", data)
+    path = cache.lookup("http://h/a.tar", identity(data))
+    assert path is not None
+    Path(path).write_bytes(data[:10])
+    fill(cache, "http://h/a.tar", data)
+    assert Path(cache.lookup("http://h/a.tar", identity(data)) or "").read_bytes() == data

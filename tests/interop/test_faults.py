@@ -204,7 +204,7 @@ def test_a_dataset_in_dataloader_workers_over_cut_connections(data, server):
 
 
 def test_skip_shard_counts_says_and_fills_in_what_an_epoch_lost(data, server, capfd):
-    server.cut("/train-2.tar", after=size(data, 2) // 2)
+    server.cut("/train-2.tar", after=size(data, 2) // 3, times=2)  # read ahead, then by the reader
     ds = Dataset(urls(server), batch_size=16, to_tuple=("__key__", "__valid__"), tensors="numpy", retries=0,
                  on_error="skip-shard", part_size=None)
     steps = len(ds)
@@ -221,7 +221,7 @@ def test_skip_shard_counts_says_and_fills_in_what_an_epoch_lost(data, server, ca
 
 
 def test_without_skip_shard_a_failed_read_ends_the_epoch_with_the_error(data, server):
-    server.cut("/train-2.tar", after=size(data, 2) // 2)
+    server.cut("/train-2.tar", after=size(data, 2) // 3, times=2)  # read ahead, then by the reader
     ds = Dataset(urls(server), batch_size=16, to_tuple=("__key__",), tensors="numpy", retries=0)
     with pytest.raises(tarproc.SourceError, match=r"train-2.tar: read failed at byte \d+"):
         keys_of(ds)
@@ -273,7 +273,7 @@ def test_the_second_epoch_reads_the_cache_and_not_the_server(data, server, tmp_p
 
 def test_a_cut_never_leaves_an_entry(ix, data, server, tmp_path):
     cache = tmp_path / "cache"
-    server.cut("/train-1.tar", after=size(data, 1) // 2)
+    server.cut("/train-1.tar", after=size(data, 1) // 3, times=2)  # read ahead, then by the reader
     r = ix.run(ix.tarcat, ["--retries", "0", "--cache", cache, *urls(server)])
     assert r.exit_code == 1
     assert set(entries(cache)) == {urls(server)[0]} and leftovers(cache) == []
@@ -363,3 +363,32 @@ def test_a_copy_that_does_not_match_the_manifest_sha256_is_not_kept(data, server
     assert keys_of(ds) == all_keys()
     assert set(entries(cache)) == {u for i, u in enumerate(urls(server)) if i != 2} and leftovers(cache) == []
     assert f"{urls(server)[2]}: its sha256 is " in capfd.readouterr().err
+
+
+def test_parts_ask_the_store_for_their_bytes_only(data, server):
+    """With an index beside each shard a part is a range request that ends past its last sample,
+    not an open-ended one whose rest the read-ahead would fetch for nothing."""
+    ds = Dataset(urls(server), batch_size=16, shuffle=30, to_tuple=("__key__",), tensors="numpy", part_size=10)
+    assert keys_of(ds) == all_keys()
+    gets = [g for s in range(SHARDS) for g in server.gets(f"/train-{s}.tar")]
+    assert any(g.range and not g.range.endswith("-") for g in gets)  # bytes=a-b
+    assert sum(g.sent for g in gets) < 1.3 * sum(size(data, s) for s in range(SHARDS))
+
+
+def test_skip_shard_keeps_padding_marked_and_copies_as_read(data, server):
+    """Fill-ins are copies of samples as read (a map that changes samples in place runs on them
+    once), and pad=True's padding stays marked not valid."""
+    server.cut("/train-2.tar", after=size(data, 2) // 3, times=2)
+
+    def bump(sample: dict[str, Any]) -> dict[str, Any]:
+        sample["mapped"] = sample.get("mapped", 0) + 1  # in place
+        return sample
+
+    ds = Dataset(urls(server), batch_size=16, to_tuple=("mapped", "__valid__"), tensors="numpy", retries=0,
+                 on_error="skip-shard", part_size=None, map=bump, pad=True, rank=1, world_size=3)
+    rows = [(m, v) for mapped, valid in ds for m, v in zip(mapped.tolist(), valid.tolist(), strict=True)]
+    assert ds.lost > 0 and {m for m, _ in rows} == {1}  # mapped once, the copies too
+    fair = Dataset(urls(server), batch_size=16, to_tuple=("cls", "__valid__"), tensors="numpy", pad=True, rank=1,
+                   world_size=3)
+    padding = sum(not v for _, valid in fair for v in valid.tolist())
+    assert padding > 0 and sum(not v for _, v in rows) == padding + ds.lost
