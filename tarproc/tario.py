@@ -1308,7 +1308,10 @@ class TarWriter:
 
     def _add(self, name: str, data: MemberData) -> None:
         """The Python writer (the reference): one member."""
-        raw = name.encode("utf-8", "surrogateescape")
+        try:
+            raw = name.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as e:
+            raise SampleError(f"member name {name!r} cannot be written: {_lone_surrogate(e)}") from None
         if not raw:
             raise ValueError("empty member name")
         if 0 in raw:
@@ -1424,6 +1427,11 @@ def _as_bytes_like(data: Any) -> MemberData:
     return view
 
 
+def _lone_surrogate(e: UnicodeEncodeError) -> str:
+    return (f"it holds the lone surrogate {e.object[e.start]!r} (character {e.start}), which no UTF-8 name can "
+            "carry")
+
+
 def check_key(key: Any) -> None:
     """Raise ``SampleError`` unless ``key`` reads back as the same key under the key rule.
 
@@ -1434,6 +1442,10 @@ def check_key(key: Any) -> None:
         raise SampleError(f"sample key {key!r} is not a non-empty string", key=str(key))
     if "\x00" in key:
         raise SampleError(f"sample key {key!r} cannot be written: tar names end at a NUL byte", key=key)
+    try:
+        key.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise SampleError(f"sample key {key!r} cannot be written: {_lone_surrogate(e)}", key=key) from None
     if key.startswith("./"):
         raise SampleError(f"sample key {key!r} cannot be written: readers drop a leading './' from keys", key=key)
     base = key[key.rfind("/") + 1 :]

@@ -219,6 +219,22 @@ def warn(message: str) -> None:
 # option bundles
 
 
+MAX_PROCESSES = 4096  # -p, -j and the like
+MAX_C_INT = 2**31 - 1  # what libzmq's options take
+
+
+class _Number(click.IntRange):
+    def _describe_range(self) -> str:
+        return f"x>={self.min}" if self.max == sys.maxsize else super()._describe_range()
+
+
+def number(low: int = 0, high: int = sys.maxsize) -> click.IntRange:
+    """An integer option's type, bounded: past ``sys.maxsize`` no count, index or buffer means
+    anything, and a bigger number is a usage error here, not an internal one later (the help
+    shows the bound only where it is smaller)."""
+    return _Number(min=low, max=high)
+
+
 class SizeParam(click.ParamType):
     name = "SIZE"
 
@@ -331,7 +347,7 @@ def network_params(read_ahead: bool = True, timeout_flag: str = "--timeout") -> 
     its commands), read-ahead (``read_ahead``: a --prefetch, for the commands that read one shard
     at a time), the shard cache (``sources.Network``)."""
     options = [
-        click.option("--retries", type=click.IntRange(min=0), default=DEFAULT_RETRIES, show_default=True,
+        click.option("--retries", type=number(0), default=DEFAULT_RETRIES, show_default=True,
                      help="Remote inputs: attempts after a failed read (a reset, a timeout, a 5xx); each goes on at "
                           "the byte reached (a range request), after a growing wait."),
         click.option(timeout_flag, "read_timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
@@ -417,12 +433,12 @@ output_option = click.option(
 """-o/--output of the commands that write one tar stream."""
 
 count_option = click.option(
-    "-c", "--count", type=click.IntRange(min=0), default=None, help="Stop after this many samples."
+    "-c", "--count", type=number(0), default=None, help="Stop after this many samples."
 )
 """-c/--count: stop after this many samples."""
 
 shuffle_option = click.option(
-    "--shuffle", "shuffle_size", type=click.IntRange(min=1), default=None, metavar="N",
+    "--shuffle", "shuffle_size", type=number(1), default=None, metavar="N",
     help="Shuffle with a buffer of N samples (filled before the first output).",
 )
 """--shuffle N: a shuffle buffer; the command gets ``shuffle_size``."""
@@ -536,13 +552,13 @@ def _decode_params(processes: tuple[str, ...], seed_help: str = "Seed of random 
     return [
         click.option("--device", "--decode", "device", type=click.Choice(DEVICES), default="auto", show_default=True,
                      help="Backend: cpu (libjpeg-turbo/Pillow), dali-cpu or gpu (NVIDIA DALI); auto = gpu if present."),
-        click.option("-b", "--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
+        click.option("-b", "--batch-size", type=number(1), default=64, show_default=True,
                      help="Images per batch."),
-        click.option(*processes, "processes", type=click.IntRange(min=1), default=1, show_default=True,
+        click.option(*processes, "processes", type=number(1, MAX_PROCESSES), default=1, show_default=True,
                      help="cpu: decoding processes; dali-cpu/gpu: DALI threads."),
-        click.option("--size", type=click.IntRange(min=1), default=None, metavar="N",
+        click.option("--size", type=number(1), default=None, metavar="N",
                      help="Output N x N: centre crop after --resize, or random resized crop."),
-        click.option("--resize", type=click.IntRange(min=0), default=None, metavar="S",
+        click.option("--resize", type=number(0), default=None, metavar="S",
                      help="Scale the shorter side to S [default with --size: N*8/7; 0 = no resize]."),
         click.option("--random-crop", is_flag=True, help="Random resized crop (torchvision's) to --size."),
         click.option("--scale", metavar="LO,HI", help="Area fraction range of --random-crop [default: 0.08,1]."),
@@ -553,7 +569,7 @@ def _decode_params(processes: tuple[str, ...], seed_help: str = "Seed of random 
                      help="Rotate by a random angle in [-DEG, DEG] before cropping (RandomRotation)."),
         click.option("--jitter", metavar="B,C,S,H",
                      help="Colour jitter: brightness, contrast, saturation, hue ranges (ColorJitter), e.g. 0.4,0.4,0.4,0.1."),
-        click.option("--max-pixels", type=click.IntRange(min=1), default=8192 * 8192, show_default="8192x8192",
+        click.option("--max-pixels", type=number(1), default=8192 * 8192, show_default="8192x8192",
                      metavar="N", help="Largest image (width x height, from its header) decoded; a bigger one is "
                      "an error naming it, before its pixels are allocated."),
         click.option("--mean", metavar="R,G,B", help="Normalize: subtract this mean (0..1 scale; 'imagenet')."),
@@ -591,7 +607,7 @@ def transport_options(sending: bool) -> Callable[[F], F]:
 
     def options() -> list[Callable[[Any], Any]]:
         both = [
-            click.option("--hwm", type=click.IntRange(min=1), default=DEFAULT_HWM, show_default=True, metavar="N",
+            click.option("--hwm", type=number(1, MAX_C_INT), default=DEFAULT_HWM, show_default=True, metavar="N",
                          help="High-water mark: batches queued per connection before "
                               + ("sending waits (PUB: drops)." if sending else "the sender waits.")),
             click.option("--curve-keys", "curve", type=click.Path(file_okay=False), default=None, metavar="DIR",

@@ -12,7 +12,7 @@ from ..sinks import open_sink
 from ..stages import slice_samples
 from ..tables import TABLE_FORMATS, RowExtractor, default_columns, format_for_name, format_table, parse_columns
 from ..tario import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, count_option, input_options, progress
+from .common import ReadOptions, TarprocCommand, common_options, count_option, input_options, number, progress
 
 EPILOG = """\b
 Examples:
@@ -49,7 +49,7 @@ tarcreate reads all three back exactly.
 @click.option("--noheader", "noheader", is_flag=True, hidden=True)
 @click.option("--strict", is_flag=True, help="A sample missing a column is an error naming its key.")
 @count_option
-@click.option("--skip", type=click.IntRange(min=0), default=0, help="Skip this many input samples first.")
+@click.option("--skip", type=number(0), default=0, help="Skip this many input samples first.")
 @click.option("-o", "--output", default="-", show_default=True, metavar="URL",
               help="Where to write: '-' (stdout), a path (compressed by suffix, e.g. .tsv.gz) or a URL.")
 @common_options

@@ -18,6 +18,7 @@ from .common import (
     common_options,
     count_option,
     input_options,
+    number,
     output_option,
     progress,
     report_stats,
@@ -47,7 +48,7 @@ An input listed more than once (to oversample it) repeats its samples' keys: giv
 @input_options
 @output_option
 @count_option
-@click.option("--skip", type=click.IntRange(min=0), default=0, help="Skip this many input samples first.")
+@click.option("--skip", type=number(0), default=0, help="Skip this many input samples first.")
 @click.option("--slice", "slice_spec", metavar="LO:HI[:STEP]", help="Keep input samples LO..HI-1 every STEP.")
 @click.option("-f", "--fields", metavar="SPEC",
               help="Keep and rename fields: 'image:jpg,jpeg,png cls' keeps cls and the first of jpg/jpeg/png as image.")

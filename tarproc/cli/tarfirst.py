@@ -11,7 +11,7 @@ from ..first import find_member, make_matcher
 from ..sinks import open_sink, stdout_is_terminal
 from ..sniff import is_text, sniff_type
 from ..tario import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, input_options, say
+from .common import ReadOptions, TarprocCommand, common_options, input_options, number, say
 
 EPILOG = """\b
 Examples:
@@ -34,7 +34,7 @@ not written to a terminal unless --force. Nothing matching: exit 1 with a messag
               help="Field alternatives, e.g. 'jpg;jpeg;png' [default: common image types, unless --regex].")
 @click.option("--key", metavar="KEY", help="Only members of the sample with this key.")
 @click.option("--regex", metavar="RE", help="Only members whose name (KEY.FIELD) matches this regex (re.search).")
-@click.option("-n", "--nth", "nth", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+@click.option("-n", "--nth", "nth", type=number(1), default=1, show_default=True, metavar="N",
               help="Write the N-th match.")
 @click.option("-o", "--output", default="-", show_default=True, metavar="URL",
               help="Where to write: '-' (stdout), a path or a URL; the bytes as they are.")

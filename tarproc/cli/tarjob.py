@@ -29,7 +29,7 @@ from ..jobs.run import (
 from ..jobs.spec import check_command, format_index_list, load_shards, parse_index_list, shard_argv
 from ..jobs.status import JobStatus, describe, job_status
 from ..sinks import write_atomically
-from .common import CONTEXT_SETTINGS, TarprocCommand, common_options, say, warn
+from .common import CONTEXT_SETTINGS, MAX_PROCESSES, TarprocCommand, common_options, number, say, warn
 
 EPILOG = """\b
 Examples:
@@ -65,14 +65,14 @@ with -q, that list alone. Given after --, COMMAND counts only its own records.
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS]...")
 @click.option("-s", "--spec", required=True, metavar="SPEC",
               help="Shard ids: a brace expression '{0000..0999}', @FILE (one id a line) or a glob of paths.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("-j", "--jobs", type=number(1, MAX_PROCESSES), default=None, metavar="N",
               help="Shards run at once (local pool, --dask local workers, Kubernetes parallelism, "
                    "Slurm %N)  [default: number of CPUs; on clusters: no limit].")
 @click.option("--shell", is_flag=True, help="Run COMMAND (one string) with bash -c; {} becomes the quoted id.")
 @click.option("--journal", default=DEFAULT_JOURNAL, show_default=True, metavar="FILE",
               help="JSON lines, one per attempt; shards recorded as ok are skipped on a re-run.")
 @click.option("--force", is_flag=True, help="Run every shard, even those the journal has as done.")
-@click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True, metavar="N",
+@click.option("--retries", type=number(0), default=2, show_default=True, metavar="N",
               help="Run a failed shard up to N more times.")
 @click.option("--backoff", type=click.FloatRange(min=0), default=5.0, show_default=True, metavar="SEC",
               help="Wait SEC before the first retry, twice that before the second, and so on.")
@@ -85,7 +85,7 @@ with -q, that list alone. Given after --, COMMAND counts only its own records.
 @click.option("--dry-run", is_flag=True, help="Print the commands that would run, one per line; run nothing.")
 @click.option("--dask", metavar="ADDRESS",
               help="Run on a Dask cluster (tcp://host:8786), or 'local': a LocalCluster of -j workers.")
-@click.option("--index", "index", type=click.IntRange(min=0), default=None, metavar="I",
+@click.option("--index", "index", type=number(0), default=None, metavar="I",
               help="Run only shard number I of SPEC, here (what cluster tasks run).")
 @click.option("--k8s-manifest", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Write a Kubernetes Indexed Job to FILE (needs --image); run nothing.")

@@ -11,12 +11,14 @@ from ..pcat import DEFAULT_PREFETCH, DEFAULT_PREFETCH_BYTES, DEFAULT_READERS, OR
 from ..stages import shuffle, slice_samples
 from ..tario import ReadStats
 from .common import (
+    MAX_PROCESSES,
     SIZE,
     ReadOptions,
     TarprocCommand,
     WriteOptions,
     common_options,
     count_option,
+    number,
     output_option,
     parallel_input_options,
     progress,
@@ -48,10 +50,10 @@ exactly once. --shuffle then mixes further with a buffer of N samples.
 @click.command("tarpcat", cls=TarprocCommand, epilog=EPILOG)
 @parallel_input_options
 @output_option
-@click.option("-p", "--readers", type=click.IntRange(min=1), default=DEFAULT_READERS, show_default=True,
+@click.option("-p", "--readers", type=number(1, MAX_PROCESSES), default=DEFAULT_READERS, show_default=True,
               help="Shards read at once. 4 hides the latency of http/s3 shards and keeps a 2-core machine "
                    "busy; raise it for slow, high-latency stores.")
-@click.option("--prefetch", type=click.IntRange(min=1), default=DEFAULT_PREFETCH, show_default=True, metavar="N",
+@click.option("--prefetch", type=number(1), default=DEFAULT_PREFETCH, show_default=True, metavar="N",
               help="Samples read ahead per shard being read.")
 @click.option("--prefetch-bytes", type=SIZE, default=DEFAULT_PREFETCH_BYTES, show_default="2MiB",
               help="Bytes read ahead per shard being read (all buffers together: up to about 4 x -p x this).")

@@ -13,11 +13,13 @@ from ..process import ON_JOB_ERROR, JobStats, map_samples, shell_samples
 from ..sniff import escape_text
 from ..tario import ReadStats
 from .common import (
+    MAX_PROCESSES,
     ReadOptions,
     TarprocCommand,
     WriteOptions,
     common_options,
     job_input_options,
+    number,
     output_option,
     progress,
     say,
@@ -58,9 +60,9 @@ def _names(values: tuple[str, ...]) -> list[str]:
 @click.option("--map", "function", metavar="MODULE:FUNCTION",
               help="Python function applied to each sample dict in worker processes (instead of -c); "
                    "also path/to/file.py:function.")
-@click.option("-p", "--procs", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("-p", "--procs", type=number(1, MAX_PROCESSES), default=None, metavar="N",
               help="Jobs run at the same time  [default: number of CPUs].")
-@click.option("--window", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("--window", type=number(1), default=None, metavar="N",
               help="Most samples in flight or waiting for an earlier one to finish  "
                    "[default: 4 x procs; 64 x procs with --map].")
 @click.option("--unordered", is_flag=True, help="Write samples as they finish, not in input order.")

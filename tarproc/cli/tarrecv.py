@@ -17,9 +17,11 @@ from ..transport.collect import check_output, write_received
 from ..transport.receiver import MIN_RATE_SECONDS
 from ..transport.wire import Batch
 from .common import (
+    MAX_PROCESSES,
     TarprocCommand,
     WriteOptions,
     common_options,
+    number,
     say,
     transport_options,
     warn,
@@ -60,8 +62,8 @@ as lost; with -o that is an error, and nothing is left under the output name.
 @click.argument("urls", nargs=-1, required=True, metavar="URL...")
 @click.option("-o", "--output", default=None, metavar="URL",
               help="Write the received samples as a tar here ('-' = stdout) instead of printing rates.")
-@click.option("--count", type=click.IntRange(min=1), default=None, metavar="N", help="Stop after N batches.")
-@click.option("--senders", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("--count", type=number(1), default=None, metavar="N", help="Stop after N batches.")
+@click.option("--senders", type=number(1, MAX_PROCESSES), default=None, metavar="N",
               help="Wait for N sender processes to finish [default: all of the groups heard from].")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, metavar="SECONDS",
               help="Seconds between rate lines.")

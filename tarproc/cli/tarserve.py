@@ -8,11 +8,13 @@ from ..errors import OptionError
 from ..transport.serve import LAST_BATCH, ServeConfig, serve
 from ..transport.urls import is_zmq_url
 from .common import (
+    MAX_PROCESSES,
     DecodeOptions,
     ReadOptions,
     TarprocCommand,
     common_options,
     decode_input_options,
+    number,
     progress,
     say,
     server_decode_options,
@@ -63,10 +65,10 @@ resumes there (the stream is the same: shuffles and batches come from --seed).
 @click.option("--to", "destinations", multiple=True, metavar="URL",
               help="Where to send: zpush://host:port (default pattern), zpub://…, +ipc; repeatable.")
 @click.option("--raw", is_flag=True, help="Send the encoded fields unchanged; decode nothing.")
-@click.option("-p", "--senders", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("-p", "--senders", type=number(1, MAX_PROCESSES), default=1, show_default=True,
               help="Sender processes, each reading its share of the shards (and decoding them); "
                    "at most one per shard.")
-@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True, help="Passes over the shards.")
+@click.option("--epochs", type=number(1), default=1, show_default=True, help="Passes over the shards.")
 @click.option("--repeat", is_flag=True, help="Pass over the shards until stopped (instead of --epochs).")
 @click.option("--shuffle-shards", is_flag=True, help="Shuffle the shard order every epoch (see --seed).")
 @shuffle_option

@@ -39,7 +39,7 @@ from ..sinks import open_sink
 from ..sniff import escape_text
 from ..stages import parse_fields, slice_samples
 from ..tario import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, input_options, progress, say, warn
+from .common import ReadOptions, TarprocCommand, common_options, input_options, number, progress, say, warn
 
 EPILOG = """\b
 Examples:
@@ -67,13 +67,13 @@ colour half blocks elsewhere; --view-protocol overrides it.
 
 @click.command("tarshow", cls=TarprocCommand, epilog=EPILOG)
 @input_options
-@click.option("-c", "--count", type=click.IntRange(min=0), default=None,
+@click.option("-c", "--count", type=number(0), default=None,
               help="Show this many samples (--grid: this many images, default 16).")
-@click.option("--skip", type=click.IntRange(min=0), default=0, help="Skip this many samples first.")
+@click.option("--skip", type=number(0), default=0, help="Skip this many samples first.")
 @click.option("-f", "--fields", metavar="SPEC",
               help="Fields to show, e.g. 'jpg,png cls' (first present of jpg/png, and cls); for --grid and "
                    "--view the image fields.")
-@click.option("-w", "--width", type=click.IntRange(min=0), default=DEFAULT_WIDTH, show_default=True,
+@click.option("-w", "--width", type=number(0), default=DEFAULT_WIDTH, show_default=True,
               help="Cut previews to this many characters (0: no limit).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per sample (with --summary: one document); UTF-8, see below.")
 @click.option("--summary", is_flag=True,
@@ -81,7 +81,7 @@ colour half blocks elsewhere; --view-protocol overrides it.
 @click.option("--strict", is_flag=True, help="--summary: exit with status 1 if it finds problems, naming them.")
 @click.option("--grid", metavar="PATH",
               help="Write a contact sheet of images (format by suffix: .png, .jpg, .webp...; '-' = PNG to stdout).")
-@click.option("--columns", type=click.IntRange(min=1), default=None, help="--grid: columns [default: a square].")
+@click.option("--columns", type=number(1), default=None, help="--grid: columns [default: a square].")
 @click.option("--thumb", type=click.IntRange(min=16, max=4096), default=160, show_default=True, metavar="PX",
               help="--grid: thumbnail size in pixels.")
 @click.option("--view", is_flag=True, help="Show images in the terminal after each sample's fields.")

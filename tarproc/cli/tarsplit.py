@@ -17,6 +17,7 @@ from .common import (
     common_options,
     format_stats,
     input_options,
+    number,
     progress,
     say,
     stats_option,
@@ -54,9 +55,9 @@ first, and -v says which one closed each shard.
 @click.option("-s", "--maxsize", type=SIZE, default=None,
               help="Close a shard before it would pass SIZE bytes of tar (headers and padding counted): "
                    "1e9, 1G, 500MB, 64MiB.")
-@click.option("-n", "--maxcount", type=click.IntRange(min=1), default=None, help="Samples per shard at most.")
-@click.option("--start", type=click.IntRange(min=0), default=0, show_default=True, help="Number of the first shard.")
-@click.option("--maxshards", type=click.IntRange(min=1), default=None,
+@click.option("-n", "--maxcount", type=number(1), default=None, help="Samples per shard at most.")
+@click.option("--start", type=number(0), default=0, show_default=True, help="Number of the first shard.")
+@click.option("--maxshards", type=number(1), default=None,
               help="Write at most this many shards; more input is an error.")
 @click.option("--post", metavar="CMD",
               help="Shell command run on each finished shard: '{}' is replaced by its path, else the path is appended.")

@@ -65,3 +65,17 @@ def test_sighup_cleans_up_like_sigterm(scripts, tmp_path):
     assert proc.returncode == 128 + signal.SIGHUP, err
     assert not out.exists()
     assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []
+
+
+@pytest.mark.parametrize("command, option", [
+    ("tarcat", "-c"), ("tarshow", "-c"), ("tarcat", "--skip"), ("tar2tsv", "--skip"), ("tarsplit", "-n"),
+    ("tardecode", "-p"), ("tarpcat", "-p"), ("tarproc", "-p"), ("tarfirst", "-n"), ("tarserve", "--hwm"),
+])
+def test_numbers_past_their_bound_are_usage_errors(cli, shards, command, option):
+    """10**23 (or 100,000 processes, an HWM past a C int) is refused by the option, not an internal error."""
+    import importlib
+
+    main = importlib.import_module(f"tarproc.cli.{command}").main
+    value = {"-p": "100000", "--hwm": str(2**31)}.get(option, str(10**23))
+    r = cli.run(main, [option, value, shards.paths[0]])
+    assert r.exit_code == 2 and "is not in the range" in r.stderr and "internal error" not in r.stderr

@@ -119,6 +119,16 @@ def test_tsv2tar_alias(cli):
     assert cli.one_line_error(r, "tsv2tar") == "tsv2tar: error: -: row 3, column __key__: duplicate key 'a'"
 
 
+def test_a_key_with_a_lone_surrogate_is_one_error(cli, tmp_path):
+    """JSON can carry a lone surrogate (``"\\ud800"``); no tar name can: refused naming row and key."""
+    plan = tmp_path / "plan.jsonl"
+    plan.write_text('{"__key__": "k\\ud800", "cls": "1"}\n')
+    r = cli.run(tarcreate, [plan])
+    assert cli.one_line_error(r, "tarcreate") == (
+        f"tarcreate: error: {plan}: row 1, column __key__: sample key 'k\\ud800' cannot be written: it holds the "
+        "lone surrogate '\\ud800' (character 1), which no UTF-8 name can carry")
+
+
 NASTY = ["tab\tx", "nl\nx", "cr\rx", "crlf\r\n", 'q "x", y', "bs\\t", "ü ✓", " sp ", "=1", "@a", "\\"]
 
 

@@ -257,3 +257,10 @@ def test_a_sink_gets_the_same_bytes_as_a_plain_stream(tmp_path):
         for name, data in members:
             w.add(name, memoryview(data) if len(data) % 2 else data)
     assert path.read_bytes() == _write(members)
+
+
+@pytest.mark.parametrize("sample", [{"__key__": "k\ud800", "txt": b"x"}, {"__key__": "a", "f\ud800": b"x"}])
+def test_a_lone_surrogate_in_a_name_is_a_sample_error(sample):
+    """Surrogate escapes (undecodable bytes read back) are written as they were; a lone surrogate can't be."""
+    with pytest.raises(SampleError, match=r"lone surrogate '\\ud800'"):
+        TarWriter(io.BytesIO()).write_sample(sample)
