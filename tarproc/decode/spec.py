@@ -199,6 +199,14 @@ class AugmentSpec:
     max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
+        import math
+
+        for name, values in (("scale", self.scale), ("ratio", self.ratio), ("flip", (self.flip,)),
+                             ("rotate", (self.rotate,)), ("brightness", (self.brightness,)),
+                             ("contrast", (self.contrast,)), ("saturation", (self.saturation,)), ("hue", (self.hue,)),
+                             ("mean", self.mean or ()), ("std", self.std or ())):
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+                raise OptionError(f"bad {name} {','.join(map(str, values))}; must be finite numbers (not nan or inf)")
         if self.size is not None and self.size < 1:
             raise OptionError(f"bad size {self.size}; must be >= 1")
         if self.resize is not None and self.resize < 1:
@@ -235,6 +243,10 @@ class AugmentSpec:
             raise OptionError(f"bad dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
         if self.max_pixels < 1:
             raise OptionError(f"bad max_pixels {self.max_pixels}; must be >= 1")
+        for name, side in (("size", self.size), ("resize", self.resize)):
+            if side is not None and side * side > self.max_pixels:
+                raise OptionError(f"{name} {side} makes images of at least {side}x{side} pixels, over the "
+                                  f"{self.max_pixels:,} of max_pixels (--max-pixels)")
         if self.dtype == "uint8" and self.normalized:
             raise OptionError("normalized values (--mean/--std) need a float dtype (float16 or float32)")
 

@@ -365,3 +365,21 @@ def test_an_image_claiming_too_many_pixels_is_refused_from_its_header(fmt: str) 
     assert decode_image(encode(np.zeros((20, 20, 3), np.uint8), "PNG"), AugmentSpec(max_pixels=400), "k").shape == (20, 20, 3)
     with pytest.raises(OptionError, match="bad max_pixels 0"):
         AugmentSpec(max_pixels=0)
+
+
+@pytest.mark.parametrize("bad", [
+    {"size": 8, "std": (float("nan"),) * 3}, {"size": 8, "mean": (0.5, float("inf"), 0.5)},
+    {"brightness": float("nan")}, {"hue": float("nan")}, {"flip": float("nan")}, {"rotate": float("inf")},
+    {"size": 8, "random_crop": True, "ratio": (float("inf"), float("inf"))},
+    {"size": 8, "random_crop": True, "scale": (float("nan"), 1.0)},
+])
+def test_nan_and_infinity_are_refused_up_front(bad):
+    with pytest.raises(OptionError, match="must be finite numbers"):
+        AugmentSpec(**bad)
+
+
+@pytest.mark.parametrize("bad", [{"size": 100_000}, {"size": 99_999_999_999}, {"resize": 9000}])
+def test_output_sizes_over_max_pixels_are_refused_up_front(bad):
+    with pytest.raises(OptionError, match="over the 67,108,864 of max_pixels"):
+        AugmentSpec(**bad)
+    assert AugmentSpec(**bad, max_pixels=10**23).max_pixels == 10**23  # raised on purpose: allowed
