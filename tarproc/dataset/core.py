@@ -1122,6 +1122,10 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
                                                                    "dataset state: 'work'")
         plan_work = work if work is not None else epoch_work(ds.urls, ds.lengths, ds.seed, epoch, shuffle_shards,
                                                              part_size)
+        planned = split_work(plan_work, 0, world, 0, 1, batch_size, drop_last, pad).steps or 0
+        if steps > planned:
+            raise OptionError(f"dataset state: bad 'steps': {steps} is past the {planned} steps of epoch {epoch} "
+                              "(a damaged state, or one of another dataset)")
         left = remaining(plan_work, steps, world, saved_workers, batch_size, drop_last, pad, bufsize,
                          lambda c: ds._sample_seed(epoch, generation, c))
         if not left:

@@ -134,6 +134,8 @@ def _given_count(value: object, what: str) -> int:
         raise OptionError(f"{what} is {_show(value)}, not a whole number of samples") from None
     if n < 0:
         raise OptionError(f"{what} is {n}: a number of samples can't be negative")
+    if n > _MAX_COUNT:
+        raise OptionError(f"{what} is {n}: more samples than a shard can hold")
     return n
 
 

@@ -348,6 +348,7 @@ DAMAGED = [
     ({"epoch": 2**64}, "'epoch'"),
     ({"workers": 3000}, "'workers'"),
     ({"world_size": 10**7}, "'world_size'"),
+    ({"steps": 10**9}, "'steps': 1000000000 is past the"),  # was: an epoch from nowhere
 ]
 
 
@@ -368,3 +369,9 @@ def test_a_map_that_empties_a_batch_skips_it_on_one_rank(tmp_path: Path) -> None
     assert [list(b) for (b,) in ds] == [["k0000", "k0001"], ["k0004", "k0005"]]
     with pytest.raises(DatasetError, match="every sample of a batch of . was dropped"):
         list(Dataset(paths, batch_size=2, map=lambda s: None if s["__key__"] in drop else s, rank=0, world_size=2))
+
+
+def test_counts_past_what_a_shard_can_hold_are_refused(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path)
+    with pytest.raises(OptionError, match="more samples than a shard can hold"):
+        Dataset(paths, lengths=[10**30] * len(paths))
