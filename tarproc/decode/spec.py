@@ -201,12 +201,12 @@ class AugmentSpec:
     def __post_init__(self) -> None:
         import math
 
-        for name, values in (("scale", self.scale), ("ratio", self.ratio), ("flip", (self.flip,)),
+        for name, numbers in (("scale", self.scale), ("ratio", self.ratio), ("flip", (self.flip,)),
                              ("rotate", (self.rotate,)), ("brightness", (self.brightness,)),
                              ("contrast", (self.contrast,)), ("saturation", (self.saturation,)), ("hue", (self.hue,)),
                              ("mean", self.mean or ()), ("std", self.std or ())):
-            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
-                raise OptionError(f"bad {name} {','.join(map(str, values))}; must be finite numbers (not nan or inf)")
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
+                raise OptionError(f"bad {name} {','.join(map(str, numbers))}; must be finite numbers (not nan or inf)")
         if self.size is not None and self.size < 1:
             raise OptionError(f"bad size {self.size}; must be >= 1")
         if self.resize is not None and self.resize < 1:
