@@ -16,9 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from braceexpand import braceexpand
-
 from ..errors import OptionError, TransportError
+from ..sources import expand_braces
 
 PATTERNS = {
     # scheme: (socket type, binds)
@@ -60,6 +59,10 @@ def parse_endpoint(url: str) -> Endpoint:
     >>> parse_endpoint("zpull+ipc:///tmp/feed").address
     'ipc:///tmp/feed'
     """
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise OptionError(f"bad ZMQ URL {url!r}: character {e.start} is not text (a lone surrogate)") from None
     match = _URL.match(url)
     if not match or match["scheme"] not in PATTERNS:
         raise OptionError(
@@ -92,7 +95,7 @@ def parse_endpoints(urls: str | list[str] | tuple[str, ...], *, sending: bool) -
     if isinstance(urls, str):
         urls = [urls]
     default = "zpush" if sending else "zpull"
-    endpoints = [parse_endpoint(_with_pattern(one, default)) for url in urls for one in braceexpand(url)]
+    endpoints = [parse_endpoint(_with_pattern(one, default)) for url in urls for one in expand_braces(url)]
     if not endpoints:
         raise OptionError("no ZMQ URL given")
     wrong = [e.url for e in endpoints if e.sends != sending]

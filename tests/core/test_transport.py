@@ -1100,3 +1100,12 @@ def test_an_ack_meant_for_another_stream_is_not_taken(tmp_path):
     sender.close(abort=True)
     peer.close(0)
     context.term()
+
+
+@pytest.mark.parametrize("url, message", [
+    ("zpull://:{", "unbalanced braces"), ("zpull://h:{1..99999999999}", "expands to more than"),
+    ("zpull://h\ud800:7880", "lone surrogate"),
+])
+def test_endpoint_urls_get_the_input_urls_checks(url, message):
+    with pytest.raises(OptionError, match=message):
+        parse_endpoints(url, sending=False)
