@@ -223,6 +223,18 @@ MAX_PROCESSES = 4096  # -p, -j and the like
 MAX_C_INT = 2**31 - 1  # what libzmq's options take
 
 
+class Finite(click.FloatRange):
+    """``click.FloatRange`` without nan and infinity (which pass its comparisons, then mean nothing)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 class _Number(click.IntRange):
     def _describe_range(self) -> str:
         return f"x>={self.min}" if self.max == sys.maxsize else super()._describe_range()
@@ -350,7 +362,7 @@ def network_params(read_ahead: bool = True, timeout_flag: str = "--timeout") -> 
         click.option("--retries", type=number(0), default=DEFAULT_RETRIES, show_default=True,
                      help="Remote inputs: attempts after a failed read (a reset, a timeout, a 5xx); each goes on at "
                           "the byte reached (a range request), after a growing wait."),
-        click.option(timeout_flag, "read_timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
+        click.option(timeout_flag, "read_timeout", type=Finite(min=0, min_open=True), default=DEFAULT_TIMEOUT,
                      show_default=True, metavar="SECONDS", help="Remote inputs: longest wait for a connect or a read."),
         click.option("--cache", "cache_dir", metavar="DIR", default=None,
                      help="Keep verified copies of remote shards in DIR/shards (written as they are read first) and "
@@ -563,9 +575,9 @@ def _decode_params(processes: tuple[str, ...], seed_help: str = "Seed of random 
         click.option("--random-crop", is_flag=True, help="Random resized crop (torchvision's) to --size."),
         click.option("--scale", metavar="LO,HI", help="Area fraction range of --random-crop [default: 0.08,1]."),
         click.option("--ratio", metavar="LO,HI", help="Aspect ratio range of --random-crop [default: 3/4,4/3]."),
-        click.option("--flip", type=click.FloatRange(0, 1), default=0.0, show_default=True, metavar="P",
+        click.option("--flip", type=Finite(0, 1), default=0.0, show_default=True, metavar="P",
                      help="Mirror horizontally with probability P."),
-        click.option("--rotate", type=click.FloatRange(0, 180), default=0.0, show_default=True, metavar="DEG",
+        click.option("--rotate", type=Finite(0, 180), default=0.0, show_default=True, metavar="DEG",
                      help="Rotate by a random angle in [-DEG, DEG] before cropping (RandomRotation)."),
         click.option("--jitter", metavar="B,C,S,H",
                      help="Colour jitter: brightness, contrast, saturation, hue ranges (ColorJitter), e.g. 0.4,0.4,0.4,0.1."),
@@ -615,17 +627,17 @@ def transport_options(sending: bool) -> Callable[[F], F]:
         ]
         if sending:
             return both + [
-                click.option("--send-timeout", type=click.FloatRange(min=0), default=DEFAULT_SEND_TIMEOUT,
+                click.option("--send-timeout", type=Finite(min=0), default=DEFAULT_SEND_TIMEOUT,
                              show_default=True, metavar="SECONDS",
                              help="Give up when no receiver takes a batch for this long (0 = wait for ever)."),
-                click.option("--heartbeat", type=click.FloatRange(min=0.01), default=DEFAULT_HEARTBEAT,
+                click.option("--heartbeat", type=Finite(min=0.01), default=DEFAULT_HEARTBEAT,
                              show_default=True, metavar="SECONDS", help="Tell receivers we're alive this often."),
             ]
         return both + [
-            click.option("--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT, show_default=True,
+            click.option("--timeout", type=Finite(min=0), default=DEFAULT_TIMEOUT, show_default=True,
                          metavar="SECONDS", help="A sender silent this long (no batch, no heartbeat) is an error "
                                                  "(0 = wait for ever)."),
-            click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
+            click.option("--wait", type=Finite(min=0), default=0, show_default=True, metavar="SECONDS",
                          help="Give up when no sender has appeared after this long (0 = wait for ever)."),
             click.option("--max-message-size", type=SIZE, default=_binary_size(DEFAULT_MAX_MESSAGE_SIZE), show_default=True,
                          metavar="BYTES", help="The largest frame (a batch's tensor, a sample's raw field) to "

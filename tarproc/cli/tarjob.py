@@ -29,7 +29,7 @@ from ..jobs.run import (
 from ..jobs.spec import check_command, format_index_list, load_shards, parse_index_list, shard_argv
 from ..jobs.status import JobStatus, describe, job_status
 from ..sinks import write_atomically
-from .common import CONTEXT_SETTINGS, MAX_PROCESSES, TarprocCommand, common_options, number, say, warn
+from .common import CONTEXT_SETTINGS, MAX_PROCESSES, Finite, TarprocCommand, common_options, number, say, warn
 
 EPILOG = """\b
 Examples:
@@ -74,9 +74,9 @@ with -q, that list alone. Given after --, COMMAND counts only its own records.
 @click.option("--force", is_flag=True, help="Run every shard, even those the journal has as done.")
 @click.option("--retries", type=number(0), default=2, show_default=True, metavar="N",
               help="Run a failed shard up to N more times.")
-@click.option("--backoff", type=click.FloatRange(min=0), default=5.0, show_default=True, metavar="SEC",
+@click.option("--backoff", type=Finite(min=0), default=5.0, show_default=True, metavar="SEC",
               help="Wait SEC before the first retry, twice that before the second, and so on.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SEC",
+@click.option("--timeout", type=Finite(min=0, min_open=True), default=None, metavar="SEC",
               help="Kill an attempt (its whole process group) after SEC seconds.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Keep each shard's whole output as DIR/ID.log (on the machine that ran it).")

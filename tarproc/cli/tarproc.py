@@ -14,6 +14,7 @@ from ..sniff import escape_text
 from ..tario import ReadStats
 from .common import (
     MAX_PROCESSES,
+    Finite,
     ReadOptions,
     TarprocCommand,
     WriteOptions,
@@ -66,7 +67,7 @@ def _names(values: tuple[str, ...]) -> list[str]:
               help="Most samples in flight or waiting for an earlier one to finish  "
                    "[default: 4 x procs; 64 x procs with --map].")
 @click.option("--unordered", is_flag=True, help="Write samples as they finish, not in input order.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SEC",
+@click.option("--timeout", type=Finite(min=0, min_open=True), default=None, metavar="SEC",
               help="Kill a sample's command (its whole process group) after SEC seconds: an error.")
 @click.option("-e", "--on-error", "on_error", type=click.Choice(ON_JOB_ERROR), default="fail", show_default=True,
               help="When a command fails or times out: stop with its key and output, drop the sample "

@@ -18,6 +18,7 @@ from ..transport.receiver import MIN_RATE_SECONDS
 from ..transport.wire import Batch
 from .common import (
     MAX_PROCESSES,
+    Finite,
     TarprocCommand,
     WriteOptions,
     common_options,
@@ -65,7 +66,7 @@ as lost; with -o that is an error, and nothing is left under the output name.
 @click.option("--count", type=number(1), default=None, metavar="N", help="Stop after N batches.")
 @click.option("--senders", type=number(1, MAX_PROCESSES), default=None, metavar="N",
               help="Wait for N sender processes to finish [default: all of the groups heard from].")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, metavar="SECONDS",
+@click.option("--interval", type=Finite(min=0.1), default=1.0, show_default=True, metavar="SECONDS",
               help="Seconds between rate lines.")
 @click.option("--stats", "show_stats", is_flag=True, help="Print the summary to stderr (with -o).")
 @transport_options(sending=False)

@@ -39,7 +39,7 @@ from ..sinks import open_sink
 from ..sniff import escape_text
 from ..stages import parse_fields, slice_samples
 from ..tario import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, input_options, number, progress, say, warn
+from .common import Finite, ReadOptions, TarprocCommand, common_options, input_options, number, progress, say, warn
 
 EPILOG = """\b
 Examples:
@@ -87,7 +87,7 @@ colour half blocks elsewhere; --view-protocol overrides it.
 @click.option("--view", is_flag=True, help="Show images in the terminal after each sample's fields.")
 @click.option("--view-protocol", type=click.Choice(("auto", *PROTOCOLS)), default="auto", show_default=True,
               help="--view: terminal graphics protocol.")
-@click.option("-d", "--delay", type=click.FloatRange(min=0), default=0.0, metavar="SEC",
+@click.option("-d", "--delay", type=Finite(min=0), default=0.0, metavar="SEC",
               help="Wait this long after each sample.")
 @click.option("--force", is_flag=True, help="Write --grid - even when stdout is a terminal.")
 @common_options

@@ -79,3 +79,16 @@ def test_numbers_past_their_bound_are_usage_errors(cli, shards, command, option)
     value = {"-p": "100000", "--hwm": str(2**31)}.get(option, str(10**23))
     r = cli.run(main, [option, value, shards.paths[0]])
     assert r.exit_code == 2 and "is not in the range" in r.stderr and "internal error" not in r.stderr
+
+
+@pytest.mark.parametrize("command, option", [
+    ("tarserve", "--heartbeat"), ("tarserve", "--send-timeout"), ("tarshow", "-d"), ("tardecode", "--flip"),
+    ("tarcat", "--timeout"), ("tarproc", "--timeout"),
+])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_seconds_and_probabilities_must_be_finite(cli, shards, command, option, value):
+    import importlib
+
+    main = importlib.import_module(f"tarproc.cli.{command}").main
+    r = cli.run(main, [option, value, shards.paths[0]])
+    assert r.exit_code == 2 and ("is not a finite number" in r.stderr or "is not in the range" in r.stderr)
