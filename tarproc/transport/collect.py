@@ -16,6 +16,7 @@ resumable; their batches are acknowledged once written all the same.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -118,7 +119,8 @@ def _write_resumable(
         os.fsync(fh.fileno())
         fh.close()
         os.replace(part, path)
-        os.unlink(state_path)
+        with contextlib.suppress(FileNotFoundError):  # none written: a stream of no batch
+            os.unlink(state_path)
         finished = True
         receiver.ack_end()  # only now: killed before, a restarted receiver is told the end again
         return writer

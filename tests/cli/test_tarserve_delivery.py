@@ -164,6 +164,21 @@ def test_tarrecv_killed_mid_stream_resumes_into_one_identical_file(cli, tmp_path
     assert sent_again >= 1  # the killed receiver held batches it had not acknowledged
 
 
+def test_a_stream_of_no_batch_is_an_empty_tar(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """tarrecv -o of a stream with no batch writes an empty tar (it removed a state it never wrote),
+    and tarserve sees its end taken."""
+    src = cli.write_tar(tmp_path / "empty.tar", [])
+    feed = f"ipc://{tmp_path}/feed"
+    out = tmp_path / "y.tar"
+    receiver = start("tarrecv", f"zpull+{feed}", "-o", out)
+    sender = start("tarserve", "--raw", src, "--to", f"zpush+{feed}", "-q")
+    code, _, err = finish(sender)
+    assert code == 0 and "receiver" not in err, err
+    code, _, err = finish(receiver)
+    assert code == 0, err
+    assert cli.samples(out.read_bytes()) == [] and not (tmp_path / "y.tar.part.json").exists()
+
+
 def test_tarserve_killed_and_restarted_from_its_checkpoint(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Nothing repeated, nothing missing: the receiver's tar is the one sent, byte for byte."""
     src = cli.write_tar(tmp_path / "x.tar", samples(6000))
