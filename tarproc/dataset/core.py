@@ -34,6 +34,7 @@ from ..errors import (
     DecodeError,
     IndexFileError,
     OptionError,
+    SampleError,
     ShardCountError,
     SourceError,
     TarFormatError,
@@ -806,10 +807,22 @@ class Dataset:
         assert part.holds is not None
         raise ShardCountError(part.url, holds, part.holds, self.count_sources.get(part.url, "given"))
 
+    def _mapped(self, sample: Sample) -> Sample | None:
+        """``map`` of a sample; one that raises fails naming the shard and key, or with
+        ``on_error="skip"`` is dropped (counted in ``decode_stats.skipped``) as a bad image is."""
+        assert self.map is not None
+        try:
+            return self.map(sample)
+        except Exception as e:
+            key, url = sample.get("__key__"), sample.get("__url__")
+            reject(SampleError(f"map failed on sample {key!r}: {type(e).__name__}: {e}", url, key),
+                   self._on_bad_sample, self.decode_stats)
+            return None
+
     def _rows(self, chunk: list[Sample], decoder: Any, epoch: int) -> list[Any]:
         """Map, decode, handle and select one batch's samples; bad ones fail or are skipped (counted)."""
         if self.map is not None:
-            chunk = [m for m in (self.map(s) for s in chunk) if m is not None]
+            chunk = [m for m in (self._mapped(s) for s in chunk) if m is not None]
         skip_fields: frozenset[str] = frozenset()
         if self.spec is not None and decoder is not None and self.device == "cpu" and self.spec.size is not None:
             chunk = self._decode_into_batch(chunk, epoch)
@@ -953,7 +966,7 @@ def finish_encoded(batch: Any, decoder: Any, on_error: str, stats: DecodeStats, 
     return to_tensors(tuple(columns.values()) if sequence else columns)
 
 
-def reject(error: DecodeError, on_error: str, stats: DecodeStats) -> None:
+def reject(error: SampleError, on_error: str, stats: DecodeStats) -> None:
     """A sample that can't be used: raise ``error`` (``on_error="fail"``), or count and report it."""
     if on_error == "fail":
         raise error

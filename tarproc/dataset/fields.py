@@ -151,6 +151,9 @@ def collate_column(values: list[Any]) -> Any:
         indices = [v.row for v in values]
         rows = slice(0, len(values)) if indices == list(range(len(values))) else indices
         return BatchBuffer(buffer.handle[rows], buffer.array[rows])
+    if _is_cpu_tensor(first) and all(_is_cpu_tensor(v) for v in values):  # a map= that returns torch tensors
+        values = [v.numpy() for v in values]
+        first = values[0]
     if isinstance(first, np.ndarray) and first.dtype != object:
         if all(isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values):
             return np.stack(values)
@@ -162,6 +165,12 @@ def collate_column(values: list[Any]) -> Any:
     if isinstance(first, (float, np.floating)) and all(isinstance(v, (int, float, np.number)) for v in values):
         return np.array(values, dtype=np.float64)
     return list(values)
+
+
+def _is_cpu_tensor(value: Any) -> bool:
+    """A torch tensor on the CPU (seen without importing torch), which stacks as its numpy view."""
+    return type(value).__module__.startswith("torch") and getattr(getattr(value, "device", None), "type", "") == "cpu" \
+        and hasattr(value, "numpy")
 
 
 def collate(rows: list[Any]) -> Any:

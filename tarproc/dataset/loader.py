@@ -8,6 +8,7 @@ DataLoader worker. ``Loader`` is a DataLoader over it that records what the trai
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -63,6 +64,8 @@ class Dataset(_Core, IterableDataset):  # type: ignore[misc, valid-type]
         super().__init__(*args, **kwargs)
         # before any DataLoader forks its workers: they share its cells
         self._pool = BufferPool() if HAVE_TORCH else None
+
+    __init__.__signature__ = inspect.signature(_Core.__init__)  # type: ignore[attr-defined]  # help(), IDEs
 
     def batch_buffer(self, shape: tuple[int, ...], dtype: str) -> BatchBuffer:
         worker, _, in_worker = self.worker_info()

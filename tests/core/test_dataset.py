@@ -456,3 +456,39 @@ def test_without_torch_it_is_a_plain_iterable_of_numpy(tmp_path: Path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_help_shows_the_real_signature_and_docstring() -> None:
+    import inspect
+    import pydoc
+
+    import tarproc
+
+    assert list(inspect.signature(tarproc.Dataset).parameters)[:3] == ["urls", "batch_size", "shuffle"]
+    text = pydoc.render_doc(tarproc.Dataset)
+    assert "batch_size: 'int' = 64" in text and "Batches for training from sharded tar files" in text
+
+
+def test_a_map_that_raises_names_the_shard_and_key_or_is_skipped(tmp_path: Path) -> None:
+    from tarproc.errors import SampleError
+
+    paths = make_shards(tmp_path, [6])
+
+    def picky(sample: dict) -> dict:
+        if sample["__key__"].endswith("3"):
+            raise KeyError("no label")
+        return sample
+
+    with pytest.raises(SampleError, match=r"shard-0000\.tar: map failed on sample '.*3': KeyError: 'no label'"):
+        list(Dataset(paths, batch_size=4, to_tuple=("__key__",), tensors="numpy", map=picky))
+    ds = Dataset(paths, batch_size=4, to_tuple=("__key__",), tensors="numpy", map=picky, on_error="skip")
+    keys = [k for (batch,) in ds for k in batch]
+    assert len(keys) == 5 and not any(k.endswith("3") for k in keys) and ds.decode_stats.skipped == 1
+
+
+def test_torch_tensors_from_map_are_stacked(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    paths = make_shards(tmp_path, [6])
+    ds = Dataset(paths, batch_size=4, to_tuple=("x",), map=lambda s: {**s, "x": torch.ones(3) * int(s["cls"])})
+    (first,) = next(iter(ds))
+    assert isinstance(first, torch.Tensor) and first.shape == (4, 3)
