@@ -294,7 +294,7 @@ def _hist_median(hist: Counter[int], n: int) -> float | None:
 
 # what makes a field surprising (the reason shown, and a test on the field name)
 _DIGIT_START = re.compile(r"\d")
-_VERSION_START = re.compile(r"v\d+\.")
+_VERSION_START = re.compile(r"v\d+[._-]")  # v2.jpg, v2_0001.jpg, v2-left.png
 
 
 def surprising_reason(key: str, field: str) -> str | None:
@@ -302,8 +302,8 @@ def surprising_reason(key: str, field: str) -> str | None:
 
     >>> surprising_reason("Track 2", "0.mp3")
     'a number was split at its dot'
-    >>> surprising_reason("model", "v2.jpg")
-    'a version-like part became part of the field'
+    >>> surprising_reason("model", "v2.jpg"), surprising_reason("bird", "v2_0001.jpg")
+    ('a version-like part became part of the field', 'a version-like part became part of the field')
     >>> surprising_reason("img", "seg.png") is None
     True
     """

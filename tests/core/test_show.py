@@ -277,3 +277,11 @@ def test_json_text_is_valid_utf8_and_gives_the_bytes_back():
     assert "ёж" in text and "\\udcd0" in text  # UTF-8 stays as it is; byte 0xd0 is \udcd0
     doc = json.loads(text)
     assert doc["__key__"].encode("utf-8", "surrogateescape") == raw and doc["q"] == 'a"\\'
+
+
+def test_a_version_part_with_an_underscore_is_surprising_too():
+    """``bird.v2_0001.jpg`` (key ``bird``, field ``v2_0001.jpg``): a new user's, missed before."""
+    d = summary_of(tar(members=[("bird.v2_0001.jpg", b"x"), ("bird.v2_0002.jpg", b"y"), ("cat.seg.png", b"z")])).as_dict()
+    fields = {x["field"]: x["reason"] for x in d["surprising_names"]}
+    assert fields == {"v2_0001.jpg": "a version-like part became part of the field",
+                      "v2_0002.jpg": "a version-like part became part of the field"}
