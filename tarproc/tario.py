@@ -1432,6 +1432,32 @@ def _lone_surrogate(e: UnicodeEncodeError) -> str:
             "carry")
 
 
+_NO_DATA_FLAGS = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, directories, fifos
+
+
+def ends_at_member(f: Any, offset: int) -> bool:
+    """Whether walking the headers of the tar file ``f`` from its first byte lands exactly on
+    ``offset``: every header on the way has a valid checksum and each member's data is stepped
+    over by its size. For a resume that cuts a file there (``tarrecv``'s state), which must not cut
+    a member in two."""
+    pos = 0
+    while pos < offset:
+        f.seek(pos)
+        block = f.read(BLOCK)
+        if len(block) < BLOCK:
+            return False
+        chk = block[148:156]
+        stored = _parse_number(chk)
+        if stored is None or stored not in (_block_sum(block) - sum(chk) + 256,
+                                            _signed_sum(block) - _signed_sum(chk) + 256):
+            return False
+        size = _parse_number(block[124:136])
+        if size is None or size < 0:
+            return False
+        pos += BLOCK + (0 if block[156:157] in _NO_DATA_FLAGS else (size + 511) & ~511)
+    return pos == offset
+
+
 def check_key(key: Any) -> None:
     """Raise ``SampleError`` unless ``key`` reads back as the same key under the key rule.
 

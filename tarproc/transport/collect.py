@@ -19,17 +19,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..errors import SinkError
 from ..samples import Sample
 from ..sinks import local_path, open_sink, write_atomically
-from ..tario import TarWriter
+from ..tario import TarWriter, ends_at_member
 from .receiver import Receiver
 from .wire import Batch
 
 STATE_FORMAT = "tarrecv-part"
+_SENDER = re.compile(r".+/\d{1,18}")  # a state's ``taken`` keys: GROUP/RANK
 TAKEN_KEPT = 1024  # batch numbers per sender kept in the state: more than can wait unacknowledged
 
 
@@ -145,8 +147,9 @@ def _load_state(state_path: str, part: str) -> dict[str, Any] | None:
             state = json.load(f)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        detail = f"not JSON at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+    except (OSError, ValueError, RecursionError) as e:
+        detail = (f"not JSON at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError)
+                  else "nested too deep" if isinstance(e, RecursionError) else str(e))
         raise SinkError(f"cannot read the state of {part} ({detail}); remove it and {part} to start afresh",
                         state_path) from None
     try:
@@ -160,12 +163,18 @@ def _load_state(state_path: str, part: str) -> dict[str, Any] | None:
     ok = (isinstance(state, dict) and state.get("format") == STATE_FORMAT
           and all(type(state.get(k)) is int and state[k] >= 0 for k in ("offset", "members", "samples"))
           and isinstance(state.get("taken"), dict)
-          and all(isinstance(v, list) and all(type(s) is int for s in v) for v in state["taken"].values())
+          and all(_SENDER.fullmatch(k) for k in state["taken"])
+          and all(isinstance(v, list) and all(type(s) is int and 0 <= s < 1 << 63 for s in v)
+                  for v in state["taken"].values())
           and (state.get("last_key") is None or isinstance(state["last_key"], str)))
     if not ok:
         raise SinkError(f"not a tarrecv state file; remove it and {part} to start afresh", state_path)
     if state["offset"] > size or state["offset"] % 512:
         raise SinkError(f"{part} is {size} bytes, shorter than the {state['offset']} its state says are received; "
                         f"remove both to start afresh", state_path)
+    with open(part, "rb") as f:
+        if not ends_at_member(f, state["offset"]):
+            raise SinkError(f"byte {state['offset']}, where the state says the samples received end, is not the end "
+                            f"of a member of {part}: remove both to start afresh", state_path)
     return state  # type: ignore[no-any-return]
 

@@ -294,6 +294,26 @@ def test_a_bad_resume_state_is_a_one_line_error_and_nothing_is_touched(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["y.tar.part", "y.tar.part.json"]
 
 
+@pytest.mark.parametrize("case", ["inside a member", "deep", "taken keys", "huge seq"])
+def test_a_damaged_resume_state_is_refused_before_anything_is_cut(cli, tmp_path, case) -> None:  # type: ignore[no-untyped-def]
+    """An offset that is a multiple of 512 but inside a member, 100,000-deep JSON, ``taken`` keys
+    that are not GROUP/RANK: one line naming the state file, and the .part left as it was."""
+    feed = f"ipc://{tmp_path}/feed"
+    part, state = tmp_path / "y.tar.part", tmp_path / "y.tar.part.json"
+    part.write_bytes(cli.tar_bytes([{"__key__": "a", "bin": bytes(5000)}, {"__key__": "b", "bin": bytes(5000)}]))
+    good = {"format": "tarrecv-part", "offset": 512 + 5120, "members": 1, "samples": 1, "last_key": "a", "taken": {}}
+    text = {"inside a member": json.dumps({**good, "offset": 2048}),
+            "deep": "[" * 100_000 + "]" * 100_000,
+            "taken keys": json.dumps({**good, "taken": {"nogroup": [1]}}),
+            "huge seq": json.dumps({**good, "taken": {"g/0": [10**30]}})}[case]
+    state.write_text(text)
+    before = part.read_bytes()
+    code, _, err = finish(start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "y.tar", "--wait", 1))
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "internal error" not in err, err
+    assert str(state) in err
+    assert part.read_bytes() == before and not (tmp_path / "y.tar").exists()
+
+
 def test_a_checkpoint_that_is_not_json_names_the_line_and_column(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
     src = cli.write_tar(tmp_path / "x.tar", samples(3))
     checkpoint = tmp_path / "serve.ckpt"
