@@ -72,7 +72,11 @@ def load(path: str, stream: dict[str, Any]) -> Checkpoint | None:
         if not isinstance(group, str) or not group or len(group) > 200 or not group.isprintable():
             raise ValueError("bad group id")
         ranks: dict[int, RankState] = {}
+        if not isinstance(data["ranks"], dict):
+            raise ValueError("bad ranks")
         for rank, state in data["ranks"].items():
+            if not (rank.isdigit() and len(rank) <= 6) or not isinstance(state, dict):
+                raise ValueError(f"bad rank {rank[:20]!r}")
             above, pos, resend = state["above"], state["pos"], state["resend"]
             if (not _count(state["next"]) or not _count(resend) or not isinstance(above, list)
                     or not all(isinstance(a, list) and len(a) == 2 and _count(a[0]) and _position(a[1]) for a in above)
@@ -80,10 +84,14 @@ def load(path: str, stream: dict[str, Any]) -> Checkpoint | None:
                 raise ValueError(f"bad state of rank {rank}")
             ranks[int(rank)] = RankState(state["next"], {seq: p for seq, p in above}, pos, resend)
         saved_stream = data["stream"]
+        if not isinstance(saved_stream, dict):
+            raise ValueError("bad stream")
         done = data["done"] is True
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         if isinstance(e, json.JSONDecodeError):
             detail = f"not JSON at line {e.lineno}, column {e.colno}"
+        elif isinstance(e, RecursionError):
+            detail = "nested too deep"
         else:
             detail = str(e) if isinstance(e, ValueError) else "malformed"
         raise CheckpointError(f"not a usable tarserve checkpoint ({detail}); remove it to start over", path) from None
@@ -94,9 +102,16 @@ def load(path: str, stream: dict[str, Any]) -> Checkpoint | None:
     return Checkpoint(path, group, stream, ranks, done)
 
 
+_POSITION = {"epoch": int, "batch": int, "sample": int, "sent": int, "shard": str, "index": int}
+
+
 def _position(value: Any) -> bool:
-    return value is None or isinstance(value, dict)
+    """None, or a position as serve.py writes them: these fields, counts where numbers."""
+    if value is None:
+        return True
+    return (isinstance(value, dict) and set(value) == set(_POSITION)
+            and all(isinstance(value[k], kind) and (kind is str or _count(value[k])) for k, kind in _POSITION.items()))
 
 
 def _count(value: Any) -> bool:
-    return type(value) is int and value >= 0
+    return type(value) is int and 0 <= value < 1 << 63

@@ -1109,3 +1109,35 @@ def test_an_ack_meant_for_another_stream_is_not_taken(tmp_path):
 def test_endpoint_urls_get_the_input_urls_checks(url, message):
     with pytest.raises(OptionError, match=message):
         parse_endpoints(url, sending=False)
+
+
+def _checkpoint_text(change: dict) -> str:
+    import json
+
+    from tarproc.transport import checkpoint as checkpoints
+
+    pos = {"epoch": 0, "batch": 1, "sample": 4, "sent": 4, "shard": "a.tar", "index": 3}
+    data = {"format": checkpoints.FORMAT, "version": checkpoints.VERSION, "group": "g", "done": False, "stream": {},
+            "ranks": {"0": {"next": 1, "above": [], "resend": 1, "pos": pos}}}
+    for path, value in change.items():
+        *parents, last = path.split(".")
+        target = data
+        for p in parents:
+            target = target[p]
+        target[last] = value
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize("change", [
+    {"stream": [1]}, {"ranks": "x"}, {"ranks.0.pos": {"epoch": "0"}}, {"ranks.0.pos.batch": 2**64},
+    {"ranks.0.pos.shard": 5}, {"ranks.0.next": 10**30}, {"ranks.0": 5}, "deep",
+])
+def test_a_damaged_checkpoint_is_a_checkpoint_error_naming_the_file(tmp_path, change):
+    from tarproc.transport import checkpoint as checkpoints
+
+    path = tmp_path / "serve.ckpt"
+    path.write_text(_checkpoint_text({}))
+    assert checkpoints.load(str(path), {}) is not None  # the undamaged one loads
+    path.write_text("[" * 100_000 + "]" * 100_000 if change == "deep" else _checkpoint_text(change))
+    with pytest.raises(checkpoints.CheckpointError, match="not a usable tarserve checkpoint"):
+        checkpoints.load(str(path), {})
