@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import OptionError, PlanError, SampleError
+from .errors import OptionError, PlanError, SampleError, SourceError
 from .samples import Sample, field_names
 from .sniff import escape_surrogates, sniff_type
 from .stages import check_key_format
@@ -695,15 +695,70 @@ def _read_file(path: str, base_dir: str, absolute_names: bool, url: str | None, 
         raise PlanError(f"cannot read {path!r}: {e.strerror}", url, row, field) from None
 
 
+IMAGE_SUFFIXES = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
+
+
+@dataclass
+class ClassFolders:
+    """A plan made from an image-folder tree (one directory per class), as ``class_folder_plan``
+    returns it: ``rows`` for ``plan_samples`` (base directory: the root), the class names (a
+    class's label is its place in this list), and the files left out (not images)."""
+
+    rows: list[tuple[int, dict[str, str | None]]]
+    classes: list[str]
+    skipped: int
+
+
+def class_folder_plan(root: str, seed: int | None = 0) -> ClassFolders:
+    """The samples of an image-folder tree: ``ROOT/CLASS/.../NAME.EXT`` becomes the sample
+    ``CLASS/.../NAME`` with the image as field ``EXT`` (lower-cased: ``.JPEG`` gives ``jpeg``) and
+    ``cls``, the class's index among the sorted class directories (as torchvision's ImageFolder
+    numbers them). Dots in a file name's stem become ``_`` (``bird.v2_0001.jpg`` ->
+    ``bird_v2_0001``): readers split names at the first dot. Two files that come to the same key
+    are an error naming both. ``seed``: the samples in an order shuffled across classes (None:
+    class by class, in name order). Files without an image suffix are counted, not read.
+    """
+    import random
+
+    try:
+        classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    except OSError as e:
+        raise SourceError(f"cannot read the class directories: {e.strerror}", root) from None
+    if not classes:
+        raise OptionError(f"{root}: no class directories (ROOT/CLASS/IMAGE files) in it")
+    rows: list[tuple[int, dict[str, str | None]]] = []
+    keys: dict[str, str] = {}
+    skipped = 0
+    for label, name in enumerate(classes):
+        for directory, subdirs, files in os.walk(os.path.join(root, name)):
+            subdirs.sort()
+            for file in sorted(files):
+                stem, dot, suffix = file.rpartition(".")
+                if not dot or not stem or suffix.lower() not in IMAGE_SUFFIXES:
+                    skipped += 1
+                    continue
+                rel = os.path.relpath(os.path.join(directory, file), root)
+                key = os.path.join(os.path.dirname(rel), stem.replace(".", "_")).replace(os.sep, "/")
+                if key in keys:
+                    raise SampleError(f"{keys[key]!r} and {rel!r} both make the sample key {key!r}", root, key)
+                keys[key] = rel
+                rows.append((len(rows) + 1, {KEY_COLUMN: key, "@" + suffix.lower(): rel, "cls": str(label)}))
+    if seed is not None:
+        random.Random(seed).shuffle(rows)
+    return ClassFolders(rows, classes, skipped)
+
+
 __all__ = [
     "KEY_COLUMN",
     "MODIFIERS",
     "TABLE_FORMATS",
     "Alternative",
+    "ClassFolders",
     "Column",
     "PlanError",
     "RowExtractor",
     "cell_text",
+    "class_folder_plan",
     "default_columns",
     "format_for_name",
     "format_table",

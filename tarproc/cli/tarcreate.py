@@ -7,10 +7,20 @@ from typing import Any
 
 import click
 
+from ..sinks import write_atomically
 from ..sources import open_source
 from ..stages import check_key_format
-from ..tables import KEY_COLUMN, TABLE_FORMATS, format_for_name, plan_samples, read_table
-from .common import TarprocCommand, WriteOptions, common_options, output_option, progress, write_tar, writer_options
+from ..tables import KEY_COLUMN, TABLE_FORMATS, class_folder_plan, format_for_name, plan_samples, read_table
+from .common import (
+    TarprocCommand,
+    WriteOptions,
+    common_options,
+    output_option,
+    progress,
+    say,
+    write_tar,
+    writer_options,
+)
 
 EPILOG = """\b
 Examples:
@@ -18,6 +28,7 @@ Examples:
   tar2tsv shard.tar -f '__key__ cls txt' | tarcreate -o copy.tar
   find imgs -name '*.jpg' | sort | sed '1i @jpg' | tarcreate --key %06d | tarsplit -n 1000 -o shards/s
   tarcreate labels.jsonl -C /data | tarcat --shuffle 1000 > train.tar
+  tarcreate --classes-from-dirs imagenet/train --classes classes.txt | tarsplit -s 1e9 -o train-%06d.tar
 
 \b
 A plan has a header row (TSV/CSV; JSONL rows are objects) and one row per sample:
@@ -33,6 +44,15 @@ Errors name the plan, the row (its line number; the header is row 1) and the col
   tarcreate: error: plan.tsv: row 17, column jpg: no such file 'imgs/x.jpg'
 Paths that are absolute or climb out of -C DIR are refused unless -P. The plan is read one row
 at a time; keys are remembered (to refuse duplicates), file contents are not.
+
+\b
+--classes-from-dirs ROOT makes the plan from an image-folder tree, one directory per class
+(ROOT/CLASS/.../NAME.EXT, as torchvision's ImageFolder reads it): sample CLASS/.../NAME with the
+image as field EXT (lower-cased: .JPEG gives jpeg) and cls, the class's index among the sorted
+class directories; --classes FILE writes the class names, one a line (line i: class i). Dots in
+a file name's stem become '_' (readers split names at the first dot). Samples come shuffled
+across classes (--seed; --no-shuffle: class by class); files without an image suffix
+(jpg jpeg png webp bmp gif tif tiff) are left out and counted on stderr.
 """
 
 
@@ -50,6 +70,13 @@ def _options(f: Any) -> Any:
                      help="The column holding sample keys."),
         click.option("-P", "--absolute-names", is_flag=True,
                      help="Allow absolute @FIELD paths and paths with '..' out of -C DIR."),
+        click.option("--classes-from-dirs", "class_root", metavar="ROOT", default=None,
+                     help="Make the plan from an image-folder tree, a directory per class (see below)."),
+        click.option("--classes", "classes_out", metavar="FILE", default=None,
+                     help="With --classes-from-dirs: write the class names there, one a line (line i: label i)."),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="With --classes-from-dirs: the seed of the order, shuffled across classes."),
+        click.option("--no-shuffle", is_flag=True, help="With --classes-from-dirs: class by class, in name order."),
         writer_options,
         common_options,
     ]
@@ -68,6 +95,10 @@ def create(
     key_format: str | None,
     key_column: str,
     absolute_names: bool,
+    class_root: str | None,
+    classes_out: str | None,
+    seed: int,
+    no_shuffle: bool,
 ) -> None:
     """Build a tar of samples from a TSV, CSV or JSONL plan (stdout or -o).
 
@@ -79,6 +110,11 @@ def create(
     if fmt is None:
         fmt = format_for_name(plan) if plan != "-" else None
     prog = click.get_current_context().info_name or "tarcreate"
+    if class_root is not None:
+        from_dirs(writing, quiet, prog, plan, output, class_root, classes_out, None if no_shuffle else seed, key_format)
+        return
+    if classes_out is not None or no_shuffle:
+        raise click.UsageError("--classes and --no-shuffle go with --classes-from-dirs ROOT")
     with open_source(plan) as stream:
         rows = read_table(stream, plan, fmt)
         samples = plan_samples(
@@ -87,6 +123,21 @@ def create(
         )
         with contextlib.closing(samples):
             write_tar(progress(samples, quiet, prog), output, writing)
+
+
+def from_dirs(writing: WriteOptions, quiet: bool, prog: str, plan: str, output: str, root: str,
+              classes_out: str | None, seed: int | None, key_format: str | None) -> None:
+    """``--classes-from-dirs``: the samples of an image-folder tree (``tables.class_folder_plan``)."""
+    if plan != "-":
+        raise click.UsageError("give a PLAN or --classes-from-dirs ROOT, not both")
+    folders = class_folder_plan(root, seed)
+    if folders.skipped:
+        say(f"{prog}: {folders.skipped} files without an image suffix left out")
+    if classes_out is not None:
+        write_atomically(classes_out, "".join(name + "\n" for name in folders.classes))
+    samples = plan_samples(folders.rows, root, base_dir=root, key_format=key_format)
+    with contextlib.closing(samples):
+        write_tar(progress(samples, quiet, prog), output, writing)
 
 
 main = click.command("tarcreate", cls=TarprocCommand, epilog=EPILOG)(_options(create))

@@ -156,3 +156,44 @@ def test_real_pipeline_round_trip(cli, tmp_path, shards):
     subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], check=True, timeout=60)
     expected = cli.run(cli.tarcat, [shards.paths[0], "-f", "cls json"]).stdout_bytes
     assert (tmp_path / "back.tar").read_bytes() == expected
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """An image-folder tree: three classes (one with a dot in its name), a nested folder, upper-case
+    and dotted file names, and a file that is not an image."""
+    root = tmp_path / "train"
+    files = {"cat/a.JPEG": b"A", "cat/b.v2_0001.jpg": b"B", "dog/c.png": b"C", "dog/sub/d.jpg": b"D",
+             "bird.v2/e.webp": b"E", "dog/notes.txt": b"not an image"}
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def test_classes_from_dirs(cli, tree, tmp_path):
+    classes = tmp_path / "classes.txt"
+    r = cli.run(tarcreate, ["--classes-from-dirs", tree, "--classes", classes, "--no-shuffle"])
+    assert r.exit_code == 0, r.stderr
+    assert classes.read_text() == "bird.v2\ncat\ndog\n"  # line i: label i (sorted, as ImageFolder)
+    assert cli.samples(r.stdout_bytes) == [
+        ("bird.v2/e", {"cls": b"0", "webp": b"E"}), ("cat/a", {"cls": b"1", "jpeg": b"A"}),
+        ("cat/b_v2_0001", {"cls": b"1", "jpg": b"B"}), ("dog/c", {"cls": b"2", "png": b"C"}),
+        ("dog/sub/d", {"cls": b"2", "jpg": b"D"}),
+    ]
+    assert "1 files without an image suffix left out" in r.stderr
+    shuffled = [cli.run(tarcreate, ["--classes-from-dirs", tree, "--seed", seed]).stdout_bytes for seed in "112"]
+    assert shuffled[0] == shuffled[1] != shuffled[2]  # the order: the seed's, across classes
+    assert sorted(cli.samples(shuffled[0])) == cli.samples(r.stdout_bytes)
+
+
+def test_classes_from_dirs_refuses_what_it_cannot_do(cli, tree, tmp_path):
+    (tree / "cat" / "b_v2_0001.png").write_bytes(b"same key as b.v2_0001.jpg")
+    r = cli.run(tarcreate, ["--classes-from-dirs", tree])
+    assert cli.one_line_error(r, "tarcreate").endswith("'cat/b.v2_0001.jpg' and 'cat/b_v2_0001.png' both make the "
+                                                       "sample key 'cat/b_v2_0001'")
+    (tmp_path / "empty").mkdir()
+    r = cli.run(tarcreate, ["--classes-from-dirs", tmp_path / "empty"])
+    assert r.exit_code == 2 and "no class directories" in r.stderr
+    r = cli.run(tarcreate, ["--classes-from-dirs", tree, "plan.tsv"])
+    assert r.exit_code == 2 and "not both" in r.stderr
