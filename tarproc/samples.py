@@ -284,6 +284,8 @@ def read_samples(
     if warn is None:
         warn = _warn_stderr
     network = network if network is not None else settings()
+    if stats.warn is None:
+        stats.warn = warn  # the reader's own warnings (a symbolic link left out) go where the grouper's go
     url_list = expand_urls([urls] if isinstance(urls, str) else urls)
     if prefetcher is not None:
         yield from _read_shards(url_list, prefetcher, network, on_error, dup, max_member_size, stats, warn, links,

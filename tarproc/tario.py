@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -57,7 +58,7 @@ BLOCK = 512
 RECORD = 10240  # 20 blocks: the record size GNU tar and Python's tarfile pad archives to
 ZERO_BLOCK = bytes(BLOCK)
 DEFAULT_MAX_MEMBER_SIZE = 2 << 30  # 2 GiB
-LINK_POLICIES = ("follow", "skip")
+LINK_POLICIES = ("follow", "skip", "strict")
 DEFAULT_LINK_CACHE = 4 << 20  # bytes of recent members kept for links (more slows reading: fresh memory)
 _CHUNK = 1 << 19  # bytes read from the stream at a time (512 KiB: faster than 256 KiB or 1-4 MiB here)
 _PIECE = 16 << 20  # large member data is read in pieces of at most this many bytes
@@ -105,6 +106,7 @@ class ReadStats:
         self.no_key_count = 0
         self.duplicates = 0  # duplicate fields and reappearing keys (warn/skip modes)
         self.errors: list[str] = []  # messages of shards skipped with on_error="skip-shard"
+        self.warn: Callable[[str], None] | None = None  # where the reader's warnings go (None: stderr)
 
     def skip_entry(self, kind: str) -> None:
         self.skipped_entries[kind] = self.skipped_entries.get(kind, 0) + 1
@@ -716,6 +718,21 @@ class MemberFinder:
         return os.pread(self.fd, size, self.origin + at) if size else b""
 
 
+def _say(stats: ReadStats, message: str) -> None:
+    if stats.warn is not None:
+        stats.warn(message)
+    else:
+        print(f"warning: {message}", file=sys.stderr)
+
+
+def _target_came(dangling: dict[Any, tuple[str, str]], name: Any, offset: int, stats: ReadStats, url: str | None) -> None:
+    """A member is the target of a symbolic link left out before it: say so (a stream can't look ahead)."""
+    link = dangling.pop(name, None)
+    if link is not None:
+        _say(stats, f"{url}: the target of symbolic link {link[0]!r} -> {link[1]!r} is a later member (at byte "
+                    f"{offset}): the link was left out, as a stream can't look ahead (GNU tar would extract it)")
+
+
 def _link_target(typeflag: int, name: str, target: str) -> str | None:
     """The member a link refers to: a hard link names it; a symbolic link's target is relative to
     the link's directory. None when a symbolic link leaves the archive (absolute, or ``..`` past
@@ -764,7 +781,9 @@ def _read_members(
     # the C fast path accepts no size above this (and needs it to fit a C long long)
     scan_limit = min(max_member_size, 1 << 62)
     view_size = _VIEW if views else 0  # data this big comes as views of buf (iter_keyed_members)
-    recent = _RecentMembers(link_cache if links == "follow" else 0, keyed)
+    recent = _RecentMembers(link_cache if links != "skip" else 0, keyed)
+    # symbolic links left out for want of an earlier target: target -> link (said again if it comes later)
+    dangling: dict[Any, tuple[str, str]] = {}
     # skip_data (for indexing a local file): the data of a regular member of _VIEW bytes or more that
     # isn't all in the buffer is skipped (seek), not read, and given as Unread(size); refs (for data
     # written out as it comes, from a plain local file): the same, handed out as a FileRange that a
@@ -832,6 +851,10 @@ def _read_members(
                 if record is not None:
                     for name, data, at in items:
                         record(name, at, at + BLOCK, data)
+                if dangling:
+                    for scanned in items:
+                        _target_came(dangling, (scanned[0], scanned[1]) if keyed else scanned[0], scanned[-1], stats,
+                                     url)
                 it = iter(items)
                 try:
                     yield from it
@@ -994,7 +1017,7 @@ def _read_members(
             pax_global.update(_parse_pax(data, url, offset))
             pax_global.pop("size", None)
             continue
-        if typeflag in _LINK_TYPES and links == "follow":
+        if typeflag in _LINK_TYPES and links != "skip":
             if long_link is not None:
                 target = long_link
             elif pax and "linkpath" in pax:
@@ -1016,11 +1039,19 @@ def _read_members(
                     why = ("it leaves the archive" if resolved is None else
                            "no earlier member of this shard has that name" +
                            ("" if rereader else f" within the last {recent.limit >> 20} MiB read"))
-                    raise LinkError(url, offset, f"{kind} {name!r} -> {target!r}: {why} (--links skip skips links)", name)
-                data = found
-                is_reg = True
-                data_offset = None
-                linked = True
+                    if typeflag == ord("1") or links == "strict":  # a hard link's data would be lost
+                        raise LinkError(url, offset, f"{kind} {name!r} -> {target!r}: {why} (--links skip skips "
+                                        "links)", name)
+                    # a symbolic link carries no data: to a directory, dangling, or to a later member (counted
+                    # with the links skipped, below)
+                    _say(stats, f"{url}: symbolic link {name!r} -> {target!r} at byte {offset} left out: {why}")
+                    if resolved is not None:
+                        dangling[split_key(resolved) if keyed else resolved] = (name, target)
+                else:
+                    data = found
+                    is_reg = True
+                    data_offset = None
+                    linked = True
         if is_reg:
             stats.members += 1
             stats.bytes += len(data)
@@ -1030,6 +1061,8 @@ def _read_members(
                 item = (key, field, data, offset)
             else:
                 item = (name, data, offset)
+            if dangling:
+                _target_came(dangling, (key, field) if keyed else name, offset, stats, url)
             recent.add([item], 0 if linked else len(data))  # a link's data is its target's bytes object
             if record is not None:
                 record(name, offset, data_offset, data)

@@ -347,7 +347,9 @@ def _input_params(
                      help="Largest member accepted; a bigger one is an error naming it."),
         click.option("--links", type=click.Choice(LINK_POLICIES), default="follow", show_default=True,
                      help="Hard and symbolic links to an earlier member: read as that member's bytes (as tar -x "
-                          "extracts them; one that can't be had is an error), or skip them (counted in --stats)."),
+                          "extracts them). A hard link that can't be had is an error; a symbolic one (dangling, to a "
+                          "directory or a later member) is left out, said and counted; strict: an error too. skip: "
+                          "skip all links (counted in --stats)."),
         click.option("-i", "--ignore-zeros", is_flag=True,
                      help="Read on past end-of-archive blocks (as GNU tar -i): concatenated archives are read whole."),
         *network_params(read_ahead, timeout_flag),

@@ -92,13 +92,29 @@ def test_a_link_whose_target_fell_out_of_the_cache_is_read_again_where_the_file_
         list(iter_members(Unseekable(archive.read_bytes()), str(archive), link_cache=0))
 
 
-def test_links_that_cannot_be_had_are_errors(kit, reader):
+def test_symbolic_links_that_cannot_be_had_are_left_out_and_said_strict_makes_them_errors(kit, reader):
+    """A symbolic link carries no data: one to a later member, to a directory, dangling or leaving
+    the archive is left out (said, counted), and reading goes on; ``links="strict"`` refuses it."""
     forward = kit.archive(kit.header("a.jpg", typeflag=b"2", linkname=b"b.jpg"), kit.member("b.jpg", b"B"))
+    said: list[str] = []
+    stats = ReadStats()
+    stats.warn = said.append
+    assert [(n, d) for n, d, _ in iter_members(io.BytesIO(forward), "mem.tar", stats=stats)] == [("b.jpg", b"B")]
+    assert stats.skipped_entries == {"symlink": 1}
+    assert "symbolic link 'a.jpg' -> 'b.jpg' at byte 0 left out: no earlier member" in said[0]
+    assert "the target of symbolic link 'a.jpg' -> 'b.jpg' is a later member (at byte 512)" in said[1]
     with pytest.raises(LinkError, match="symbolic link 'a.jpg' -> 'b.jpg': no earlier member"):
-        kit.read_all(forward)
+        kit.read_all(forward, links="strict")
     outside = kit.archive(kit.member("x/a.txt", b"a"), kit.header("x/b.txt", typeflag=b"2", linkname=b"../../etc/passwd"))
+    assert [n for n, _, _ in kit.read_all(outside)] == ["x/a.txt"]
     with pytest.raises(LinkError, match="it leaves the archive"):
-        kit.read_all(outside)
+        kit.read_all(outside, links="strict")
+    to_dir = kit.archive(kit.header("train/", typeflag=b"5"), kit.member("train/a.jpg", b"a"),
+                         kit.header("latest", typeflag=b"2", linkname=b"train"), kit.member("train/b.jpg", b"b"))
+    assert [n for n, _, _ in kit.read_all(to_dir)] == ["train/a.jpg", "train/b.jpg"]  # 'tar -C dir .' with a link
+    hard = kit.archive(kit.header("a.jpg", typeflag=b"1", linkname=b"b.jpg"), kit.member("b.jpg", b"B"))
+    with pytest.raises(LinkError, match="hard link 'a.jpg' -> 'b.jpg': no earlier member"):
+        kit.read_all(hard)  # its data would be lost
     inside = kit.archive(kit.member("x/a.txt", b"a"), kit.header("y/b.txt", typeflag=b"2", linkname=b"../x/a.txt"))
     assert [(n, d) for n, d, _ in kit.read_all(inside)] == [("x/a.txt", b"a"), ("y/b.txt", b"a")]
     with pytest.raises(OptionError, match="bad links policy"):

@@ -107,13 +107,21 @@ def test_gnu_tar_links_are_read_as_their_targets_and_dirs_skipped(ix, tmp_path):
     assert "hard link 1" in r.stderr and "symlink 1" in r.stderr and "directory 3" in r.stderr
 
 
-def test_a_dangling_link_is_one_line_naming_it_and_the_option(ix, tmp_path):
+def test_a_dangling_link_is_said_and_left_out_or_with_strict_one_error(ix, tmp_path):
+    """A symbolic link carries no data: one that leaves the archive (or points to a directory, or to
+    a later member) is left out, said on one line and counted; --links strict makes it an error."""
     src = tmp_path / "src"
     make_tree(src, ["a/x.txt"])
     os.symlink("/etc/hostname", src / "a" / "x.cfg")
+    os.symlink("a", src / "latest")  # a link to a directory: 'tar -C dir .' of a tree with 'latest -> train'
     archive = tmp_path / "dangling.tar"
     ix.gnu_tar("--sort=name", "-cf", archive, "-C", src, ".")
-    r = ix.run(ix.tarcat, [archive])
+    r = ix.run(ix.tarcat, ["--stats", archive])
+    assert r.exit_code == 0, r.stderr
+    assert [k for k, _ in ix.samples_of_bytes(r.stdout_bytes, tmp_path)] == ["a/x"]
+    assert "symbolic link './a/x.cfg' -> '/etc/hostname' at byte" in r.stderr and "left out: it leaves the archive" in r.stderr
+    assert "symbolic link './latest' -> 'a' at byte" in r.stderr and "symlink 2" in r.stderr
+    r = ix.run(ix.tarcat, ["--links", "strict", archive])
     assert r.exit_code == 1
     assert r.stderr.count("\n") == 1 and "symbolic link './a/x.cfg' -> '/etc/hostname': it leaves the archive" in r.stderr
     assert "--links skip" in r.stderr and "Traceback" not in r.stderr
