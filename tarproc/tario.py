@@ -552,79 +552,70 @@ def _skipper(stream: Any) -> Callable[[int], int] | None:
 class _RecentMembers:
     """The regular members read lately (their names and data), about ``limit`` bytes of them (each
     member counted at least 512 bytes): a hard or symbolic link names an earlier member, and a
-    stream can't go back to read it again. The first link builds a name index, and members added
-    after it are indexed as they come, so that many links cost one dictionary lookup each.
+    stream can't go back to read it again. Links find their targets by name, exactly (a link to
+    ``a.TXT`` is not ``a.txt``, whatever the sample readers make of the two): a name index is
+    built by the first link and brought up to date by the next, one dictionary lookup each.
 
-    Until a link needs them, the fast path's members are remembered as the buffer they were found
-    in (``add_scanned``), not as the items handed out: holding on to the items themselves (a tuple,
-    a name and a bytes object per member, megabytes of them) keeps their memory from being reused
-    and slowed reading small members by about 5%. The first link scans those buffers again; after
-    it, the items are kept as they are.
+    The fast path's members are remembered as the buffer they were found in (``add_scanned``), not
+    as the items handed out: holding on to the items themselves (a tuple, a name and a bytes object
+    per member, megabytes of them) keeps their memory from being reused and slowed reading small
+    members by about 5%. A link scans those buffers again, for names.
     """
 
-    def __init__(self, limit: int, keyed: bool) -> None:
+    def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.keyed = keyed
-        # (sequence number, items or a _Scanned buffer, charged bytes)
-        self.lists: deque[tuple[int, Any, int]] = deque()
+        # [sequence number, (name, data, offset) items or a _Scanned buffer, charged bytes]
+        self.lists: deque[list[Any]] = deque()
         self.bytes = 0
         self.added = 0  # lists added so far
-        self.index: dict[Any, tuple[int, Any]] | None = None  # name -> (sequence number, data), from the first link
+        self.indexed = 0  # lists before this sequence number are in the index
+        self.index: dict[str, tuple[int, Any]] = {}  # name -> (sequence number, data)
 
-    def _name(self, item: Any) -> Any:
-        return (item[0], item[1]) if self.keyed else item[0]
-
-    def add(self, items: list[Any], nbytes: int) -> None:
+    def add(self, items: list[tuple[str, Any, int]], nbytes: int) -> None:
         self._add(items, nbytes + BLOCK * len(items))
 
-    def add_scanned(self, scanned: _Scanned, items: list[Any], nbytes: int) -> None:
-        """The fast path's ``items`` (``nbytes`` of data), which ``scanned`` gives again when asked:
-        kept as that until a link needs them, as they are after."""
-        self._add(scanned if self.index is None else items, nbytes + BLOCK * len(items))
+    def add_scanned(self, scanned: _Scanned, count: int, nbytes: int) -> None:
+        """The fast path's ``count`` members (``nbytes`` of data), which ``scanned`` gives again, by
+        name, when a link asks."""
+        self._add(scanned, nbytes + BLOCK * count)
 
     def _add(self, items: Any, charged: int) -> None:
         if self.limit <= 0:
             return
-        seq = self.added
-        self.lists.append((seq, items, charged))
+        self.lists.append([self.added, items, charged])
         self.added += 1
         self.bytes += charged
-        if self.index is not None:
-            self._index(seq, items)
         while self.bytes > self.limit and self.lists:
             old_seq, old, size = self.lists.popleft()
             self.bytes -= size
-            if self.index is not None:
+            if old_seq < self.indexed:
                 for item in old:
-                    name = self._name(item)
-                    if self.index.get(name, (None,))[0] == old_seq:
-                        del self.index[name]
+                    if self.index.get(item[0], (None,))[0] == old_seq:
+                        del self.index[item[0]]
 
-    def _index(self, seq: int, items: Any) -> None:
-        assert self.index is not None
-        for item in items:
-            self.index[self._name(item)] = (seq, item[-2])
-
-    def find(self, name: str) -> bytes | None:
-        if self.index is None:  # the first link: the buffers become their items, all indexed
-            self.index = {}
-            self.lists = deque((seq, items.items() if isinstance(items, _Scanned) else items, charged)
-                               for seq, items, charged in self.lists)
-            for seq, items, _ in self.lists:
-                self._index(seq, items)
-        found = self.index.get(split_key(name) if self.keyed else name)
+    def find(self, name: str) -> Any:
+        for entry in self.lists:  # what came since the last link: indexed now
+            seq, items, _ = entry
+            if seq >= self.indexed:
+                if isinstance(items, _Scanned):
+                    entry[1] = items = items.items()
+                for item in items:
+                    self.index[item[0]] = (seq, item[-2])
+        self.indexed = self.added
+        found = self.index.get(name)
         return found[1] if found is not None else None
 
 
 class _Scanned:
     """Members the C scanner found in a buffer, to be found again: ``items()`` scans the same bytes
-    from the same place with the same arguments, so it gives the same items (equal, not the same
-    objects)."""
+    from the same place with the same arguments, but for names (``(name, data, offset)`` items,
+    whatever the reader hands out), so it gives the same members (equal, not the same objects)."""
 
     __slots__ = ("args", "fetch", "scan")
 
     def __init__(self, scan: Any, args: tuple[Any, ...], fetch: bool) -> None:
-        self.scan, self.args, self.fetch = scan, args, fetch
+        self.scan, self.fetch = scan, fetch
+        self.args = (*args[:4], False, *args[5:])  # keyed=False: names
 
     def items(self) -> list[Any]:
         items: list[Any] = self.scan(*self.args)[0]
@@ -781,7 +772,7 @@ def _read_members(
     # the C fast path accepts no size above this (and needs it to fit a C long long)
     scan_limit = min(max_member_size, 1 << 62)
     view_size = _VIEW if views else 0  # data this big comes as views of buf (iter_keyed_members)
-    recent = _RecentMembers(link_cache if links != "skip" else 0, keyed)
+    recent = _RecentMembers(link_cache if links != "skip" else 0)
     # symbolic links left out for want of an earlier target: target -> link (said again if it comes later)
     dangling: dict[Any, tuple[str, str]] = {}
     # skip_data (for indexing a local file): the data of a regular member of _VIEW bytes or more that
@@ -847,7 +838,7 @@ def _read_members(
                 else:
                     pos = new_pos
                 if recent.limit > 0 and cut is None:
-                    recent.add_scanned(_Scanned(scan, args, fetch), items, nb)
+                    recent.add_scanned(_Scanned(scan, args, fetch), len(items), nb)
                 if record is not None:
                     for name, data, at in items:
                         record(name, at, at + BLOCK, data)
@@ -990,7 +981,7 @@ def _read_members(
             base = stream_pos
 
         # -- dispatch on type --
-        linked = False
+        linked = reread = False
         if sparse is not None:  # old GNU sparse: the file is its regions, zeros between
             real = _parse_number(block[483:495])
             if real is None or real < 0:
@@ -1034,6 +1025,7 @@ def _read_members(
                         rereader = _rereader(stream, base + len(buf), max_member_size)
                     if rereader is not None:
                         found = rereader(resolved, offset)
+                        reread = found is not None  # bytes of its own: charged to the cache as a member's
                 if found is None:
                     kind = "hard link" if typeflag == ord("1") else "symbolic link"
                     why = ("it leaves the archive" if resolved is None else
@@ -1063,7 +1055,8 @@ def _read_members(
                 item = (name, data, offset)
             if dangling:
                 _target_came(dangling, (key, field) if keyed else name, offset, stats, url)
-            recent.add([item], 0 if linked else len(data))  # a link's data is its target's bytes object
+            # a link's data found in the cache is its target's bytes (charged then); read again, its own
+            recent.add([(name, data, offset)], len(data) if reread or not linked else 0)
             if record is not None:
                 record(name, offset, data_offset, data)
             yield item

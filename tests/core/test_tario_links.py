@@ -340,3 +340,32 @@ def test_views_give_the_same_members_as_copies_and_stay_valid(kit, reader):
     plain = list(iter_keyed_members(kit.ChunkedReader(archive, seed=3, max_piece=1 << 20)))
     assert {type(d) for _, _, d, _ in plain} == {bytes}
     assert [(k, f, bytes(d), o) for k, f, d, o in got] == plain
+
+
+def test_a_link_finds_its_target_by_exact_name(kit, reader):
+    """The sample readers know fields lower-cased; a link still names a member: ``a.TXT`` is not ``a.txt``."""
+    raw = kit.archive(kit.member("a.txt", b"lower"), kit.header("b.txt", typeflag=b"1", linkname=b"a.TXT"))
+    with pytest.raises(LinkError, match="hard link 'b.txt' -> 'a.TXT': no earlier member"):
+        kit.read_all(raw, keyed=True)
+    same = kit.archive(kit.member("a.TXT", b"upper"), kit.header("b.txt", typeflag=b"1", linkname=b"a.TXT"))
+    assert [(k, f, d) for k, f, d, _ in kit.read_all(same, keyed=True)] == [("a", "txt", b"upper"), ("b", "txt", b"upper")]
+
+
+def test_links_read_again_from_the_file_are_charged_to_the_cache(tmp_path, kit, reader):
+    """300 hard links to an 8 MiB member that has left the 4 MiB cache: each is read again from the
+    file, and those bytes count against the cache, so they leave it too (not 2.4 GB held)."""
+    parts = [kit.member("big.bin", b"b" * (8 << 20)), kit.member("pad.bin", b"p" * (5 << 20))]
+    parts += [kit.header(f"l{i:03d}.bin", typeflag=b"1", linkname=b"big.bin") for i in range(300)]
+    path = tmp_path / "links.tar"
+    path.write_bytes(kit.archive(*parts))
+    tracemalloc.start()
+    try:
+        n = 0
+        with open_source(str(path)) as source:
+            for _, data, _ in iter_members(source, str(path)):
+                n += 1
+                del data
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert n == 302 and peak < 100 << 20
