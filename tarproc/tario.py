@@ -716,12 +716,11 @@ def _say(stats: ReadStats, message: str) -> None:
         print(f"warning: {message}", file=sys.stderr)
 
 
-def _target_came(dangling: dict[Any, tuple[str, str]], name: Any, offset: int, stats: ReadStats, url: str | None) -> None:
-    """A member is the target of a symbolic link left out before it: say so (a stream can't look ahead)."""
-    link = dangling.pop(name, None)
-    if link is not None:
-        _say(stats, f"{url}: the target of symbolic link {link[0]!r} -> {link[1]!r} is a later member (at byte "
-                    f"{offset}): the link was left out, as a stream can't look ahead (GNU tar would extract it)")
+def _target_came(watched: dict[Any, tuple[str, str]], name: Any, offset: int, stats: ReadStats) -> None:
+    """A member of a name a symbolic link before it named: say what that means (a stream can't look ahead)."""
+    message = watched.pop(name, None)
+    if message is not None:
+        _say(stats, f"{message[0]}{offset}{message[1]}")
 
 
 def _link_target(typeflag: int, name: str, target: str) -> str | None:
@@ -773,8 +772,10 @@ def _read_members(
     scan_limit = min(max_member_size, 1 << 62)
     view_size = _VIEW if views else 0  # data this big comes as views of buf (iter_keyed_members)
     recent = _RecentMembers(link_cache if links != "skip" else 0)
-    # symbolic links left out for want of an earlier target: target -> link (said again if it comes later)
-    dangling: dict[Any, tuple[str, str]] = {}
+    # names a symbolic link made a point of, said when a member of that name comes later: the target of
+    # one left out for want of an earlier target, or of one read as the earlier member of a name that
+    # comes again. name (or (key, field)) -> what to say, before and after the member's byte offset
+    watched: dict[Any, tuple[str, str]] = {}
     # skip_data (for indexing a local file): the data of a regular member of _VIEW bytes or more that
     # isn't all in the buffer is skipped (seek), not read, and given as Unread(size); refs (for data
     # written out as it comes, from a plain local file): the same, handed out as a FileRange that a
@@ -842,10 +843,9 @@ def _read_members(
                 if record is not None:
                     for name, data, at in items:
                         record(name, at, at + BLOCK, data)
-                if dangling:
+                if watched:
                     for scanned in items:
-                        _target_came(dangling, (scanned[0], scanned[1]) if keyed else scanned[0], scanned[-1], stats,
-                                     url)
+                        _target_came(watched, (scanned[0], scanned[1]) if keyed else scanned[0], scanned[-1], stats)
                 it = iter(items)
                 try:
                     yield from it
@@ -1038,12 +1038,19 @@ def _read_members(
                     # with the links skipped, below)
                     _say(stats, f"{url}: symbolic link {name!r} -> {target!r} at byte {offset} left out: {why}")
                     if resolved is not None:
-                        dangling[split_key(resolved) if keyed else resolved] = (name, target)
+                        watched[split_key(resolved) if keyed else resolved] = (
+                            f"{url}: the target of symbolic link {name!r} -> {target!r} is a later member (at byte ",
+                            "): the link was left out, as a stream can't look ahead (GNU tar would extract it)")
                 else:
                     data = found
                     is_reg = True
                     data_offset = None
                     linked = True
+                    if typeflag == ord("2") and resolved is not None:
+                        watched[split_key(resolved) if keyed else resolved] = (
+                            f"{url}: {resolved!r} comes again (at byte ",
+                            f") after symbolic link {name!r} -> {target!r} was read as its earlier bytes (GNU tar's "
+                            "extracted link would read the later)")
         if is_reg:
             stats.members += 1
             stats.bytes += len(data)
@@ -1053,8 +1060,8 @@ def _read_members(
                 item = (key, field, data, offset)
             else:
                 item = (name, data, offset)
-            if dangling:
-                _target_came(dangling, (key, field) if keyed else name, offset, stats, url)
+            if watched:
+                _target_came(watched, (key, field) if keyed else name, offset, stats)
             # a link's data found in the cache is its target's bytes (charged then); read again, its own
             recent.add([(name, data, offset)], len(data) if reread or not linked else 0)
             if record is not None:

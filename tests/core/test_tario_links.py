@@ -369,3 +369,17 @@ def test_links_read_again_from_the_file_are_charged_to_the_cache(tmp_path, kit, 
     finally:
         tracemalloc.stop()
     assert n == 302 and peak < 100 << 20
+
+
+def test_a_symbolic_link_whose_target_name_comes_again_is_said(kit, reader):
+    """Streaming reads the link as the earlier member's bytes; GNU tar's extracted link would read the
+    later one's: said when the name comes again (once)."""
+    raw = kit.archive(kit.member("a.txt", b"first"), kit.header("b.txt", typeflag=b"2", linkname=b"a.txt"),
+                      kit.member("a.txt", b"second"), kit.member("a.txt", b"third"))
+    said: list[str] = []
+    stats = ReadStats()
+    stats.warn = said.append
+    got = [(n, d) for n, d, _ in iter_members(io.BytesIO(raw), "mem.tar", stats=stats)]
+    assert got == [("a.txt", b"first"), ("b.txt", b"first"), ("a.txt", b"second"), ("a.txt", b"third")]
+    assert said == ["mem.tar: 'a.txt' comes again (at byte 1536) after symbolic link 'b.txt' -> 'a.txt' was read as "
+                    "its earlier bytes (GNU tar's extracted link would read the later)"]
