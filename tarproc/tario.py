@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from operator import length_hint
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Literal, NamedTuple, Protocol, overload
 from zlib import adler32
 
 from .compression import Readable
@@ -673,6 +673,9 @@ class _PreadStream:
         return data
 
 
+_EXPANDED_KEPT = 64 << 20  # bytes of expanded (sparse) members a MemberFinder keeps for the next link
+
+
 class MemberFinder:
     """Members of a plain tar file found by name, for links whose targets the reader no longer
     holds: a second reader goes through the file (with pread) only as far as needed, once,
@@ -680,20 +683,24 @@ class MemberFinder:
 
     def __init__(self, fd: int, origin: int = 0, max_member_size: int = DEFAULT_MAX_MEMBER_SIZE) -> None:
         self.fd, self.origin, self.max_member_size = fd, origin, max_member_size
-        # name -> [(header offset, (data offset, size) or None: not stored in place)], in file order
-        self.where: dict[str, list[tuple[int, tuple[int, int] | None]]] = {}
+        # name -> [(header offset, (data offset, size), None: not stored in place, or the _LinkTo of a
+        # link)], in file order
+        self.where: dict[str, list[tuple[int, Any]]] = {}
         self.members = self._scan(self._record)
         self.scanned = -1  # header offset of the last member read
+        self.expanded: dict[int, bytes] = {}  # header offset -> data not stored in place, the last few
 
     def _scan(self, record: Callable[[str, int, int | None, Any], None] | None) -> Iterator[Any]:
         return _read_members(_PreadStream(self.fd, self.origin), None, max_member_size=self.max_member_size,
                              stats=None, keyed=False, links="skip", link_cache=0, ignore_zeros=True, record=record)
 
     def _record(self, name: str, header: int, data_offset: int | None, data: Any) -> None:
-        self.where.setdefault(name, []).append((header, (data_offset, len(data)) if data_offset is not None else None))
+        place = data if type(data) is _LinkTo else (data_offset, len(data)) if data_offset is not None else None
+        self.where.setdefault(name, []).append((header, place))
 
-    def find(self, name: str, before: int) -> bytes | None:
-        """The data of the last regular member called ``name`` whose header starts before ``before``."""
+    def find(self, name: str, before: int, depth: int = 0) -> bytes | None:
+        """The data of the last member called ``name`` whose header starts before ``before`` (a
+        link: its target's, found the same way from the link on)."""
         while self.scanned < before:
             try:
                 self.scanned = next(self.members)[-1]
@@ -703,8 +710,17 @@ class MemberFinder:
         if not earlier:
             return None
         header, place = earlier[-1]
-        if place is None:  # expanded (a sparse file): expand it again, reading up to it
-            return next((data for member, data, offset in self._scan(None) if offset == header), None)
+        if type(place) is _LinkTo:
+            return self.find(place.target, header, depth + 1) if depth < 32 else None  # a loop: no target
+        if place is None:  # expanded (a sparse file): expand it again, reading up to it, unless done lately
+            data = self.expanded.get(header)
+            if data is None:
+                data = next((data for member, data, offset in self._scan(None) if offset == header), None)
+                if data is not None and len(data) <= _EXPANDED_KEPT:
+                    self.expanded[header] = data
+                    while sum(map(len, self.expanded.values())) > _EXPANDED_KEPT:
+                        del self.expanded[next(iter(self.expanded))]
+            return data
         at, size = place
         return os.pread(self.fd, size, self.origin + at) if size else b""
 
@@ -721,6 +737,21 @@ def _target_came(watched: dict[Any, tuple[str, str]], name: Any, offset: int, st
     message = watched.pop(name, None)
     if message is not None:
         _say(stats, f"{message[0]}{offset}{message[1]}")
+
+
+def _link_name(long_link: str | None, pax: dict[str, str], block: bytes) -> str:
+    """What a link entry names: its GNU long link name, else its pax linkpath, else the header's."""
+    if long_link is not None:
+        return long_link
+    if pax and "linkpath" in pax:
+        return pax["linkpath"]
+    return _decode_name(_cstr(block[157:257]))
+
+
+class _LinkTo(NamedTuple):
+    """A link found by a MemberFinder's scan: the member it names."""
+
+    target: str
 
 
 def _link_target(typeflag: int, name: str, target: str) -> str | None:
@@ -1008,13 +1039,13 @@ def _read_members(
             pax_global.update(_parse_pax(data, url, offset))
             pax_global.pop("size", None)
             continue
+        if typeflag in _LINK_TYPES and links == "skip" and record is not None and not size:
+            # a MemberFinder's scan: a link to a link is found through it
+            resolved = _link_target(typeflag, name, _link_name(long_link, pax, block))
+            if resolved is not None:
+                record(name, offset, None, _LinkTo(resolved))
         if typeflag in _LINK_TYPES and links != "skip":
-            if long_link is not None:
-                target = long_link
-            elif pax and "linkpath" in pax:
-                target = pax["linkpath"]
-            else:
-                target = _decode_name(_cstr(block[157:257]))
+            target = _link_name(long_link, pax, block)
             if size:  # a hard link that carries its own data (pax): that is the file
                 is_reg = True
             else:

@@ -383,3 +383,39 @@ def test_a_symbolic_link_whose_target_name_comes_again_is_said(kit, reader):
     assert got == [("a.txt", b"first"), ("b.txt", b"first"), ("a.txt", b"second"), ("a.txt", b"third")]
     assert said == ["mem.tar: 'a.txt' comes again (at byte 1536) after symbolic link 'b.txt' -> 'a.txt' was read as "
                     "its earlier bytes (GNU tar's extracted link would read the later)"]
+
+
+def test_a_link_to_an_earlier_link_is_found_when_both_have_left_the_cache(tmp_path, kit, reader):
+    parts = [kit.member("a.bin", b"a" * (5 << 20)), kit.header("b.bin", typeflag=b"1", linkname=b"a.bin"),
+             kit.member("pad.bin", b"p" * (5 << 20)), kit.header("c.bin", typeflag=b"2", linkname=b"b.bin")]
+    archive = tmp_path / "chain.tar"
+    archive.write_bytes(kit.archive(*parts))
+    with open_source(str(archive)) as source:
+        got = {n: d for n, d, _ in iter_members(source, str(archive))}
+    assert got["c.bin"] == got["b.bin"] == b"a" * (5 << 20)  # was: "no earlier member of this shard has that name"
+    assert {n: d for n, d in got.items() if n != "c.bin"} == extracted(kit, archive, tmp_path)  # c: a symlink there
+
+
+def test_links_to_a_sparse_member_expand_it_once(tmp_path, kit, reader, monkeypatch):
+    """Each link to a sparse member that left the cache used to scan the shard from its start and
+    expand every sparse member before it again: now the last expanded ones are kept."""
+    import tarproc.tario as tario
+
+    src = tmp_path / "src"
+    src.mkdir()
+    write_sparse_file(src / "sparse.bin", regions=10)
+    (src / "pad.bin").write_bytes(b"p" * (5 << 20))
+    for i in range(8):
+        os.link(src / "sparse.bin", src / f"l{i}.bin")
+    archive = tmp_path / "sparse-links.tar"
+    kit.gnu_tar("-cf", str(archive), "--format=pax", "--sparse", "-C", str(src), "sparse.bin", "pad.bin",
+                *[f"l{i}.bin" for i in range(8)])
+    if b"GNU.sparse" not in archive.read_bytes()[:8192]:
+        pytest.skip("this file system does not keep holes: GNU tar stored the file as a plain one")
+    scans = []
+    real = tario.MemberFinder._scan
+    monkeypatch.setattr(tario.MemberFinder, "_scan", lambda self, record: scans.append(record) or real(self, record))
+    with open_source(str(archive)) as source:
+        got = {n: d for n, d, _ in iter_members(source, str(archive))}
+    assert got == extracted(kit, archive, tmp_path)
+    assert sum(1 for record in scans if record is None) == 1  # one re-expansion for 8 links
