@@ -44,6 +44,7 @@ DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
 CLOSE_LINGER_MS = 2000
 TAKEN_MEMORY = 1 << 16  # batch numbers per sender remembered as taken, to drop a second copy
 MAX_SENDERS = 4096  # senders (group, rank) one receiver keeps track of: a peer can't grow the table for ever
+MAX_FRAMES = 4096  # frames of one message (a batch has a few a column): past it, the rest is dropped unkept
 _CONNECTION_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
 _ACCEPTED, _DISCONNECTED = 0x0020, 0x0200
 MIN_RATE_SECONDS = 0.1  # a rate measured over less time than this is noise
@@ -79,6 +80,20 @@ def tune_malloc() -> bool:
             settings = ((m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2**31 - 1), (m_top_pad, 64 << 20))
             _malloc_tuned = all(mallopt(option, value) == 1 for option, value in settings)
     return _malloc_tuned
+
+
+def _recv_bounded(sock: Any) -> list[Any] | None:
+    """One message's frames, or None (its frames received and let go) when it has more than
+    MAX_FRAMES: the size limit is a frame's, and millions of empty frames must not become as many
+    objects held at once."""
+    frames = [sock.recv(copy=False)]
+    while frames[-1].more:
+        if len(frames) > MAX_FRAMES:
+            while sock.recv(copy=False).more:
+                pass
+            return None
+        frames.append(sock.recv(copy=False))
+    return frames
 
 
 @dataclass
@@ -463,7 +478,11 @@ class Receiver:
             if sock not in ready:
                 continue
             self._next = index + 1
-            frames = sock.recv_multipart(copy=False)
+            frames = _recv_bounded(sock)
+            if frames is None:
+                self.stats.rejected += 1
+                self.warn(f"rejected a message on {self.endpoints[index].url}: more than {MAX_FRAMES} frames")
+                continue
             rid = b""
             if self._routers[index]:
                 rid, frames = frames[0].bytes, frames[1:]

@@ -265,6 +265,27 @@ def test_an_oversized_message_is_refused_and_reception_goes_on(cli, tmp_path) ->
     assert not (tmp_path / "z.tar").exists()
 
 
+def test_a_message_of_too_many_frames_is_dropped_and_reception_goes_on(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The size limit is a frame's: 100,000 empty frames are one rejected message, not as many objects."""
+    src = cli.write_tar(tmp_path / "x.tar", samples(20))
+    feed = f"ipc://{tmp_path}/feed"
+    receiver = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "y.tar", "--stats")
+    wait_for((tmp_path / "feed").exists)  # bound
+    context = zmq.Context()
+    rogue = context.socket(zmq.DEALER)
+    rogue.connect(feed)
+    rogue.send_multipart([b""] * 100_000)
+    time.sleep(0.5)
+    rogue.close(0)
+    context.term()
+    sender = start("tarserve", "--raw", src, "--to", f"zpush+{feed}", "-b", 2, "-q")
+    assert finish(sender)[0] == 0
+    code, _, err = finish(receiver)
+    assert code == 0, err
+    assert "more than 4096 frames" in err
+    assert (tmp_path / "y.tar").read_bytes() == reference(cli, src)
+
+
 def test_an_older_tarproc_is_told_apart_from_garbage(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A wire v1 sender (PUSH) can't connect to a v2 receiver: the receiver says why."""
     feed = f"ipc://{tmp_path}/feed"
