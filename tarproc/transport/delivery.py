@@ -42,6 +42,7 @@ MAX_TRIES = 8  # receivers that went away holding one batch, before the sender g
 IDLE_SECONDS = 0.02  # with nothing queued, how long the socket thread waits before reading acks again
 _DEALER_PEER = b""  # the routing id of a DEALER socket's one peer
 EMPTY = object()  # what the ``take`` of ``Delivery.run`` returns when nothing is queued
+MIN_FRAME = 256  # bytes: a receiver that takes no frame this big takes no batch (its header alone): not ours
 
 
 @dataclass
@@ -303,18 +304,23 @@ class Delivery:
             return  # not from a receiver of ours: nothing to act on (the receiver side reports garbage)
         key = (index, rid)
         peer = self.peers.get(key)
+        mine = (ack.get("to", self.common["sender"]), ack.get("to_group", self.common["group"])) == (
+            self.common["sender"], self.common["group"])
+        if peer is None and (not mine or ack.get("max_frame", MIN_FRAME) < MIN_FRAME):
+            # meant for another sender (it must not become a peer this stream waits for at its end), or
+            # one that takes no frame a batch could be: not a receiver of ours
+            return
         if peer is None:
             if self._routers[index]:  # a receiver that connected to us greets first
                 self._hello(index, rid)
             if self._last_eof is not None and ack.get("final") is not True:  # a latecomer: that end is news
                 self._send(index, rid, control("eof", **self.common, **self._last_eof, seq=0, dest=index))
             peer = self.peers[key] = Peer(index, rid)
-        if (ack.get("to", self.common["sender"]), ack.get("to_group", self.common["group"])) != (
-                self.common["sender"], self.common["group"]):
+        if not mine:
             return  # meant for an earlier sender on this endpoint (queued while it was gone)
         peer.receiver = ack["receiver"]
-        peer.credit += ack["credit"]
-        if "max_frame" in ack:
+        peer.credit = min(peer.credit + ack["credit"], self.hwm)  # more would hold batches in memory unbounded
+        if "max_frame" in ack and ack["max_frame"] >= MIN_FRAME:
             peer.max_frame = ack["max_frame"]
         for seq in ack["seqs"]:
             item = peer.unacked.pop(seq, None)

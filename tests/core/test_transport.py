@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import threading
@@ -1141,3 +1142,44 @@ def test_a_damaged_checkpoint_is_a_checkpoint_error_naming_the_file(tmp_path, ch
     path.write_text("[" * 100_000 + "]" * 100_000 if change == "deep" else _checkpoint_text(change))
     with pytest.raises(checkpoints.CheckpointError, match="not a usable tarserve checkpoint"):
         checkpoints.load(str(path), {})
+
+
+def test_a_bound_sender_trusts_no_peer_beyond_its_hwm(tmp_path):
+    """A peer's credit of 10**12 is capped at --hwm (the sender would hold every batch for it); a
+    greeting that takes no frame (max_frame 0) is not a receiver of ours, nor is an ack addressed to
+    another sender: neither stops the stream nor is waited for at its end."""
+    from tarproc.transport.wire import ack
+
+    url = ipc(tmp_path)
+    context = zmq.Context()
+    greedy, tiny, stranger = (context.socket(zmq.DEALER) for _ in range(3))
+    for sock in (greedy, tiny, stranger):
+        sock.connect(url)
+    got: list[str] = []
+
+    def receive() -> None:
+        with contextlib.suppress(TransportError), Receiver(f"zrpull+{url}", timeout=3) as receiver:
+            for batch in receiver:  # the end: the sender is closed with batches the greedy peer holds
+                got.extend(batch["__key__"])
+
+    sender = Sender(f"zrpush+{url}", heartbeat=0.1, hwm=2, send_timeout=20)
+    tiny.send_multipart(ack("r:tiny", credit=8, max_frame=0))
+    stranger.send_multipart(ack("r:other", to=("someone-else", "theirs"), credit=8))
+    greedy.send_multipart(ack("r:greedy", credit=10**12))
+    time.sleep(0.3)
+    thread = in_thread(receive)
+    for i in range(12):
+        sender.send([f"k{i}"], {"x": np.zeros((1, 1), np.uint8)}, epoch=0)
+    sender.end_epoch(0, final=True)
+    batches_to_greedy = 0
+    while greedy.poll(200):
+        if msgpack.unpackb(greedy.recv_multipart()[0]).get("kind") == "batch":
+            batches_to_greedy += 1
+    assert batches_to_greedy <= 2  # its credit was capped at the hwm; the others went to the receiver
+    assert not tiny.poll(100) or msgpack.unpackb(tiny.recv_multipart()[0]).get("kind") != "batch"
+    sender.close(abort=True)
+    thread.join(timeout=30)
+    for sock in (greedy, tiny, stranger):
+        sock.close(0)
+    context.term()
+    assert len(got) >= 10 and len(set(got)) == len(got)
