@@ -6,6 +6,8 @@ CLI boundary (``tarproc.cli.common``) turns them into ``COMMAND: error: MESSAGE`
 
 from __future__ import annotations
 
+import sys
+
 
 class TarprocError(Exception):
     """Base class of all errors the core raises on bad data, bad input or a failed sink."""
@@ -192,3 +194,8 @@ class OptionError(TarprocError):
 
     The CLI boundary reports these as usage errors (exit status 2).
     """
+
+
+def warn_stderr(message: str) -> None:
+    """Where the core's warnings go when the caller gives no ``warn``: ``warning: MESSAGE`` on stderr."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)

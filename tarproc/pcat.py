@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import OptionError, TarprocError
+from .errors import warn_stderr as _warn_stderr
 from .samples import Sample, check_read_policies, group_keyed
 from .sources import Source, expand_urls, local_path, open_source
 from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
@@ -451,10 +452,6 @@ def parallel_samples(
     )
 
 
-def _warn_stderr(message: str) -> None:
-    import sys
-
-    print(f"warning: {message}", file=sys.stderr)
 
 
 def _interleave(

@@ -44,6 +44,7 @@ from multiprocessing.connection import wait as wait_connections
 from typing import Any
 
 from .errors import JobError, OptionError, TarprocError
+from .errors import warn_stderr as _warn_stderr
 from .samples import Sample
 from .tario import DEFAULT_MAX_MEMBER_SIZE
 
@@ -620,8 +621,6 @@ def _shell(
     yield from _run_pool(samples, pool, window, ordered, on_error, stats, on_log, warn or _warn_stderr, "command")
 
 
-def _warn_stderr(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,11 +12,11 @@ In memory a sample carries ``__key__`` and ``__url__``; writers never write them
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .errors import DuplicateError, OptionError, TarprocError
+from .errors import warn_stderr as _warn_stderr
 from .tario import DEFAULT_MAX_MEMBER_SIZE, FileRange, ReadStats, iter_keyed_members, split_key
 
 if TYPE_CHECKING:  # the sources are imported where used: the commands that read none start without them
@@ -229,10 +229,6 @@ def _group_python(
     if sample is not None:
         rules.sample()
         yield sample
-
-
-def _warn_stderr(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
 
 
 def read_samples(

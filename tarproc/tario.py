@@ -23,10 +23,10 @@ turns the C paths off.
 
 from __future__ import annotations
 
+import itertools
 import os
 import posixpath
 import stat
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -35,7 +35,7 @@ from typing import Any, Literal, NamedTuple, Protocol, overload
 from zlib import adler32
 
 from .compression import Readable
-from .errors import LinkError, OptionError, SampleError, SourceError, TarFormatError, TarprocError
+from .errors import LinkError, OptionError, SampleError, SourceError, TarFormatError, TarprocError, warn_stderr
 
 # The optional C fast paths (tarproc/_speedups.c) of the reader (_scan) and the writer (_pack, and
 # _members for sample_members); the Python code below is the reference. TARPROC_PURE_PYTHON=1 turns
@@ -594,13 +594,13 @@ class _RecentMembers:
                         del self.index[item[0]]
 
     def find(self, name: str) -> Any:
-        for entry in self.lists:  # what came since the last link: indexed now
+        new = list(itertools.takewhile(lambda entry: entry[0] >= self.indexed, reversed(self.lists)))
+        for entry in reversed(new):  # what came since the last link, in order: indexed now
             seq, items, _ = entry
-            if seq >= self.indexed:
-                if isinstance(items, _Scanned):
-                    entry[1] = items = items.items()
-                for item in items:
-                    self.index[item[0]] = (seq, item[-2])
+            if isinstance(items, _Scanned):
+                entry[1] = items = items.items()
+            for item in items:
+                self.index[item[0]] = (seq, item[-2])
         self.indexed = self.added
         found = self.index.get(name)
         return found[1] if found is not None else None
@@ -726,10 +726,7 @@ class MemberFinder:
 
 
 def _say(stats: ReadStats, message: str) -> None:
-    if stats.warn is not None:
-        stats.warn(message)
-    else:
-        print(f"warning: {message}", file=sys.stderr)
+    (stats.warn or warn_stderr)(message)
 
 
 def _target_came(watched: dict[Any, tuple[str, str]], name: Any, offset: int, stats: ReadStats) -> None:
@@ -1496,9 +1493,6 @@ def _lone_surrogate(e: UnicodeEncodeError) -> str:
             "carry")
 
 
-_NO_DATA_FLAGS = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, directories, fifos
-
-
 def ends_at_member(f: Any, offset: int) -> bool:
     """Whether walking the headers of the tar file ``f`` from its first byte lands exactly on
     ``offset``: every header on the way has a valid checksum and each member's data is stepped
@@ -1518,7 +1512,7 @@ def ends_at_member(f: Any, offset: int) -> bool:
         size = _parse_number(block[124:136])
         if size is None or size < 0:
             return False
-        pos += BLOCK + (0 if block[156:157] in _NO_DATA_FLAGS else (size + 511) & ~511)
+        pos += BLOCK + (0 if block[156] in _NO_DATA_TYPES else (size + 511) & ~511)
     return pos == offset
 
 

@@ -44,7 +44,6 @@ class ShardCache:
         self.known: dict[str, Identity] = {}  # identities learned before reading (no request then)
         self.digests: dict[str, str] = {}  # sha256 a manifest gives: an entry must match
         self.broken = False
-        self.hits = self.fills = 0
 
     def _failed(self, what: str, e: OSError) -> None:
         if not self.broken and self.warn is not None:
@@ -71,7 +70,6 @@ class ShardCache:
             return None
         with contextlib.suppress(OSError):  # a cache shared read-only is read all the same
             os.utime(path)  # last used now (the eviction order)
-        self.hits += 1
         return path
 
     def learn(self, identities: dict[str, Identity], digests: dict[str, str] | None = None) -> None:
@@ -140,7 +138,6 @@ class ShardCache:
                 os.unlink(filling.tmp + ".json")
             self._failed("publishing an entry", e)
             return
-        self.fills += 1
         if self.max_bytes is not None:
             self.evict(keep=final)
 

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..errors import OptionError, SourceError, TarprocError
+from ..errors import OptionError, SourceError, TarprocError, warn_stderr
 
 DEFAULT_RETRIES = 5
 DEFAULT_TIMEOUT = 60.0  # seconds a connect or a single read may take
@@ -95,10 +94,6 @@ class _Transient(Exception):
     def __init__(self, message: str, wait: float | None = None) -> None:
         super().__init__(message)
         self.wait = wait  # the server's Retry-After, when it gave one
-
-
-def warn_stderr(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def describe(e: BaseException) -> str:
@@ -316,7 +311,6 @@ class RemoteReader:
         self.network = network if network is not None else _settings
         self.warn = warn if warn is not None else warn_stderr
         self.sleep = sleep
-        self.retries_used = 0
         self._http = url.startswith(("http://", "https://"))
         self._stream: Any = None
         self._since_open = 0  # bytes read since the last (re)open
@@ -378,7 +372,6 @@ class RemoteReader:
                 import random
 
                 attempt += 1
-                self.retries_used += 1
                 wait = self.network.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
                 if attempt == 1 and self._since_open:  # a connection that had been giving: reopen at once
                     wait = 0.0

@@ -234,18 +234,23 @@ def test_a_checkpoint_of_other_options_is_refused(cli, tmp_path) -> None:  # typ
     assert code == 1 and "not a usable tarserve checkpoint" in err and len(err.strip().splitlines()) == 1
 
 
+def send_by_hand(feed: str, frames: list[bytes]) -> None:
+    """One message to a receiver bound at ``feed``, from a socket that is no tarproc sender."""
+    context = zmq.Context()
+    rogue = context.socket(zmq.DEALER)
+    rogue.connect(feed)
+    rogue.send_multipart(frames)
+    time.sleep(0.5)
+    rogue.close(0)
+    context.term()
+
+
 def test_an_oversized_message_is_refused_and_reception_goes_on(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
     src = cli.write_tar(tmp_path / "x.tar", samples(20))
     feed = f"ipc://{tmp_path}/feed"
     receiver = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "y.tar", "--max-message-size", "1KiB", "--stats")
     wait_for((tmp_path / "feed").exists)  # bound
-    context = zmq.Context()
-    rogue = context.socket(zmq.DEALER)  # not a tarproc sender: it ignores the limit it is told
-    rogue.connect(feed)
-    rogue.send_multipart([b"\x80", bytes(1 << 20)])
-    time.sleep(0.5)
-    rogue.close(0)
-    context.term()
+    send_by_hand(feed, [b"\x80", bytes(1 << 20)])  # not a tarproc sender: it ignores the limit it is told
     sender = start("tarserve", "--raw", src, "--to", f"zpush+{feed}", "-b", 2, "-q")
     assert finish(sender)[0] == 0
     code, _, err = finish(receiver)
@@ -271,13 +276,7 @@ def test_a_message_of_too_many_frames_is_dropped_and_reception_goes_on(cli, tmp_
     feed = f"ipc://{tmp_path}/feed"
     receiver = start("tarrecv", f"zpull+{feed}", "-o", tmp_path / "y.tar", "--stats")
     wait_for((tmp_path / "feed").exists)  # bound
-    context = zmq.Context()
-    rogue = context.socket(zmq.DEALER)
-    rogue.connect(feed)
-    rogue.send_multipart([b""] * 100_000)
-    time.sleep(0.5)
-    rogue.close(0)
-    context.term()
+    send_by_hand(feed, [b""] * 100_000)
     sender = start("tarserve", "--raw", src, "--to", f"zpush+{feed}", "-b", 2, "-q")
     assert finish(sender)[0] == 0
     code, _, err = finish(receiver)
