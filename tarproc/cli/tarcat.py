@@ -34,6 +34,7 @@ EPILOG = """\b
 Examples:
   tarcat 'train-{0000..0147}.tar' -c 1000 > first1000.tar
   tarcat http://host/train-{0000..0009}.tar --shuffle 5000 --seed 1 | tarsplit -n 10000 -o mixed
+  tarcat 's3://bucket/train-{0000..0147}.tar' --retries 8 --cache /nvme/cache -o all.tar   # cut connections resume
   tar -cf - --sort=name -C /data train | tarcat -f 'image:jpg,jpeg,png cls' --rekey %09d > train.tar
   tarcat --stats -o /dev/null shards/*.tar      # check shards: counts, damage, duplicates
   cat a.tar b.tar | tarcat -i --links skip > ab.tar   # concatenated archives; links left out
