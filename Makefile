@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO   := demo-data
 
-.PHONY: demo test bench lint docs clean install install-dev install-slurm
+.PHONY: demo test bench lint docs clean install install-dev install-slurm install-browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -93,7 +93,22 @@ demo: install
 	                         "every key once:", len({k for x in b for k in x[0]}) == sum(len(x[0]) for x in b) == 200); \
 	  [show(list(ds)) for epoch in range(2)]'
 
-test: install-dev install-slurm
+# tarshow --report/--serve are tested in a real browser (tests/view/): as root with apt-get, install
+# Debian's chromium and chromium-driver when missing. Never fails the build: without them those tests
+# are skipped, saying why.
+BROWSER_DEBS := chromium chromium-driver
+install-browser:
+	@if [ -x /usr/bin/chromedriver ] && { [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1; }; then :; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: not root or no apt-get: the browser tests will be skipped"; \
+	else \
+	  echo "make: apt-get install $(BROWSER_DEBS) (for the browser tests)"; \
+	  { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq \
+	      --no-install-recommends $(BROWSER_DEBS); } >/dev/null 2>&1 \
+	    || echo "make: apt-get failed: the browser tests will be skipped"; \
+	fi
+
+test: install-dev install-slurm install-browser
 	$(BIN)/python -m pytest
 
 # BENCH_ARGS: e.g. --quick, or --out /dev/shm to keep the disk out of the pipeline measure
