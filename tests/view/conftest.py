@@ -14,7 +14,6 @@ selenium is imported; Chromium's own background traffic is switched off with its
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,7 +91,11 @@ def browser() -> Iterator[Any]:
 
 def console_errors(driver: Any) -> list[str]:
     """The browser console's errors (level SEVERE) since the last call, as strings."""
-    return [f"{e.get('source', '')}: {e.get('message', '')}" for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    return [
+        f"{e.get('source', '')}: {e.get('message', '')}"
+        for e in driver.get_log("browser")
+        if e.get("level") == "SEVERE"
+    ]
 
 
 @pytest.fixture
