@@ -196,6 +196,14 @@ class OptionError(TarprocError):
     """
 
 
+class MediaError(TarprocError):
+    """Data that should be audio or video could not be read: damaged, cut short, or not media at all."""
+
+
+class MissingDependencyError(OptionError):
+    """An optional dependency a feature needs is not installed; the message says what to install."""
+
+
 def warn_stderr(message: str) -> None:
     """Where the core's warnings go when the caller gives no ``warn``: ``warning: MESSAGE`` on stderr."""
     print(f"warning: {message}", file=sys.stderr, flush=True)

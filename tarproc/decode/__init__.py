@@ -20,6 +20,7 @@ from __future__ import annotations
 from ..errors import DecodeError
 from .cpu import CpuDecoder, ImageError, decode_image, image_size
 from .dali import DaliDecoder, dali_available, gpu_count
+from .media import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS, MediaInfo, poster_frame, probe
 from .spec import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -46,6 +47,7 @@ from .stage import (
 )
 
 __all__ = [
+    "AUDIO_EXTENSIONS", "VIDEO_EXTENSIONS", "MediaInfo", "poster_frame", "probe",
     "DECODE_ON_ERROR", "DEFAULT_FIELDS", "DEVICES", "IMAGENET_MEAN", "IMAGENET_STD", "AugmentSpec", "Batch",
     "CpuDecoder", "DaliDecoder", "DecodeError", "DecodeStats", "ImageError", "Plan", "batches", "dali_available",
     "decode_image", "decode_samples", "decoded_batches", "gpu_count", "image_size", "make_decoder", "npy_bytes",
