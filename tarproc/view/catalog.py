@@ -1,0 +1,390 @@
+"""What the viewer reads: a list of shards opened lazily through their indexes, paged, searched by
+key and filtered, with field bytes read by range. No web stack here (``server.py`` is the web side).
+
+Each shard is an ``IndexedShard``: ``SHARD.idx`` beside it when there is one, otherwise an index
+built in memory by one read of the shard, the first time a page needs it. Samples are numbered
+across all shards in order (the *position*); a shard whose index can't be had (missing, compressed,
+damaged) counts as empty and its one-line error is kept to be shown.
+
+A filter is one or more conditions joined by ``&``; each is ``FIELD=VALUE``, ``FIELD!=VALUE``,
+``FIELD~TEXT`` (contains, any case) or ``FIELD`` (the sample has it). ``FIELD`` may go on into
+a JSON field with dots (``json.meta.lang=en``, list items by number: ``json.tags.0=cat``);
+``__key__`` is the sample's key.
+
+>>> f = parse_filter("cls=3 & json.meta.lang!=de")
+>>> [(c.path, c.op, c.value) for c in f]
+[('cls', '=', '3'), ('json.meta.lang', '!=', 'de')]
+>>> parse_filter("=3")
+Traceback (most recent call last):
+...
+tarproc.errors.OptionError: filter '=3': a condition needs a field name before '='
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+from ..errors import IndexFileError, OptionError, SourceError, TarprocError
+from ..index import IndexedShard, IndexEntry
+from ..sniff import sniff_type
+from ..sources import local_path, open_source
+
+MAX_TEXT = 1 << 20  # bytes of a text or JSON field shown in full on a sample's page
+PREVIEW_BYTES = 1 << 16  # text-like fields up to this size are read for a page of samples
+FILTER_READ_LIMIT = 1 << 20  # a field bigger than this is not read to test a filter (no match)
+SNIFF_LIMIT = 4096  # a field with an unknown extension, up to this size, is read to see what it is
+
+# extension (the last part of a field name) -> (kind, Content-Type); kind drives the page
+_TYPES: dict[str, tuple[str, str]] = {
+    "jpg": ("image", "image/jpeg"), "jpeg": ("image", "image/jpeg"), "png": ("image", "image/png"),
+    "gif": ("image", "image/gif"), "webp": ("image", "image/webp"), "bmp": ("image", "image/bmp"),
+    "avif": ("image", "image/avif"), "ico": ("image", "image/x-icon"), "svg": ("image", "image/svg+xml"),
+    "wav": ("audio", "audio/wav"), "mp3": ("audio", "audio/mpeg"), "flac": ("audio", "audio/flac"),
+    "ogg": ("audio", "audio/ogg"), "oga": ("audio", "audio/ogg"), "opus": ("audio", "audio/ogg"),
+    "m4a": ("audio", "audio/mp4"), "aac": ("audio", "audio/aac"), "weba": ("audio", "audio/webm"),
+    "mp4": ("video", "video/mp4"), "m4v": ("video", "video/mp4"), "webm": ("video", "video/webm"),
+    "ogv": ("video", "video/ogg"), "mov": ("video", "video/quicktime"), "mkv": ("video", "video/x-matroska"),
+    "json": ("json", "application/json"), "jsn": ("json", "application/json"),
+    "txt": ("text", "text/plain; charset=utf-8"), "text": ("text", "text/plain; charset=utf-8"),
+    "transcript": ("text", "text/plain; charset=utf-8"), "caption": ("text", "text/plain; charset=utf-8"),
+    "cls": ("text", "text/plain; charset=utf-8"), "cls2": ("text", "text/plain; charset=utf-8"),
+    "label": ("text", "text/plain; charset=utf-8"), "index": ("text", "text/plain; charset=utf-8"),
+    "inx": ("text", "text/plain; charset=utf-8"), "id": ("text", "text/plain; charset=utf-8"),
+    "md": ("text", "text/plain; charset=utf-8"), "csv": ("text", "text/plain; charset=utf-8"),
+    "tsv": ("text", "text/plain; charset=utf-8"), "yaml": ("text", "text/plain; charset=utf-8"),
+    "yml": ("text", "text/plain; charset=utf-8"), "xml": ("text", "text/plain; charset=utf-8"),
+    "html": ("text", "text/plain; charset=utf-8"), "srt": ("text", "text/plain; charset=utf-8"),
+    "vtt": ("text", "text/plain; charset=utf-8"),
+}
+_SNIFFED = {  # sniff_type name -> (kind, Content-Type), for fields whose extension says nothing
+    "jpeg": ("image", "image/jpeg"), "png": ("image", "image/png"), "gif": ("image", "image/gif"),
+    "webp": ("image", "image/webp"), "bmp": ("image", "image/bmp"), "wav": ("audio", "audio/wav"),
+    "mp3": ("audio", "audio/mpeg"), "flac": ("audio", "audio/flac"), "ogg": ("audio", "audio/ogg"),
+    "json": ("json", "application/json"), "text": ("text", "text/plain; charset=utf-8"),
+    "empty": ("text", "text/plain; charset=utf-8"),
+}
+BINARY = ("binary", "application/octet-stream")
+TEXT_KINDS = ("text", "json")
+
+
+def field_type(field: str) -> tuple[str, str]:
+    """``(kind, Content-Type)`` of a field by its extension (the part after its last dot).
+
+    >>> field_type("jpg"), field_type("seg.PNG"), field_type("npy")
+    (('image', 'image/jpeg'), ('image', 'image/png'), ('binary', 'application/octet-stream'))
+    """
+    return _TYPES.get(field.rpartition(".")[2].lower(), BINARY)
+
+
+def sniffed_type(data: bytes) -> tuple[str, str]:
+    """``(kind, Content-Type)`` from a field's first bytes (for unknown extensions)."""
+    return _SNIFFED.get(sniff_type(data), BINARY)
+
+
+class Condition(NamedTuple):
+    path: str  # FIELD or FIELD.json.path, as written
+    op: str  # "=", "!=", "~" or "has"
+    value: str
+
+
+_OPS = ("!=", "=", "~")
+
+
+def parse_filter(text: str) -> list[Condition]:
+    """Conditions of a filter (see the module docstring); ``OptionError`` saying what is wrong."""
+    out = []
+    for part in text.split("&"):
+        part = part.strip()
+        if not part:
+            continue
+        cut = min(((part.find(op), op) for op in _OPS if op in part), default=None)
+        if cut is None:
+            out.append(Condition(part, "has", ""))
+            continue
+        at, op = cut
+        path, value = part[:at].strip(), part[at + len(op) :].strip()
+        if not path:
+            raise OptionError(f"filter {text!r}: a condition needs a field name before {op!r}")
+        out.append(Condition(path, op, value))
+    if not out:
+        raise OptionError(f"filter {text!r}: no condition (write e.g. cls=3 or json.meta.lang=en)")
+    return out
+
+
+class Located(NamedTuple):
+    shard: int  # number of the shard in the list
+    pos: int  # position in the shard
+    position: int  # position across all shards
+
+
+class Catalog:
+    """The shards of a viewer, opened on first use (thread-safe: the server reads in threads)."""
+
+    def __init__(self, urls: list[str], *, warn: Callable[[str], None] | None = None) -> None:
+        if not urls:
+            raise OptionError("no shards to show")
+        self.urls = list(urls)
+        self.names = [posixpath.basename(u.rstrip("/")) or u for u in self.urls]
+        self._shards: list[IndexedShard | None] = [None] * len(urls)
+        self.errors: list[str | None] = [None] * len(urls)
+        self._locks = [threading.Lock() for _ in urls]
+        self._warn = warn
+        self._closed = False
+
+    # -- shards --
+
+    def shard(self, i: int) -> IndexedShard | None:
+        """Shard ``i`` with its index (built in memory once when it has no ``.idx``); None when it
+        can't be indexed (its error is in ``errors[i]``)."""
+        opened = self._shards[i]
+        if opened is not None or self.errors[i] is not None:
+            return opened
+        with self._locks[i]:
+            if self._shards[i] is None and self.errors[i] is None and not self._closed:
+                try:
+                    self._shards[i] = IndexedShard(self.urls[i], stale="rebuild", warn=self._warn)
+                except TarprocError as e:
+                    self.errors[i] = str(e)
+                except OSError as e:
+                    self.errors[i] = f"{self.urls[i]}: {e.strerror or e}"
+            return self._shards[i]
+
+    def count(self, i: int) -> int:
+        shard = self.shard(i)
+        return 0 if shard is None else len(shard)
+
+    def known(self) -> tuple[int, bool]:
+        """Samples in the shards opened so far, and whether every shard has been opened."""
+        total, complete = 0, True
+        for i in range(len(self.urls)):
+            shard = self._shards[i]
+            if shard is not None:
+                total += len(shard)
+            elif self.errors[i] is None:
+                complete = False
+        return total, complete
+
+    def open_all(self, stop: threading.Event | None = None) -> None:
+        for i in range(len(self.urls)):
+            if stop is not None and stop.is_set():
+                return
+            self.shard(i)
+
+    def close(self) -> None:
+        self._closed = True
+        for i, shard in enumerate(self._shards):
+            if shard is not None:
+                with self._locks[i]:
+                    shard.close()
+
+    # -- positions --
+
+    def walk(self, start: int) -> Iterator[Located]:
+        """Every sample from position ``start`` on, opening shards as they are reached."""
+        base = 0
+        for i in range(len(self.urls)):
+            n = self.count(i)
+            if start < base + n:
+                for pos in range(max(start - base, 0), n):
+                    yield Located(i, pos, base + pos)
+            base += n
+
+    def locate(self, shard: int, pos: int) -> Located | None:
+        """The sample at ``pos`` in shard number ``shard``, None when there is none."""
+        if not 0 <= shard < len(self.urls) or pos < 0 or pos >= self.count(shard):
+            return None
+        return Located(shard, pos, sum(self.count(i) for i in range(shard)) + pos)
+
+    def find_key(self, key: str) -> list[Located]:
+        """Where a key is, in every shard (the first place first)."""
+        out = []
+        base = 0
+        for i in range(len(self.urls)):
+            shard = self.shard(i)
+            if shard is not None:
+                try:
+                    pos = shard.index.position(key)
+                except KeyError:
+                    pass
+                else:
+                    out.append(Located(i, pos, base + pos))
+                base += len(shard)
+        return out
+
+    def entry(self, at: Located) -> IndexEntry:
+        shard = self.shard(at.shard)
+        assert shard is not None  # a Located comes from an opened shard
+        return shard.index.entries[at.pos]
+
+    # -- reading --
+
+    def read_fields(self, at: Located, fields: list[str]) -> dict[str, bytes]:
+        """Whole fields of one sample, each checked against its tar header (``IndexedShard``)."""
+        if not fields:
+            return {}
+        shard = self.shard(at.shard)
+        assert shard is not None
+        sample = shard.sample(at.pos, fields=fields)
+        return {f: sample[f] for f in fields if f in sample}
+
+    def field_span(self, at: Located, field: str) -> tuple[int, int] | None:
+        """``(data_offset, size)`` of a field in its shard, None when the sample has no such field."""
+        return self.entry(at).fields.get(field)
+
+    def read_range(self, shard: int, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of shard number ``shard``: ``os.pread`` on a local file, a range
+        request for a URL. Raises ``SourceError`` when fewer bytes come back."""
+        url = self.urls[shard]
+        path = local_path(url)
+        want = end - start
+        if path is not None:
+            with open(path, "rb", buffering=0) as f:
+                parts = []
+                got = 0
+                while got < want:
+                    piece = os.pread(f.fileno(), want - got, start + got)
+                    if not piece:
+                        break
+                    parts.append(piece)
+                    got += len(piece)
+            data = b"".join(parts)
+        else:
+            with open_source(url, offset=start, end=end) as source:
+                parts = []
+                got = 0
+                while got < want:
+                    piece = source.read(want - got)
+                    if not piece:
+                        break
+                    parts.append(piece)
+                    got += len(piece)
+            data = b"".join(parts)
+        if len(data) != want:
+            raise SourceError(f"asked for bytes {start}-{end} and got {len(data)}: the shard changed", url)
+        return data
+
+    def check_member(self, at: Located, field: str) -> None:
+        """Check the tar header just before a field's bytes: a valid checksum and the size the index
+        gives, so that the bytes served under a key are that member's. ``IndexFileError`` if not."""
+        span = self.field_span(at, field)
+        assert span is not None
+        offset, size = span
+        header = self.read_range(at.shard, offset - 512, offset)
+        problem = _header_problem(header, size)
+        if problem:
+            raise IndexFileError(
+                f"the index doesn't match the shard at byte {offset - 512}: {problem} (field {field!r} of "
+                f"sample {self.entry(at).key!r}); rebuild the index (tarindex {self.urls[at.shard]})",
+                self.urls[at.shard],
+            )
+
+    # -- filters --
+
+    def matches(self, at: Located, conditions: list[Condition]) -> bool:
+        entry = self.entry(at)
+        for cond in conditions:
+            if not self._holds(at, entry, cond):
+                return False
+        return True
+
+    def _holds(self, at: Located, entry: IndexEntry, cond: Condition) -> bool:
+        if cond.path == "__key__":
+            value: Any = entry.key
+            rest: list[str] = []
+        else:
+            field, rest = _split_path(cond.path, entry.fields)
+            if field is None:
+                return False
+            if cond.op == "has" and not rest:
+                return True
+            if entry.fields[field][1] > FILTER_READ_LIMIT:
+                return False
+            data = self.read_fields(at, [field]).get(field)
+            if data is None:
+                return False
+            if rest:
+                import json
+
+                try:
+                    value = json.loads(data)
+                except ValueError:
+                    return False
+                for part in rest:
+                    if isinstance(value, dict) and part in value:
+                        value = value[part]
+                    elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                        value = value[int(part)]
+                    else:
+                        return False
+            else:
+                value = data.decode("utf-8", "replace").strip()
+        if cond.op == "has":
+            return True
+        text = _as_text(value)
+        if cond.op == "~":
+            return cond.value.casefold() in text.casefold()
+        return (text == cond.value) == (cond.op == "=")
+
+    def scan(
+        self, start: int, n: int, conditions: list[Condition] | None, *, max_seconds: float = 3.0
+    ) -> tuple[list[Located], int | None]:
+        """Up to ``n`` samples from position ``start`` that pass the filter, and the position to go
+        on from (None at the end). Stops early after ``max_seconds`` of filtering, so that a rare
+        match in a big dataset answers in pieces."""
+        found: list[Located] = []
+        deadline = time.monotonic() + max_seconds
+        for at in self.walk(start):
+            if len(found) >= n:
+                return found, at.position
+            if conditions is None or self.matches(at, conditions):
+                found.append(at)
+            elif time.monotonic() > deadline:
+                return found, at.position + 1
+        return found, None
+
+
+def _split_path(path: str, fields: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """The longest field name that starts ``path`` (field names hold dots: ``seg.png``), and the rest."""
+    parts = path.split(".")
+    for k in range(len(parts), 0, -1):
+        name = ".".join(parts[:k])
+        if name in fields:
+            return name, parts[k:]
+    return None, []
+
+
+def _as_text(value: Any) -> str:
+    """A value as the filter compares it: strings as they are, everything else as JSON."""
+    if isinstance(value, str):
+        return value
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _octal(field: bytes) -> int | None:
+    text = field.split(b"\0", 1)[0].strip(b" \0")
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        return None
+
+
+def _header_problem(header: bytes, size: int) -> str | None:
+    """Why a 512-byte tar header is not one for a member of ``size`` bytes; None when it is."""
+    stored = _octal(header[148:156])
+    blanked = header[:148] + b" " * 8 + header[156:]
+    if stored is None or stored not in (sum(blanked), sum(b - 256 if b > 127 else b for b in blanked)):
+        return "no valid tar header there"
+    if header[124] & 0x80:  # base-256 size (GNU, for members of 8 GiB and more)
+        declared: int | None = int.from_bytes(header[125:136], "big")
+    else:
+        declared = _octal(header[124:136])
+    if declared != size:
+        return f"a member of {declared} bytes, not {size}"
+    return None

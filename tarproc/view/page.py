@@ -1,0 +1,307 @@
+"""The viewer's page: its HTML, CSS and JavaScript, our own and small, served from memory.
+
+The page asks the server's JSON API for samples and builds its elements with ``textContent`` and
+attributes (never ``innerHTML`` with data), so whatever a shard holds is shown as text. It loads
+nothing from any other host (the server's Content-Security-Policy says so too).
+"""
+
+from __future__ import annotations
+
+HTML = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>tarshow</title>
+<link rel="stylesheet" href="/static/viewer.css">
+</head>
+<body>
+<header>
+  <h1>tarshow</h1>
+  <span id="dataset"></span>
+  <form id="nav">
+    <button type="button" id="prev" title="previous page (←)">&#9664; Prev</button>
+    <button type="button" id="next" title="next page (→)">Next &#9654;</button>
+    <label>from # <input id="start" type="number" min="0" value="0"></label>
+    <label>per page <select id="count">
+      <option>10</option><option>25</option><option selected>50</option><option>100</option><option>200</option>
+    </select></label>
+    <button type="submit" id="go">Go</button>
+  </form>
+  <form id="jump">
+    <input id="key" placeholder="key" aria-label="key" spellcheck="false">
+    <button type="submit" id="jumpbtn">Jump to key</button>
+  </form>
+  <form id="filterform">
+    <input id="filter" placeholder="filter: cls=3 &amp; json.meta.lang=en" aria-label="filter" spellcheck="false">
+    <button type="submit" id="filterbtn">Filter</button>
+    <button type="button" id="clear">Clear</button>
+  </form>
+</header>
+<div id="status" role="status"></div>
+<div id="problems"></div>
+<main id="grid"></main>
+<div id="detail" hidden>
+  <div id="detailbox">
+    <button type="button" id="close" title="close (Esc)">&#10005;</button>
+    <div id="detailbody"></div>
+  </div>
+</div>
+<script src="/static/viewer.js"></script>
+</body>
+</html>
+"""
+
+CSS = """
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.4 system-ui, sans-serif; color: #222; background: #f4f4f4; }
+header { position: sticky; top: 0; z-index: 2; display: flex; flex-wrap: wrap; gap: 8px 16px;
+  align-items: center; padding: 8px 12px; background: #fff; border-bottom: 1px solid #ccc; }
+h1 { font-size: 18px; margin: 0; }
+#dataset { color: #555; }
+form { display: flex; gap: 6px; align-items: center; margin: 0; }
+input, select, button { font: inherit; }
+#filter { width: 22em; }
+#status { padding: 6px 12px; color: #333; }
+#status.error, .problem { color: #a00; }
+#problems { padding: 0 12px; }
+#grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(260px, 1fr)); gap: 10px; padding: 10px 12px; }
+.card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 8px; overflow: hidden; }
+.card.current { outline: 3px solid #48f; }
+.card .head { display: flex; justify-content: space-between; gap: 6px; margin-bottom: 4px; }
+.key { font-family: ui-monospace, monospace; font-weight: 600; word-break: break-all; color: #124; cursor: pointer;
+  background: none; border: 0; padding: 0; text-align: left; text-decoration: underline; }
+.where { color: #777; font-size: 12px; white-space: nowrap; }
+.field { margin: 3px 0; word-break: break-word; }
+.name { display: inline-block; min-width: 3em; margin-right: 6px; color: #666; font-family: ui-monospace, monospace; font-size: 12px; }
+.thumb { display: block; max-width: 100%; max-height: 180px; margin: 2px auto; background: #eee; }
+.card audio, .card video { width: 100%; max-height: 180px; }
+.text { white-space: pre-wrap; }
+.card .text { display: -webkit-box; -webkit-line-clamp: 6; -webkit-box-orient: vertical; overflow: hidden; }
+pre { white-space: pre-wrap; word-break: break-word; background: #f7f7f7; padding: 6px; margin: 2px 0; max-height: 60vh; overflow: auto; }
+.card pre { max-height: 8em; overflow: hidden; font-size: 12px; }
+.muted { color: #888; }
+#detail { position: fixed; inset: 0; z-index: 5; background: rgba(0,0,0,.45); display: flex; justify-content: center; align-items: flex-start; overflow: auto; }
+#detail[hidden] { display: none; }
+#detailbox { position: relative; background: #fff; margin: 30px; padding: 16px; border-radius: 8px; max-width: 1100px; width: 100%; }
+#close { position: absolute; right: 10px; top: 10px; }
+#detailbody img { max-width: 100%; }
+#detailbody video { max-width: 100%; }
+#detailbody h2 { font-size: 16px; margin: 0 30px 8px 0; word-break: break-all; }
+#detailbody .field { border-top: 1px solid #eee; padding-top: 6px; }
+"""
+
+JS = r"""
+"use strict";
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const state = { start: 0, n: 50, filter: "", back: [], next: null, page: [] };
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (name === "class") node.className = value;
+      else if (value !== null && value !== undefined && value !== false) node.setAttribute(name, String(value));
+    }
+    for (const child of children) {
+      if (child !== null && child !== undefined) node.append(child);  // strings become text nodes
+    }
+    return node;
+  }
+
+  function number(n) { return Number(n).toLocaleString("en-US"); }
+
+  function size(n) {
+    if (n < 1024) return n + " B";
+    if (n < 1048576) return (n / 1024).toFixed(1) + " KiB";
+    if (n < 1073741824) return (n / 1048576).toFixed(1) + " MiB";
+    return (n / 1073741824).toFixed(2) + " GiB";
+  }
+
+  function status(text, isError) {
+    const s = $("status");
+    s.textContent = text;
+    s.className = isError ? "error" : "";
+  }
+
+  async function getJSON(url) {
+    const response = await fetch(url, { headers: { "Accept": "application/json" } });
+    const text = await response.text();
+    if (!response.ok) throw new Error(text.trim() || response.statusText);
+    return JSON.parse(text);
+  }
+
+  function saveHash() {
+    const params = new URLSearchParams();
+    params.set("start", state.start);
+    params.set("n", state.n);
+    if (state.filter) params.set("filter", state.filter);
+    history.replaceState(null, "", "#" + params.toString());
+  }
+
+  function readHash() {
+    const params = new URLSearchParams(location.hash.slice(1));
+    const start = parseInt(params.get("start") || "0", 10);
+    const n = parseInt(params.get("n") || "50", 10);
+    state.start = Number.isFinite(start) && start >= 0 ? start : 0;
+    state.n = [10, 25, 50, 100, 200].includes(n) ? n : 50;
+    state.filter = params.get("filter") || "";
+  }
+
+  function fieldView(sample, f, full) {
+    const label = el("span", { class: "name" }, f.name);
+    if (f.kind === "image") {
+      return el("div", { class: "field image" }, label,
+        el("img", { class: full ? "full" : "thumb", src: f.url, alt: sample.key + "." + f.name, decoding: "async" }));
+    }
+    if (f.kind === "audio") {
+      return el("div", { class: "field audio" }, label, el("audio", { controls: "", preload: "metadata", src: f.url }));
+    }
+    if (f.kind === "video") {
+      return el("div", { class: "field video" }, label, el("video", { controls: "", preload: "metadata", src: f.url }));
+    }
+    if (f.text !== undefined && f.text !== null) {
+      const more = f.truncated ? el("span", { class: "muted" }, " … (" + size(f.size) + ")") : null;
+      if (f.kind === "json") return el("div", { class: "field json" }, label, el("pre", {}, f.text), more);
+      return el("div", { class: "field text" }, label, el("span", { class: "text" }, f.text), more);
+    }
+    return el("div", { class: "field binary" }, label,
+      el("a", { href: f.url, download: sample.key.split("/").pop() + "." + f.name }, size(f.size)),
+      el("span", { class: "muted" }, " " + (f.type || "binary")));
+  }
+
+  function card(sample) {
+    const key = el("button", { type: "button", class: "key", title: "show every field" }, sample.key);
+    key.addEventListener("click", () => showDetail(sample.shard, sample.pos));
+    const node = el("div", { class: "card", "data-key": sample.key, "data-index": sample.index },
+      el("div", { class: "head" }, key, el("span", { class: "where" }, "#" + number(sample.index) + " · " + sample.shard_name)));
+    for (const f of sample.fields) node.append(fieldView(sample, f, false));
+    return node;
+  }
+
+  function showProblems(problems) {
+    const box = $("problems");
+    box.replaceChildren(...(problems || []).map((p) => el("div", { class: "problem" }, p)));
+  }
+
+  async function load() {
+    saveHash();
+    $("start").value = state.start;
+    $("count").value = String(state.n);
+    $("filter").value = state.filter;
+    status("loading…");
+    const params = new URLSearchParams({ start: state.start, n: state.n });
+    if (state.filter) params.set("filter", state.filter);
+    let page;
+    try {
+      page = await getJSON("/api/page?" + params.toString());
+    } catch (e) {
+      status(e.message, true);
+      return;
+    }
+    state.next = page.next;
+    state.page = page.samples;
+    $("grid").replaceChildren(...page.samples.map(card));
+    const total = number(page.total) + (page.complete ? "" : "+");
+    $("dataset").textContent = number(page.shards) + " shard" + (page.shards === 1 ? "" : "s") + ", " + total + " samples";
+    showProblems(page.problems);
+    const shown = page.samples;
+    if (state.filter) {
+      const upto = page.next === null ? "the end" : "#" + number(page.next);
+      status(shown.length + " match" + (shown.length === 1 ? "" : "es") + " for " + JSON.stringify(state.filter) +
+        " in samples #" + number(state.start) + " to " + upto + (page.next === null ? "" : " (Next searches on)"));
+    } else if (shown.length === 0) {
+      status("no samples from #" + number(state.start) + " (there are " + total + ")");
+    } else {
+      status("samples #" + number(shown[0].index) + " to #" + number(shown[shown.length - 1].index) + " of " + total);
+    }
+    $("prev").disabled = state.start === 0 && state.back.length === 0;
+    $("next").disabled = page.next === null;
+  }
+
+  async function showDetail(shard, pos) {
+    let sample;
+    try {
+      sample = await getJSON("/api/sample/" + shard + "/" + pos);
+    } catch (e) {
+      status(e.message, true);
+      return;
+    }
+    const body = $("detailbody");
+    body.replaceChildren(el("h2", {}, sample.key),
+      el("div", { class: "where" }, "#" + number(sample.index) + " · " + sample.shard_name + " · sample " + sample.pos + " of the shard"));
+    for (const f of sample.fields) {
+      const view = fieldView(sample, f, true);
+      view.append(el("span", { class: "muted" }, " " + size(f.size)));
+      body.append(view);
+    }
+    $("detail").hidden = false;
+    for (const c of document.querySelectorAll(".card")) c.classList.toggle("current", c.dataset.index === String(sample.index));
+  }
+
+  function closeDetail() {
+    for (const m of $("detailbody").querySelectorAll("audio, video")) m.pause();
+    $("detail").hidden = true;
+  }
+
+  $("next").addEventListener("click", () => {
+    if (state.next === null) return;
+    state.back.push(state.start);
+    state.start = state.next;
+    load();
+  });
+  $("prev").addEventListener("click", () => {
+    state.start = state.back.length ? state.back.pop() : Math.max(0, state.start - state.n);
+    load();
+  });
+  $("nav").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const start = parseInt($("start").value, 10);
+    state.start = Number.isFinite(start) && start >= 0 ? start : 0;
+    state.n = parseInt($("count").value, 10);
+    state.back = [];
+    load();
+  });
+  $("count").addEventListener("change", () => { state.n = parseInt($("count").value, 10); load(); });
+  $("filterform").addEventListener("submit", (e) => {
+    e.preventDefault();
+    state.filter = $("filter").value.trim();
+    state.start = 0;
+    state.back = [];
+    load();
+  });
+  $("clear").addEventListener("click", () => { state.filter = ""; state.start = 0; state.back = []; load(); });
+  $("jump").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const key = $("key").value.trim();
+    if (!key) return;
+    let found;
+    try {
+      found = await getJSON("/api/find?" + new URLSearchParams({ key: key }).toString());
+    } catch (err) {
+      status(err.message, true);
+      return;
+    }
+    if (!found.matches.length) {
+      status("no sample with key " + JSON.stringify(key), true);
+      return;
+    }
+    const at = found.matches[0];
+    state.filter = "";
+    state.back = [];
+    state.start = at.index;
+    await load();
+    showDetail(at.shard, at.pos);
+  });
+  $("close").addEventListener("click", closeDetail);
+  $("detail").addEventListener("click", (e) => { if (e.target === $("detail")) closeDetail(); });
+  document.addEventListener("keydown", (e) => {
+    if (e.target.tagName === "INPUT" || e.target.tagName === "SELECT") return;
+    if (e.key === "Escape") closeDetail();
+    else if (e.key === "ArrowRight" && !$("next").disabled) $("next").click();
+    else if (e.key === "ArrowLeft" && !$("prev").disabled) $("prev").click();
+  });
+  readHash();
+  load();
+})();
+"""

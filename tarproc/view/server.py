@@ -1,0 +1,546 @@
+"""``tarshow --serve``: a local, read-only web viewer of tar shards (aiohttp).
+
+``serve(urls)`` listens on 127.0.0.1 until Ctrl-C or SIGTERM; ``make_app(urls)`` is the
+``aiohttp.web.Application`` itself, for tests and embedding. The page pages through the samples
+of all shards by random access through their indexes (``catalog.Catalog``), jumps to a key,
+filters (``cls=3``, ``json.meta.lang=en``), shows every field of a sample, and plays media
+straight from the tar by byte range.
+
+Routes (GET and HEAD only):
+
+- ``/`` the page, ``/static/viewer.js``, ``/static/viewer.css``
+- ``/api/page?start=S&n=N&filter=F``: up to N samples from position S (across all shards) that
+  pass the filter, with short previews of their text fields; ``next`` is where the next page starts
+- ``/api/sample/SHARD/POS``: every field of one sample (text and JSON in full up to 1 MiB)
+- ``/api/find?key=K``: where a key is
+- ``/media/SHARD/POS/FIELD``: one field's bytes, with ``Range`` (206, 416) and a Content-Type
+  from the field's extension
+
+Nothing else can be read through it: a shard is its number in the list, a sample its position in
+the shard, a field a name looked up in that sample's index entry; a path with ``..``, an encoded
+slash, dot or backslash is refused (400) before any of that, numbers are bounded, and a request
+whose ``Host`` is not a loopback name is refused (403) while listening on loopback (DNS
+rebinding). Errors answer a one-line text (4xx for the request, 502 for a shard that can't be
+read), never a traceback. The page loads nothing from other hosts (Content-Security-Policy), and
+media come with a sandboxing policy, so an SVG or HTML field can't run script in the viewer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import re
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from ..errors import OptionError, SourceError, TarprocError, TransportError
+from ..sources import local_path
+from .catalog import (
+    MAX_TEXT,
+    PREVIEW_BYTES,
+    SNIFF_LIMIT,
+    TEXT_KINDS,
+    Catalog,
+    Condition,
+    Located,
+    field_type,
+    parse_filter,
+    sniffed_type,
+)
+from .page import CSS, HTML, JS
+
+T = TypeVar("T")
+
+PROG = "tarshow"
+MAX_PAGE = 200  # samples on one page
+MAX_START = 10**15  # no dataset has more samples; a bigger number is a bad request
+PREVIEW_CHARS = 600  # characters of a text field on a card
+MEDIA_CHUNK = 1 << 20  # bytes read at a time when sending a field
+MAX_PARALLEL_READS = 16
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+_BAD_PATH = re.compile(r"\.\.|%2e|%2f|%5c|%00|\\|//", re.IGNORECASE)
+_NUMBER = r"[0-9]{1,12}"
+
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; media-src 'self'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+MEDIA_POLICY = "sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; media-src 'self'"
+
+CATALOG = web.AppKey("catalog", Catalog)
+STATE = web.AppKey("state", dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# the application
+
+
+def make_app(
+    urls: list[str], *, allowed_hosts: frozenset[str] | None = LOOPBACK_NAMES, warm: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> web.Application:
+    """The viewer as an aiohttp application over these shards (nothing is read until asked).
+
+    ``allowed_hosts``: the host names a request's ``Host`` may have (any loopback address is
+    accepted too); None accepts any, for a server listening on another address. ``warm``: open
+    the shards' indexes in the background after start, so that the page knows the total count.
+    ``log``: where one line per failed request goes (default: stderr).
+    """
+    catalog = Catalog(urls)
+    app = web.Application(middlewares=[_guard(allowed_hosts, log or _stderr)], client_max_size=1 << 16)
+    app[CATALOG] = catalog
+    app[STATE] = {"checked": set(), "stop": threading.Event(), "reads": asyncio.Semaphore(MAX_PARALLEL_READS)}
+    app.router.add_get("/", _page)
+    app.router.add_get("/static/viewer.js", _static(JS, "text/javascript; charset=utf-8"))
+    app.router.add_get("/static/viewer.css", _static(CSS, "text/css; charset=utf-8"))
+    app.router.add_get("/favicon.ico", _no_icon)
+    app.router.add_get("/api/page", _api_page)
+    app.router.add_get("/api/find", _api_find)
+    app.router.add_get(f"/api/sample/{{shard:{_NUMBER}}}/{{pos:{_NUMBER}}}", _api_sample)
+    app.router.add_get(f"/media/{{shard:{_NUMBER}}}/{{pos:{_NUMBER}}}/{{field:[^/]{{1,255}}}}", _media)
+    if warm:
+        app.on_startup.append(_start_warming)
+    app.on_cleanup.append(_close)
+    return app
+
+
+async def _start_warming(app: web.Application) -> None:
+    threading.Thread(target=app[CATALOG].open_all, args=(app[STATE]["stop"],), daemon=True,
+                     name="tarshow-index").start()
+
+
+async def _close(app: web.Application) -> None:
+    app[STATE]["stop"].set()
+    app[CATALOG].close()
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _text(status: int, message: str) -> web.Response:
+    return web.Response(status=status, text=message + "\n", content_type="text/plain", charset="utf-8")
+
+
+def _guard(allowed: frozenset[str] | None, log: Callable[[str], None]) -> Any:
+    @web.middleware
+    async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+        if allowed is not None and not _host_allowed(request.host, allowed):
+            return _secure(_text(403, "forbidden: this viewer answers only to a loopback host name"))
+        if _BAD_PATH.search(request.raw_path.partition("?")[0]):
+            return _secure(_text(400, "bad path"))
+        if request.method not in ("GET", "HEAD"):
+            return _secure(_text(405, "read-only: only GET and HEAD"))
+        try:
+            response = await handler(request)
+        except web.HTTPException as e:
+            if e.status >= 400:
+                response = _text(e.status, e.text.strip() if e.text else e.reason)
+                for name, value in e.headers.items():  # Content-Range of a 416, Allow of a 405
+                    if name.lower() not in ("content-type", "content-length"):
+                        response.headers[name] = value
+            else:
+                raise
+        except TarprocError as e:
+            log(f"{PROG}: error: {e}")
+            response = _text(502, f"error: {e}")
+        except Exception as e:  # noqa: BLE001 -- one line, never a traceback, and the server goes on
+            detail = str(e).splitlines()[0] if str(e) else ""
+            log(f"{PROG}: error: internal error: {type(e).__name__}: {detail} ({request.method} {request.path})")
+            response = _text(500, f"internal error: {type(e).__name__}")
+        return _secure(response)
+
+    return guard
+
+
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+
+
+def _secure(response: web.StreamResponse) -> web.StreamResponse:
+    if not response.prepared:  # a streamed field's response carries them already
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        response.headers.setdefault("Content-Security-Policy", PAGE_POLICY)
+    return response
+
+
+def _host_allowed(host: str | None, allowed: frozenset[str]) -> bool:
+    if not host:
+        return False
+    name = host
+    if name.startswith("["):  # [::1]:8000
+        name = name[1 : name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    name = name.lower().rstrip(".")
+    if name in allowed:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+async def _blocking(request: web.Request, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a daemon thread (reads, index builds), so that the server keeps answering
+    and a stop is never held up by a long read."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if not future.done():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+    def work() -> None:
+        value, error = None, None
+        try:
+            value = fn(*args)
+        except BaseException as e:  # noqa: BLE001 -- handed to the awaiting handler
+            error = e
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:  # the loop closed meanwhile (the server stopped)
+            pass
+
+    async with request.app[STATE]["reads"]:
+        threading.Thread(target=work, daemon=True, name="tarshow-read").start()
+        return await future
+
+
+# ---------------------------------------------------------------------------------------------
+# handlers
+
+
+async def _page(request: web.Request) -> web.Response:
+    return web.Response(text=HTML, content_type="text/html", charset="utf-8", headers={"Cache-Control": "no-cache"})
+
+
+def _static(body: str, content_type: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(text=body, headers={"Content-Type": content_type, "Cache-Control": "no-cache"})
+
+    return handler
+
+
+async def _no_icon(request: web.Request) -> web.Response:
+    return web.Response(status=204)
+
+
+def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 16:
+        raise web.HTTPBadRequest(text=f"{name} must be a whole number from {low} to {high}")
+    value = int(raw)
+    if not low <= value <= high:
+        raise web.HTTPBadRequest(text=f"{name} must be a whole number from {low} to {high}")
+    return value
+
+
+async def _locate(request: web.Request) -> Located:
+    catalog = request.app[CATALOG]
+    shard, pos = int(request.match_info["shard"]), int(request.match_info["pos"])
+    if shard >= len(catalog.urls):
+        raise web.HTTPNotFound(text=f"no shard number {shard} (there are {len(catalog.urls)})")
+    at = await _blocking(request, catalog.locate, shard, pos)
+    if at is None:
+        if catalog.errors[shard] is not None:
+            raise TarprocError(catalog.errors[shard] or "")
+        raise web.HTTPNotFound(text=f"no sample {pos} in shard number {shard} ({catalog.names[shard]})")
+    return at
+
+
+def _problems(catalog: Catalog) -> list[str]:
+    return [e for e in catalog.errors if e is not None]
+
+
+async def _api_page(request: web.Request) -> web.Response:
+    catalog = request.app[CATALOG]
+    start = _int_param(request, "start", 0, 0, MAX_START)
+    n = _int_param(request, "n", 50, 1, MAX_PAGE)
+    text = request.query.get("filter", "").strip()
+    if len(text) > 1000:
+        raise web.HTTPBadRequest(text="filter too long")
+    try:
+        conditions: list[Condition] | None = parse_filter(text) if text else None
+    except OptionError as e:
+        raise web.HTTPBadRequest(text=str(e)) from None
+    found, next_start = await _blocking(request, catalog.scan, start, n, conditions)
+    samples = await _blocking(request, _describe_all, catalog, found)
+    total, complete = catalog.known()
+    return web.json_response({
+        "start": start, "n": n, "filter": text, "next": next_start, "total": total, "complete": complete,
+        "shards": len(catalog.urls), "problems": _problems(catalog), "samples": samples,
+    })
+
+
+async def _api_sample(request: web.Request) -> web.Response:
+    catalog = request.app[CATALOG]
+    at = await _locate(request)
+    return web.json_response(await _blocking(request, _describe, catalog, at, True))
+
+
+async def _api_find(request: web.Request) -> web.Response:
+    catalog = request.app[CATALOG]
+    key = request.query.get("key")
+    if key is None or not key or len(key) > 4096:
+        raise web.HTTPBadRequest(text="give the key to find: /api/find?key=KEY")
+    found = await _blocking(request, catalog.find_key, key)
+    return web.json_response({"key": key, "matches": [{"shard": at.shard, "pos": at.pos, "index": at.position} for at in found]})
+
+
+def _describe_all(catalog: Catalog, found: list[Located]) -> list[dict[str, Any]]:
+    return [_describe(catalog, at, False) for at in found]
+
+
+def _describe(catalog: Catalog, at: Located, full: bool) -> dict[str, Any]:
+    """One sample for the page: its fields in shard order, each with its kind and URL, and the
+    text of text-like fields (a preview on a card, up to ``MAX_TEXT`` bytes on its own page)."""
+    entry = catalog.entry(at)
+    limit = MAX_TEXT if full else PREVIEW_BYTES
+    kinds: dict[str, tuple[str, str]] = {}
+    wanted = []
+    for field, (_, size) in entry.fields.items():
+        kinds[field] = named = field_type(field)
+        if (named[0] in TEXT_KINDS and size <= limit) or (named[0] == "binary" and size <= SNIFF_LIMIT):
+            wanted.append(field)
+    data = catalog.read_fields(at, wanted)
+    fields = []
+    for field, (_, size) in entry.fields.items():
+        kind, mime = kinds[field]
+        info: dict[str, Any] = {"name": field, "size": size, "kind": kind, "type": mime.partition(";")[0],
+                                "url": f"/media/{at.shard}/{at.pos}/{_quote(field)}"}
+        value = data.get(field)
+        if value is not None and kind == "binary":
+            kind, mime = sniffed_type(value)
+            info.update(kind=kind, type=mime.partition(";")[0])
+        if value is not None and kind in TEXT_KINDS:
+            shown, cut = _text_of(value, kind, full)
+            info["text"] = shown
+            if cut:
+                info["truncated"] = True
+        elif kind in TEXT_KINDS:
+            info["truncated"] = True  # too big to read for a page: the size says how big
+            info["text"] = ""
+        fields.append(info)
+    return {"shard": at.shard, "pos": at.pos, "index": at.position, "key": entry.key,
+            "shard_name": catalog.names[at.shard], "fields": fields}
+
+
+def _text_of(value: bytes, kind: str, full: bool) -> tuple[str, bool]:
+    text = value.decode("utf-8", "replace")
+    if kind == "json":
+        try:
+            text = json.dumps(json.loads(value), indent=2 if full else 1, ensure_ascii=False)
+        except ValueError:
+            pass
+    if not full and len(text) > PREVIEW_CHARS:
+        return text[: PREVIEW_CHARS - 1] + "…", True
+    return text, False
+
+
+def _quote(field: str) -> str:
+    from urllib.parse import quote
+
+    return quote(field, safe="")
+
+
+# ---------------------------------------------------------------------------------------------
+# media, by byte range
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The one byte range ``[start, end)`` a ``Range`` header asks for, None to send the whole
+    (no header, not a single ``bytes`` range, or malformed: RFC 9110 says to ignore it), and
+    ``web.HTTPRequestRangeNotSatisfiable`` for a range outside ``size`` bytes.
+
+    >>> parse_range("bytes=0-99", 1000), parse_range("bytes=900-", 1000), parse_range("bytes=-10", 1000)
+    ((0, 100), (900, 1000), (990, 1000))
+    >>> parse_range("bytes=5-2000", 1000), parse_range("bytes=0-1,5-9", 1000), parse_range("items=0-1", 1000)
+    ((5, 1000), None, None)
+    """
+    if header is None:
+        return None
+    unit, _, spec = header.strip().partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    first, last = first.strip(), last.strip()
+    if not dash or not (first.isascii() and last.isascii()) or len(first) > 20 or len(last) > 20:
+        return None
+    if first == "":
+        if not last.isdigit():
+            return None
+        suffix = int(last)
+        if suffix == 0 or size == 0:
+            raise _unsatisfiable(size)
+        return max(size - suffix, 0), size
+    if not first.isdigit() or (last and not last.isdigit()):
+        return None
+    start = int(first)
+    end = int(last) + 1 if last else size
+    if last and end <= start:
+        return None  # last < first: invalid, ignored
+    if start >= size:
+        raise _unsatisfiable(size)
+    return start, min(end, size)
+
+
+def _unsatisfiable(size: int) -> web.HTTPRequestRangeNotSatisfiable:
+    return web.HTTPRequestRangeNotSatisfiable(
+        text=f"range not satisfiable: the field has {size} bytes", headers={"Content-Range": f"bytes */{size}"}
+    )
+
+
+async def _media(request: web.Request) -> web.StreamResponse:
+    catalog = request.app[CATALOG]
+    at = await _locate(request)
+    field = request.match_info["field"]
+    span = catalog.field_span(at, field)
+    if span is None:
+        raise web.HTTPNotFound(text=f"sample {catalog.entry(at).key!r} has no field {field!r}")
+    offset, size = span
+    checked = request.app[STATE]["checked"]
+    if (at.shard, at.pos, field) not in checked:
+        await _blocking(request, catalog.check_member, at, field)
+        if len(checked) > 100_000:
+            checked.clear()
+        checked.add((at.shard, at.pos, field))
+    kind, mime = field_type(field)
+    if kind == "binary" and size:
+        head = await _blocking(request, catalog.read_range, at.shard, offset, offset + min(size, 512))
+        kind, mime = sniffed_type(head)
+    headers = {
+        **SECURITY_HEADERS,
+        "Content-Type": mime,
+        "Accept-Ranges": "bytes",
+        "Cache-Control": "private, max-age=300",
+        "Content-Security-Policy": MEDIA_POLICY,
+    }
+    if kind == "binary":
+        headers["Content-Disposition"] = "attachment"
+    # no validators are sent, so an If-Range never matches: the whole field, as RFC 9110 says
+    wanted = None if "If-Range" in request.headers else parse_range(request.headers.get("Range"), size)
+    start, end = wanted if wanted is not None else (0, size)
+    response = web.StreamResponse(status=200 if wanted is None else 206, headers=headers)
+    if wanted is not None:
+        response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    response.content_length = end - start
+    await response.prepare(request)
+    if request.method != "HEAD":
+        pos = start
+        while pos < end:
+            stop = min(pos + MEDIA_CHUNK, end)
+            chunk = await _blocking(request, catalog.read_range, at.shard, offset + pos, offset + stop)
+            await response.write(chunk)
+            pos = stop
+    await response.write_eof()
+    return response
+
+
+# ---------------------------------------------------------------------------------------------
+# serving
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(urls: list[str], host: str = "127.0.0.1", port: int = 8000, quiet: bool = False) -> None:
+    """Serve the viewer of these shards on ``http://host:port/`` until Ctrl-C or SIGTERM.
+
+    ``port`` 0 takes any free port (the line on stderr names it). A host that is not a loopback
+    address gets a warning: anyone who reaches it can read the shards. Ctrl-C raises
+    ``KeyboardInterrupt`` after the server has stopped; SIGTERM, where the caller has no handler of
+    its own, stops it and returns. ``quiet``: no line on stderr but warnings and errors.
+    """
+    if not urls:
+        raise OptionError("no shards to serve")
+    if not 0 <= port <= 65535:
+        raise OptionError(f"--port {port}: a port is a number from 0 to 65535 (0: any free port)")
+    for url in urls:
+        path = local_path(url)
+        if path is not None and url != "-" and not _exists(path):
+            raise SourceError("no such file", url)
+        if url == "-" or url.startswith("pipe:"):
+            raise OptionError(f"{url}: the viewer reads shards at random: give files or URLs, not stdin or pipe:")
+    loopback = _is_loopback(host)
+    if not loopback:
+        _stderr(f"{PROG}: warning: serving on {host}, not on a loopback address: anyone who can reach it can read "
+                f"these shards (use --host 127.0.0.1 to keep them to this machine)")
+    app = make_app(list(urls), allowed_hosts=LOOPBACK_NAMES if loopback else None)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    stop_by_term = _install_term_handler(loop)
+    try:
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        try:
+            loop.run_until_complete(site.start())
+        except OSError as e:
+            hint = " (pick another with --port, or --port 0 for any free port)" if e.errno == 98 else ""
+            raise TransportError(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}") from None
+        bound = _bound_port(runner, port)
+        shown = f"[{host}]" if ":" in host else host
+        if not quiet:
+            count = len(urls)
+            _stderr(f"{PROG}: serving {count} shard{'' if count == 1 else 's'} on http://{shown}:{bound}/ "
+                    f"(Ctrl-C to stop)")
+        loop.run_forever()
+    finally:
+        stop_by_term()
+        try:
+            loop.run_until_complete(runner.cleanup())
+        finally:
+            loop.close()
+
+
+def _exists(path: str) -> bool:
+    import os
+
+    return os.path.exists(path)
+
+
+def _bound_port(runner: web.AppRunner, asked: int) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return asked
+
+
+def _install_term_handler(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """SIGTERM stops the loop, where nobody (the command line) handles it already; returns the undo."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        return lambda: None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None  # e.g. tarshow's, which raises to end with status 143
+
+    def on_term(signum: int, frame: Any) -> None:
+        loop.call_soon_threadsafe(loop.stop)  # wakes the loop's selector, which a plain stop() would not
+
+    signal.signal(signal.SIGTERM, on_term)
+    def undo() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return undo
