@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .content import plural
 from .errors import TarprocError
 from .samples import field_names, is_metadata_name
 from .sniff import escape_surrogates, escape_text, sniff_type
@@ -329,8 +330,10 @@ class Summary:
     (3, 3, {'jpg': {'count': 1, 'examples': ['c']}})
     """
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, content: bool = True) -> None:
         import random
+
+        from .content import ContentStats
 
         self.stats = ReadStats()
         self.samples = 0
@@ -345,6 +348,8 @@ class Summary:
         self.key_check_stopped: list[str] = []  # shards with too many keys to check them all
         self.stopped_early = False
         self._rng = random.Random(seed)
+        # what the fields hold (image sizes, text lengths, JSON keys...); None: byte sizes only
+        self.content: ContentStats | None = ContentStats() if content else None
         self._want_examples: set[str] = set()  # fields still collecting examples of samples lacking them
         self._want_names: set[str] = set()  # surprising fields still collecting example names
         # the sample being read
@@ -411,6 +416,7 @@ class Summary:
         have = self._sample_fields
         samples = self.samples
         limit = count if count is not None else -1
+        content_add = self.content.add if self.content is not None else None
         try:
             for key, field, data, offset in members:
                 if key != cur_key:
@@ -464,6 +470,8 @@ class Summary:
                 if want_names and field in want_names:
                     self._note_name(cur_key, field)
                 fs.pending.append(len(data))
+                if content_add is not None:
+                    content_add(cur_key, field, data, url)
         finally:
             # a damaged shard: what was read up to the damage still counts
             self.samples = samples
@@ -510,6 +518,8 @@ class Summary:
     def finish(self) -> None:
         self._end_sample()
         self._flush()
+        if self.content is not None:
+            self.content.finish()
 
     # -- results --
 
@@ -566,6 +576,7 @@ class Summary:
             ),
             "errors": list(self.errors),
             "stopped_early": self.stopped_early,
+            "content": None if self.content is None else self.content.as_dict(),
         }
         doc["problems"] = _problems(doc)
         return doc
@@ -595,6 +606,10 @@ class Summary:
         if d["other_fields_members"]:
             lines.append(f"  (more than {MAX_FIELDS} fields: {d['other_fields_members']} members not itemised)")
         lines.append("")
+        if d.get("content"):
+            from .content import format_content
+
+            lines.extend(format_content(d["content"], d["samples"]))
 
         def examples(items: Iterable[Any]) -> str:
             shown = ", ".join(escape_text(repr(x)) if isinstance(x, str) else x for x in items)
@@ -607,11 +622,11 @@ class Summary:
         missing = d["missing"]
         if missing:
             problem("samples missing a field most samples have:", (
-                f"  {escape_text(name)}: {m['count']} samples{examples(m['examples'])}" for name, m in missing.items()
+                f"  {escape_text(name)}: {plural(m['count'], 'sample')}{examples(m['examples'])}" for name, m in missing.items()
             ))
         if d["rare_fields"]:
             problem("fields in under 10% of samples:", (
-                f"  {escape_text(name)}: {c} samples" for name, c in d["rare_fields"].items()
+                f"  {escape_text(name)}: {plural(c, 'sample')}" for name, c in d["rare_fields"].items()
             ))
         na = d["non_adjacent_keys"]
         if na["count"]:
@@ -636,7 +651,7 @@ class Summary:
         surprising = [s for s in d["surprising_names"] if s["count"]]
         if surprising:
             problem("dotted names that split surprisingly (key = basename up to its first dot):", (
-                f"  field {escape_text(repr(s['field']))}: {s['count']} sample(s), {s['reason']}{examples(s['examples'])}"
+                f"  field {escape_text(repr(s['field']))}: {plural(s['count'], 'sample')}, {s['reason']}{examples(s['examples'])}"
                 for s in surprising
             ))
         other = []
@@ -647,6 +662,10 @@ class Summary:
         lines.extend(other)
         for error in d["errors"]:
             problem(f"damaged or unreadable: {escape_text(error)}")
+        if d.get("content"):
+            from .content import format_problems
+
+            lines.extend(format_problems(d["content"]))
         if not d["problems"]:  # the same list --strict goes by
             lines.append("no problems found")
         return "\n".join(lines)
@@ -676,6 +695,10 @@ def _problems(d: dict[str, Any]) -> list[str]:
         out.append(f"dotted names that split surprisingly: {surprising}")
     if d["errors"]:
         out.append(f"damaged or unreadable shards: {len(d['errors'])}")
+    if d.get("content"):
+        from .content import PROBLEMS
+
+        out.extend(f"{PROBLEMS[name]}: {p['count']}" for name, p in d["content"]["problems"].items())
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from .. import sinks
+from ..content import plural
 from ..errors import OptionError, SinkError, TarprocError
 from ..imaging import (
     PROTOCOLS,
@@ -50,6 +51,8 @@ Examples:
   tarshow 'train-{0000..0147}.tar' --summary --strict -q > lint.txt   # CI: exit 1 on problems
   tarshow train-0000.tar --grid sheet.png -c 36       # contact sheet: 36 captioned thumbnails
   tarshow train-0000.tar --view -c 10 -d 1            # images in the terminal, one a second
+  tarshow 'train-{0000..0009}.tar' --report report.html --sample 48 --seed 1   # one HTML file
+  tarshow 'train-{0000..0147}.tar' --serve            # browse at http://127.0.0.1:8000/
 
 \b
 Binary fields show as [TYPE], the type sniffed from their first bytes (jpeg, png, npy, ...).
@@ -59,7 +62,17 @@ JSON output is UTF-8 even for names that are not (koi8-r, cp866...): a byte 0xNN
 UTF-8 is written as the escape \\udcNN (Python's surrogateescape, so reversible: in Python,
 json.loads(line)[...].encode("utf-8", "surrogateescape") gives the original bytes back).
 --summary --strict exits with status 1 when the report lists problems (--json: its "problems"),
-naming them on stderr.
+naming them on stderr. --summary and --report also say what the fields hold, read from headers
+(no pixel decoded): image formats (and extensions that lie), sizes and modes; audio and video
+duration, rate, channels, fps and codec (PyAV: pip install 'tarproc[media]'; WAV without it);
+text lengths, empty and non-UTF-8 text; JSON key coverage and value types; the classes of cls and
+label fields. Each problem names the tarfirst command that pulls the sample out. --bytes-only
+leaves all that out (sizes and names only, the fastest).
+--report writes one self-contained HTML file (no request to any other host; open it from disk or
+mail it): the summary as tables and charts, the problems, and --sample samples chosen at random
+(--seed) as cards with thumbnails, audio players, video poster frames, text, labels and JSON.
+--serve starts a read-only web viewer of the inputs (paths or URLs, not stdin) on --host:--port
+until Ctrl-C; --host other than 127.0.0.1/localhost/::1 makes it reachable from other machines.
 --view picks kitty, iTerm2 or sixel graphics from $TERM, $TERM_PROGRAM and $KITTY_WINDOW_ID, and
 colour half blocks elsewhere; --view-protocol overrides it.
 """
@@ -90,6 +103,18 @@ colour half blocks elsewhere; --view-protocol overrides it.
 @click.option("-d", "--delay", type=Finite(min=0), default=0.0, metavar="SEC",
               help="Wait this long after each sample.")
 @click.option("--force", is_flag=True, help="Write --grid - even when stdout is a terminal.")
+@click.option("--bytes-only", is_flag=True,
+              help="--summary/--report: sizes and names only, no content statistics (faster).")
+@click.option("--report", metavar="PATH", help="Write a self-contained HTML report: summary, charts, problems, "
+                                               "sample cards.")
+@click.option("--sample", "sample_size", type=number(0), default=None, metavar="N",
+              help="--report: show this many samples chosen at random [default: 48].")
+@click.option("--seed", type=int, default=None, help="--report: seed of the random choice [default: 0].")
+@click.option("--serve", is_flag=True, help="Start a local web viewer of the inputs (until Ctrl-C).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="--serve: port to listen on (0: any free port).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="--serve: address to listen on (anything but loopback exposes the data).")
 @common_options
 def main(
     reading: ReadOptions,
@@ -108,17 +133,31 @@ def main(
     view_protocol: str,
     delay: float,
     force: bool,
+    bytes_only: bool,
+    report: str | None,
+    sample_size: int | None,
+    seed: int | None,
+    serve: bool,
+    port: int,
+    host: str,
 ) -> None:
     """Show samples: each field's size and a short preview, or images, or a summary of the stream.
 
     INPUTS are paths, '-' (stdin, the default), pipe:CMD, http(s)://, s3:// or any fsspec URL, with
     brace lists and '::' joins, as for tarcat.
     """
-    modes = [name for name, on in (("--summary", summary), ("--grid", grid is not None), ("--view", view)) if on]
+    modes = [name for name, on in (("--summary", summary), ("--grid", grid is not None), ("--view", view),
+                                   ("--report", report is not None), ("--serve", serve)) if on]
     if len(modes) > 1:
         raise OptionError(f"{' and '.join(modes)} cannot be used together")
-    if as_json and (grid is not None or view):
-        raise OptionError("--json works with the previews and --summary, not with --grid or --view")
+    if as_json and (grid is not None or view or report is not None or serve):
+        raise OptionError("--json works with the previews and --summary, not with --grid, --view, --report or --serve")
+    if bytes_only and not (summary or report is not None):
+        raise OptionError("--bytes-only works with --summary and --report only")
+    if (sample_size is not None or seed is not None) and report is None:
+        raise OptionError("--sample and --seed work with --report only")
+    if (port != 8000 or host != "127.0.0.1") and not serve:
+        raise OptionError("--port and --host have no effect without --serve")
     if view_protocol != "auto" and not view:
         raise OptionError("--view-protocol has no effect without --view")
     if (columns is not None or thumb != 160) and grid is None:
@@ -127,10 +166,20 @@ def main(
         raise OptionError("--strict works with --summary only")
     spec = parse_fields(fields) if fields is not None else None
 
-    if summary:
+    if summary or report is not None:
         if spec is not None or skip:
-            raise OptionError("--summary reads every field of every sample: -f and --skip have no effect")
-        _summary(reading, quiet, count, as_json, strict)
+            raise OptionError(f"{modes[0]} reads every field of every sample: -f and --skip have no effect")
+    if summary:
+        _summary(reading, quiet, count, as_json, strict, not bytes_only)
+        return
+    if report is not None:
+        _report(reading, quiet, count, report, 48 if sample_size is None else sample_size,
+                0 if seed is None else seed, not bytes_only)
+        return
+    if serve:
+        if spec is not None or skip or count is not None:
+            raise OptionError("--serve shows every sample: -f, --skip and -c have no effect")
+        _serve(reading, host, port, quiet)
         return
 
     stats = ReadStats()
@@ -245,8 +294,8 @@ def _write_json(out: Any, doc: Any) -> None:
         buffer.write(line)
 
 
-def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool, strict: bool) -> None:
-    acc = Summary()
+def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool, strict: bool, content: bool) -> None:
+    acc = Summary(content=content)
 
     def report() -> dict[str, Any]:
         out = sys.stdout
@@ -271,6 +320,38 @@ def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool
     doc = report()
     if strict and doc["problems"]:  # field names come from the data: no control characters to the terminal
         raise LintError([escape_text(problem) for problem in doc["problems"]])
+
+
+def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sample_size: int, seed: int,
+            content: bool) -> None:
+    from ..view.report import write_report  # the report's room: only for --report
+
+    def wrap(members: Any) -> Any:
+        return progress(members, quiet, "tarshow", unit="member")
+
+    def wrap_cards(samples: Any) -> Any:
+        return progress(samples, quiet, "tarshow: cards")
+
+    info = write_report(reading.urls, path, sample=sample_size, seed=seed, count=count, content=content,
+                        on_error=reading.on_error, warn=warn, wrap=wrap, wrap_cards=wrap_cards, **reading.tar)
+    if not quiet:
+        problems = f", {plural(len(info.problems), 'kind')} of problem" if info.problems else ", no problems found"
+        say(f"tarshow: wrote {path}: {plural(info.cards, 'sample')} of {info.samples}{problems}"
+            f" ({info.bytes / 1e6:.1f} MB)")
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _serve(reading: ReadOptions, host: str, port: int, quiet: bool) -> None:
+    urls = list(reading.urls)
+    if not urls or "-" in urls:
+        raise OptionError("--serve reads shards by random access: give paths or URLs, not stdin")
+    if host not in LOOPBACK and not host.startswith("127."):
+        warn(f"--host {host}: the viewer is reachable from other machines, and it shows every sample of the inputs")
+    from ..view.server import serve  # the viewer's web stack: only for --serve
+
+    serve(urls, host, port, quiet)
 
 
 if __name__ == "__main__":  # pragma: no cover

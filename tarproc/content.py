@@ -1,0 +1,619 @@
+"""What the fields hold: content statistics for ``tarshow --summary``, read from headers where possible.
+
+Per field, ``ContentStats`` counts the types sniffed from the bytes and, by the kind of the field:
+
+- images: the format by content and how many carry another format's extension (a PNG named
+  ``.jpg``), width and height distributions, mode and channels, and those whose header cannot be
+  read. Only the header is read: ``simplejpeg.decode_jpeg_header`` for JPEG, ``Image.open`` (lazy)
+  for the rest; no pixel is decoded.
+- audio and video: duration, sample rate, channels, fps, resolution and codec, from
+  ``tarproc.decode.media.probe`` (WAV in pure Python, the rest with PyAV when installed).
+- text: length in characters, empty ones, and those that are not UTF-8.
+- JSON: which top-level keys in how many documents, and their value types; documents that don't parse.
+- labels (``cls``, ``label``, ...): the class histogram.
+
+Memory does not grow with the stream: a ``Distribution`` keeps exact value counts while there are at
+most ``DISTINCT_VALUES`` distinct values, then log-spaced buckets (2**(1/16) apart: a median within
+about 2%, marked estimated); every tally of names (classes, JSON keys, codecs) keeps at most a fixed
+number of distinct names and counts the rest as "other". Each problem keeps ``EXAMPLES`` examples,
+each with the ``tarfirst`` command that pulls the sample out.
+
+>>> c = ContentStats()
+>>> c.add("a", "cls", b"3", "x.tar"); c.add("b", "cls", b"3", "x.tar"); c.add("c", "txt", b"\\xff", "x.tar")
+>>> c.fields["cls"].labels.top(2), c.problem_lines()
+([('3', 2)], ['text that is not UTF-8: 1'])
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from .errors import MissingDependencyError, TarprocError
+from .sniff import escape_text, sniff_type
+
+DISTINCT_VALUES = 1024  # a distribution keeps exact counts up to this many distinct values
+LOG_STEPS = 16  # buckets per doubling once it has more
+MAX_NAMES = 1000  # distinct names kept per tally (codecs, modes, resolutions, JSON value types)
+MAX_CLASSES = 10_000  # distinct labels kept per label field
+MAX_JSON_KEYS = 200  # distinct top-level JSON keys kept per field
+JSON_PARSE_LIMIT = 1 << 20  # bigger JSON documents are counted, not parsed
+EXAMPLES = 3
+CHART_BINS = 20
+
+LABEL_FIELDS = frozenset({"cls", "cls2", "label", "labels", "class", "target"})
+TEXT_EXTENSIONS = frozenset({"txt", "text", "caption", "transcript"})
+JSON_EXTENSIONS = frozenset({"json", "jsn"})
+IMAGE_EXTENSIONS = {
+    "jpg": "jpeg", "jpeg": "jpeg", "png": "png", "gif": "gif", "bmp": "bmp", "tif": "tiff", "tiff": "tiff",
+    "webp": "webp", "jp2": "jpeg2000", "j2k": "jpeg2000", "avif": "avif", "heic": "heic", "heif": "heif",
+}
+IMAGE_TYPES = frozenset(IMAGE_EXTENSIONS.values())
+AUDIO_EXTENSIONS = frozenset({"wav", "flac", "ogg", "oga", "opus", "mp3", "m4a", "aac"})
+VIDEO_EXTENSIONS = frozenset({"mp4", "m4v", "webm", "mkv", "mov", "avi"})
+MEDIA_TYPES = frozenset({"wav", "flac", "ogg", "mp3", "mp4", "matroska", "avi"})
+
+# problem kinds: (the key in the JSON document, the heading in the text report)
+PROBLEMS = {
+    "undecodable_images": "images whose header cannot be read",
+    "extension_mismatch": "images whose content is another format than their extension says",
+    "undecodable_media": "audio or video that cannot be read",
+    "non_utf8_text": "text that is not UTF-8",
+    "invalid_json": "JSON that does not parse",
+    "json_missing_keys": "JSON documents missing a key most of them have",
+}
+_JPEG_MODES = {"Gray": ("L", 1), "YCbCr": ("RGB", 3), "RGB": ("RGB", 3), "CMYK": ("CMYK", 4), "YCCK": ("CMYK", 4)}
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null",
+               list: "array", dict: "object"}
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``"1 sample"``, ``"2 samples"``.
+
+    >>> plural(1, "sample"), plural(0, "sample"), plural(3, "class", "classes")
+    ('1 sample', '0 samples', '3 classes')
+    """
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
+def tarfirst_command(url: str | None, key: str, field: str) -> str:
+    """The command that writes this sample's field to stdout.
+
+    >>> tarfirst_command("data/train 1.tar", "a/001", "jpg")
+    "tarfirst 'data/train 1.tar' --key a/001 -f jpg"
+    """
+    import shlex  # here: tarshow starts without it
+
+    return f"tarfirst {shlex.quote(url or '-')} --key {shlex.quote(key)} -f {shlex.quote(field)}"
+
+
+class Tally:
+    """Counts of names, at most ``limit`` distinct ones; the rest are counted in ``other``."""
+
+    __slots__ = ("counts", "limit", "other")
+
+    def __init__(self, limit: int = MAX_NAMES) -> None:
+        self.counts: Counter[str] = Counter()
+        self.limit = limit
+        self.other = 0
+
+    def add(self, name: str, n: int = 1) -> None:
+        counts = self.counts
+        if name in counts or len(counts) < self.limit:
+            counts[name] += n
+        else:
+            self.other += n
+
+    def top(self, n: int | None = None) -> list[tuple[str, int]]:
+        return self.counts.most_common(n)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"counts": dict(self.counts.most_common()), "other": self.other, "distinct": len(self.counts)}
+
+
+class Distribution:
+    """Count, min, max, mean and median of numbers, plus a histogram for charts, in bounded memory.
+
+    Exact while there are at most ``DISTINCT_VALUES`` distinct values; then each value falls in a
+    log-spaced bucket (``LOG_STEPS`` per doubling), and the median is a bucket's middle (``exact``
+    False). Values <= 0 share one bucket.
+
+    >>> d = Distribution()
+    >>> for v in (3, 1, 2, 2): d.add(v)
+    >>> d.count, d.min, d.max, d.median(), d.exact
+    (4, 1, 3, 2.0, True)
+    """
+
+    __slots__ = ("count", "min", "max", "total", "values", "buckets")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.min = math.inf
+        self.max = -math.inf
+        self.total = 0.0
+        self.values: Counter[float] | None = Counter()
+        self.buckets: Counter[int] = Counter()
+
+    @property
+    def exact(self) -> bool:
+        return self.values is not None
+
+    def add(self, v: float, n: int = 1) -> None:
+        """Count ``v`` (``n`` times)."""
+        self.count += n
+        self.total += v * n
+        if v < self.min:
+            self.min = v
+        if v > self.max:
+            self.max = v
+        values = self.values
+        if values is not None:
+            values[v] += n
+            if len(values) > DISTINCT_VALUES:
+                self.values = None
+                for value, k in values.items():
+                    self.buckets[_bucket(value)] += k
+        else:
+            self.buckets[_bucket(v)] += n
+
+    def _points(self) -> list[tuple[float, int]]:
+        """(value, count) pairs in value order: the exact values, or each bucket's middle (clamped)."""
+        if self.values is not None:
+            return sorted(self.values.items())
+        return [(min(max(_bucket_value(b), self.min), self.max), n) for b, n in sorted(self.buckets.items())]
+
+    def median(self) -> float | None:
+        if not self.count:
+            return None
+        points = self._points()
+        half = (self.count - 1) / 2
+        seen, lo = 0, None
+        for value, n in points:
+            if lo is None and seen + n > math.floor(half):
+                lo = value
+            if seen + n > math.ceil(half):
+                return (lo + value) / 2 if lo is not None else float(value)
+            seen += n
+        return float(points[-1][0])  # pragma: no cover - the loop always returns
+
+    def histogram(self, bins: int = CHART_BINS) -> list[tuple[float, float, int]]:
+        """``[(low, high, count)]``: equal-width bins from min to max (fewer for few distinct integers)."""
+        if not self.count:
+            return []
+        lo, hi = self.min, self.max
+        if hi == lo:
+            return [(lo, hi, self.count)]
+        if all(float(v).is_integer() for v in (lo, hi)) and hi - lo + 1 < bins:
+            bins = int(hi - lo + 1)
+        width = (hi - lo) / bins
+        counts = [0] * bins
+        for value, n in self._points():
+            counts[min(int((value - lo) / width), bins - 1)] += n
+        return [(lo + i * width, lo + (i + 1) * width, c) for i, c in enumerate(counts)]
+
+    def as_dict(self) -> dict[str, Any]:
+        if not self.count:
+            return {"count": 0}
+        return {
+            "count": self.count, "min": self.min, "median": self.median(), "max": self.max,
+            "mean": self.total / self.count, "median_exact": self.exact,
+            "histogram": [[lo, hi, n] for lo, hi, n in self.histogram()],
+        }
+
+
+def _bucket(v: float) -> int:
+    if v <= 0:
+        return -(1 << 30)
+    return math.floor(math.log2(v) * LOG_STEPS)
+
+
+def _bucket_value(b: int) -> float:
+    if b == -(1 << 30):
+        return 0.0
+    return float(2 ** ((b + 0.5) / LOG_STEPS))
+
+
+class Problems:
+    """Counts and examples of one kind of problem."""
+
+    __slots__ = ("count", "examples")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.examples: list[dict[str, Any]] = []
+
+    def add(self, key: str, field: str, url: str | None, reason: str) -> None:
+        self.count += 1
+        if len(self.examples) < EXAMPLES:
+            self.examples.append({"key": key, "field": field, "url": url, "reason": reason,
+                                  "command": tarfirst_command(url, key, field)})
+
+
+class FieldContent:
+    """What one field holds; the parts for each kind are made when a member of that kind arrives."""
+
+    def __init__(self) -> None:
+        self.types: Tally = Tally(MAX_NAMES)  # sniffed type -> members
+        self.kinds: Counter[str] = Counter()  # image, audio, video, text, json, label, other
+        # images
+        self.formats: Tally = Tally()
+        self.mismatched: Tally = Tally()  # "png named .jpg" -> count
+        self.width = Distribution()
+        self.height = Distribution()
+        self.modes: Tally = Tally()
+        self.channels: Tally = Tally()
+        self.undecodable = 0
+        # audio and video
+        self.duration = {"audio": Distribution(), "video": Distribution()}
+        self.codecs = {"audio": Tally(), "video": Tally()}
+        self.sample_rates: Tally = Tally()
+        self.audio_channels: Tally = Tally()
+        self.fps: Tally = Tally()
+        self.resolutions: Tally = Tally()
+        self.media_undecodable = 0
+        self.media_unprobed = 0  # no PyAV
+        # text
+        self.length = Distribution()
+        self.empty = 0
+        self.non_utf8 = 0
+        # JSON
+        self.json_docs = 0  # parsed documents that are objects
+        self.json_other: Tally = Tally()  # top-level types other than an object
+        self.json_invalid = 0
+        self.json_unparsed = 0  # over JSON_PARSE_LIMIT
+        self.json_keys: Counter[str] = Counter()
+        self.json_types: dict[str, Tally] = {}
+        self.json_other_keys = 0
+        self.json_missing_examples: dict[str, list[tuple[str, str | None]]] = {}  # key -> (sample, url)
+        # labels
+        self.labels: Tally = Tally(MAX_CLASSES)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"types": dict(self.types.counts.most_common()), "kinds": dict(self.kinds)}
+        k = self.kinds
+        if k["image"]:
+            out["image"] = {
+                "count": k["image"], "formats": self.formats.as_dict(), "extension_mismatch": dict(self.mismatched.counts),
+                "width": self.width.as_dict(), "height": self.height.as_dict(), "modes": self.modes.as_dict(),
+                "channels": self.channels.as_dict(), "undecodable": self.undecodable,
+            }
+        for kind in ("audio", "video"):
+            if k[kind]:
+                doc: dict[str, Any] = {"count": k[kind], "duration": self.duration[kind].as_dict(),
+                                       "codecs": self.codecs[kind].as_dict()}
+                if kind == "audio":
+                    doc.update(sample_rates=self.sample_rates.as_dict(), channels=self.audio_channels.as_dict())
+                else:
+                    doc.update(fps=self.fps.as_dict(), resolutions=self.resolutions.as_dict())
+                out[kind] = doc
+        if k["media"]:
+            out["media"] = {"count": k["media"], "undecodable": self.media_undecodable, "unprobed": self.media_unprobed}
+        if k["text"]:
+            out["text"] = {"count": k["text"], "length": self.length.as_dict(), "empty": self.empty,
+                           "non_utf8": self.non_utf8}
+        if k["json"]:
+            out["json"] = {
+                "count": k["json"], "objects": self.json_docs, "invalid": self.json_invalid,
+                "not_parsed_too_big": self.json_unparsed, "other_top_level": self.json_other.as_dict(),
+                "keys": {name: {"count": n, "types": dict(self.json_types[name].counts.most_common())}
+                         for name, n in self.json_keys.most_common()},
+                "other_keys": self.json_other_keys,
+            }
+        if k["label"]:
+            out["labels"] = {"count": k["label"], **self.labels.as_dict()}
+        return out
+
+
+class ContentStats:
+    """Accumulates what every field holds (see the module docstring); ``add`` takes one member."""
+
+    def __init__(self, probe_media: bool = True) -> None:
+        self.fields: dict[str, FieldContent] = {}
+        self.problems = {name: Problems() for name in PROBLEMS}
+        self.media_note: str | None = None  # why audio and video were not probed (no PyAV)
+        self._probe_media = probe_media
+        self._probe: Any = None
+        self._jpeg_header: Any = None
+
+    def add(self, key: str, field: str, data: bytes | bytearray | memoryview, url: str | None) -> None:
+        fc = self.fields.get(field)
+        if fc is None:
+            fc = self.fields[field] = FieldContent()
+        sniffed = sniff_type(data)
+        fc.types.add(sniffed)
+        ext = field.rsplit(".", 1)[-1].lower()
+        if field in LABEL_FIELDS or ext in LABEL_FIELDS:
+            fc.kinds["label"] += 1
+            self._label(fc, key, field, data, url)
+        elif ext in JSON_EXTENSIONS or (sniffed == "json" and ext not in TEXT_EXTENSIONS):
+            fc.kinds["json"] += 1
+            self._json(fc, key, field, data, url)
+        elif ext in TEXT_EXTENSIONS or sniffed == "text":
+            fc.kinds["text"] += 1
+            self._text(fc, key, field, data, url)
+        elif ext in IMAGE_EXTENSIONS or sniffed in IMAGE_TYPES:
+            fc.kinds["image"] += 1
+            self._image(fc, key, field, data, url, sniffed, IMAGE_EXTENSIONS.get(ext))
+        elif ext in AUDIO_EXTENSIONS or ext in VIDEO_EXTENSIONS or sniffed in MEDIA_TYPES:
+            fc.kinds["media"] += 1
+            self._media(fc, key, field, data, url)
+        else:
+            fc.kinds["other"] += 1
+
+    # -- kinds --
+
+    def _label(self, fc: FieldContent, key: str, field: str, data: Any, url: str | None) -> None:
+        try:
+            text = str(data, "utf-8").strip()
+        except UnicodeDecodeError:
+            fc.non_utf8 += 1
+            self.problems["non_utf8_text"].add(key, field, url, "a label that is not UTF-8")
+            return
+        fc.labels.add(text[:64])
+
+    def _text(self, fc: FieldContent, key: str, field: str, data: Any, url: str | None) -> None:
+        try:
+            text = str(data, "utf-8")
+        except UnicodeDecodeError as e:
+            fc.non_utf8 += 1
+            self.problems["non_utf8_text"].add(key, field, url, f"byte 0x{data[e.start]:02x} at {e.start} is not UTF-8")
+            return
+        fc.length.add(len(text))
+        if not text.strip():
+            fc.empty += 1
+
+    def _json(self, fc: FieldContent, key: str, field: str, data: Any, url: str | None) -> None:
+        import json
+
+        if len(data) > JSON_PARSE_LIMIT:
+            fc.json_unparsed += 1
+            return
+        try:
+            doc = json.loads(bytes(data))
+        except (ValueError, UnicodeDecodeError) as e:
+            fc.json_invalid += 1
+            self.problems["invalid_json"].add(key, field, url, " ".join(str(e).split())[:120])
+            return
+        if not isinstance(doc, dict):
+            fc.json_other.add(_JSON_TYPES.get(type(doc), "other"))
+            return
+        fc.json_docs += 1
+        keys, types = fc.json_keys, fc.json_types
+        known = 0
+        for name, value in doc.items():
+            if name in keys or len(keys) < MAX_JSON_KEYS:
+                known += 1
+                keys[name] += 1
+                tally = types.get(name)
+                if tally is None:
+                    tally = types[name] = Tally()
+                tally.add(_JSON_TYPES.get(type(value), "other"))
+            else:
+                fc.json_other_keys += 1
+        if known < len(keys):  # this document lacks a key others have: keep a few examples of that
+            missing = fc.json_missing_examples
+            for name in keys:
+                if name not in doc:
+                    examples = missing.setdefault(name, [])
+                    if len(examples) < EXAMPLES:
+                        examples.append((key, url))
+
+    def _image(self, fc: FieldContent, key: str, field: str, data: Any, url: str | None, sniffed: str,
+               claimed: str | None) -> None:
+        if sniffed not in IMAGE_TYPES:
+            fc.undecodable += 1
+            self.problems["undecodable_images"].add(key, field, url, f"not an image (the data looks like {sniffed})")
+            return
+        fc.formats.add(sniffed)
+        if claimed is not None and claimed != sniffed and {claimed, sniffed} != {"heic", "heif"}:
+            fc.mismatched.add(f"{sniffed} named .{field.rsplit('.', 1)[-1]}")
+            self.problems["extension_mismatch"].add(key, field, url, f"{sniffed.upper()} data named .{field}")
+        header = self._read_header(data, sniffed)
+        if isinstance(header, str):
+            fc.undecodable += 1
+            self.problems["undecodable_images"].add(key, field, url, header)
+            return
+        width, height, mode, channels = header
+        fc.width.add(width)
+        fc.height.add(height)
+        fc.modes.add(mode)
+        fc.channels.add(str(channels))
+
+    def _read_header(self, data: Any, sniffed: str) -> tuple[int, int, str, int] | str:
+        """``(width, height, mode, channels)`` from the header, or why it cannot be read."""
+        if sniffed == "jpeg":
+            if self._jpeg_header is None:
+                try:
+                    import simplejpeg
+
+                    self._jpeg_header = simplejpeg.decode_jpeg_header
+                except ImportError:  # pragma: no cover - a dependency of tarproc
+                    self._jpeg_header = False
+            if self._jpeg_header:
+                try:
+                    height, width, colorspace, _ = self._jpeg_header(data)
+                except ValueError:
+                    pass  # Pillow may still read it (and says why not)
+                else:
+                    mode, channels = _JPEG_MODES.get(colorspace, (colorspace, 0))
+                    if width > 0 and height > 0:
+                        return width, height, mode, channels
+        import io
+        import warnings
+
+        from PIL import Image
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                with Image.open(io.BytesIO(bytes(data))) as img:
+                    width, height = img.size
+                    return width, height, img.mode, len(img.getbands())
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+            return " ".join(f"header unreadable: {e}".split())[:160]
+
+    def _media(self, fc: FieldContent, key: str, field: str, data: Any, url: str | None) -> None:
+        if not self._probe_media:
+            fc.media_unprobed += 1
+            return
+        if self._probe is None:
+            from .decode.media import probe
+
+            self._probe = probe
+        try:
+            info = self._probe(data)
+        except MissingDependencyError as e:
+            fc.media_unprobed += 1
+            self.media_note = str(e)
+            return
+        except TarprocError as e:  # MediaError: damaged, cut, or not media
+            fc.media_undecodable += 1
+            self.problems["undecodable_media"].add(key, field, url, str(e))
+            return
+        kind = info.kind if info.kind in ("audio", "video") else "audio"
+        fc.kinds[kind] += 1
+        fc.codecs[kind].add(info.codec or "?")
+        if info.duration is not None:
+            fc.duration[kind].add(round(info.duration, 3))
+        if kind == "audio":
+            if info.sample_rate:
+                fc.sample_rates.add(str(info.sample_rate))
+            if info.channels:
+                fc.audio_channels.add(str(info.channels))
+        else:
+            if info.fps:
+                fc.fps.add(f"{info.fps:g}")
+            if info.width and info.height:
+                fc.resolutions.add(f"{info.width}x{info.height}")
+
+    # -- results --
+
+    def finish(self) -> None:
+        """Turn the JSON key counts into the missing-key problem (keys in over half the documents)."""
+        problems = self.problems["json_missing_keys"] = Problems()
+        for field, fc in sorted(self.fields.items()):
+            for name, n in fc.json_keys.most_common():
+                if 2 * n > fc.json_docs and n < fc.json_docs:
+                    problems.count += fc.json_docs - n
+                    for key, url in fc.json_missing_examples.get(name, []):
+                        if len(problems.examples) < EXAMPLES:
+                            problems.examples.append({
+                                "key": key, "field": field, "url": url, "reason": f"no key {name!r}",
+                                "command": tarfirst_command(url, key, field),
+                            })
+
+    def problems_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: {"count": p.count, "examples": p.examples} for name, p in self.problems.items() if p.count}
+
+    def problem_lines(self) -> list[str]:
+        """One line per kind of problem found, with its count (for ``--strict``)."""
+        return [f"{PROBLEMS[name]}: {p.count}" for name, p in self.problems.items() if p.count]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "fields": {name: fc.as_dict() for name, fc in sorted(self.fields.items())},
+            "problems": self.problems_dict(),
+            "media_note": self.media_note,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# the text report
+
+
+def _num(v: Any) -> str:
+    return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _dist(name: str, d: dict[str, Any], unit: str = "") -> str:
+    if not d.get("count"):
+        return f"    {name:<12}-"
+    median = _num(d["median"]) + ("" if d["median_exact"] else "~")
+    return f"    {name:<12}min {_num(d['min'])}{unit}  median {median}{unit}  max {_num(d['max'])}{unit}"
+
+
+def _tally(name: str, t: dict[str, Any], shown: int = 8) -> str:
+    counts = list(t["counts"].items())
+    parts = [f"{escape_text(str(k))} ({v})" for k, v in counts[:shown]]
+    rest = sum(v for _, v in counts[shown:]) + t["other"]
+    if rest:
+        parts.append(f"others ({rest})")
+    return f"    {name:<12}{', '.join(parts) or '-'}"
+
+
+def format_content(doc: dict[str, Any], samples: int) -> list[str]:
+    """The ``content`` part of the text report: what each field holds."""
+    if not doc["fields"]:
+        return []
+    lines = ["content"]
+    for field, f in doc["fields"].items():
+        name = escape_text(field)
+        if "image" in f:
+            im = f["image"]
+            lines.append(f"  {name}: {plural(im['count'], 'image')}")
+            lines.append(_tally("format", im["formats"]))
+            lines += [_dist("width", im["width"], " px"), _dist("height", im["height"], " px")]
+            lines += [_tally("mode", im["modes"]), _tally("channels", im["channels"])]
+            for what, n in im["extension_mismatch"].items():
+                lines.append(f"    {'misnamed':<12}{escape_text(what)}: {n}")
+            if im["undecodable"]:
+                lines.append(f"    {'undecodable':<12}{im['undecodable']}")
+        for kind in ("audio", "video"):
+            if kind in f:
+                m = f[kind]
+                lines.append(f"  {name}: {m['count']} {kind}")
+                lines += [_dist("duration", m["duration"], " s"), _tally("codec", m["codecs"])]
+                if kind == "audio":
+                    lines += [_tally("sample rate", m["sample_rates"]), _tally("channels", m["channels"])]
+                else:
+                    lines += [_tally("fps", m["fps"]), _tally("resolution", m["resolutions"])]
+        if "media" in f and (f["media"]["undecodable"] or f["media"]["unprobed"]):
+            m = f["media"]
+            if m["undecodable"]:
+                lines.append(f"  {name}: {m['undecodable']} audio/video unreadable")
+            if m["unprobed"]:
+                lines.append(f"  {name}: {m['unprobed']} audio/video not probed")
+        if "text" in f:
+            t = f["text"]
+            lines.append(f"  {name}: {plural(t['count'], 'text')}")
+            lines.append(_dist("length", t["length"], " chars"))
+            extra = [f"empty {t['empty']}"] if t["empty"] else []
+            extra += [f"not UTF-8 {t['non_utf8']}"] if t["non_utf8"] else []
+            if extra:
+                lines.append(f"    {'':<12}{', '.join(extra)}")
+        if "json" in f:
+            j = f["json"]
+            objects = j["objects"]
+            lines.append(f"  {name}: {plural(j['count'], 'JSON document')}, {objects} objects"
+                         + (f", {j['invalid']} invalid" if j["invalid"] else ""))
+            for key, info in list(j["keys"].items())[:30]:
+                share = 100 * info["count"] / max(objects, 1)
+                types = ", ".join(f"{t} {n}" for t, n in info["types"].items())
+                lines.append(f"    {escape_text(key):<20}{info['count']:>8} {share:>6.1f}%  {types}")
+            if len(j["keys"]) > 30:
+                lines.append(f"    ... and {len(j['keys']) - 30} more keys (--json lists them all)")
+        if "labels" in f:
+            lb = f["labels"]
+            lines.append(f"  {name}: {plural(lb['count'], 'label')}, {plural(lb['distinct'], 'class', 'classes')}"
+                         + (f" (over {MAX_CLASSES} classes: {lb['other']} not itemised)" if lb["other"] else ""))
+            lines.append(_tally("most", lb, 10))
+    if doc.get("media_note"):
+        lines.append(f"  audio and video not probed: {doc['media_note']}")
+    lines.append("")
+    return lines
+
+
+def format_problems(doc: dict[str, Any]) -> list[str]:
+    """The content problems, each example with the command that pulls the sample out."""
+    lines = []
+    for name, p in doc["problems"].items():
+        lines.append(f"{PROBLEMS[name]}: {p['count']}")
+        for e in p["examples"]:
+            lines.append(f"  {escape_text(e['key'])}.{escape_text(e['field'])} in {escape_text(str(e['url']))}: "
+                         f"{escape_text(e['reason'])}")
+            lines.append(f"    {escape_text(e['command'])}")
+    return lines
+
+
+__all__ = ["PROBLEMS", "ContentStats", "Distribution", "FieldContent", "Tally", "plural", "tarfirst_command"]
