@@ -53,6 +53,8 @@ IMAGE_TYPES = frozenset(IMAGE_EXTENSIONS.values())
 AUDIO_EXTENSIONS = frozenset({"wav", "flac", "ogg", "oga", "opus", "mp3", "m4a", "aac"})
 VIDEO_EXTENSIONS = frozenset({"mp4", "m4v", "webm", "mkv", "mov", "avi"})
 MEDIA_TYPES = frozenset({"wav", "flac", "ogg", "mp3", "mp4", "matroska", "avi"})
+_MAGIC = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n", "gif": b"GIF89a"}
+_MAGIC_LEN = {name: len(magic) for name, magic in _MAGIC.items()}
 
 # problem kinds: (the key in the JSON document, the heading in the text report)
 PROBLEMS = {
@@ -231,10 +233,16 @@ class Problems:
 
 
 class FieldContent:
-    """What one field holds; the parts for each kind are made when a member of that kind arrives."""
+    """What one field holds: counts and distributions for each kind of content it has."""
 
-    def __init__(self) -> None:
-        self.types: Tally = Tally(MAX_NAMES)  # sniffed type -> members
+    def __init__(self, field: str) -> None:
+        ext = field.rsplit(".", 1)[-1].lower()
+        # how its members are read: by their name where it says the kind, else by their first bytes
+        self.route = ("label" if field in LABEL_FIELDS or ext in LABEL_FIELDS else "json" if ext in JSON_EXTENSIONS
+                      else "text" if ext in TEXT_EXTENSIONS
+                      else "media" if ext in AUDIO_EXTENSIONS or ext in VIDEO_EXTENSIONS else "sniff")
+        self.claimed = IMAGE_EXTENSIONS.get(ext)  # the image format the name claims
+        self.types: Tally = Tally(MAX_NAMES)  # content type -> members
         self.kinds: Counter[str] = Counter()  # image, audio, video, text, json, label, other
         # images
         self.formats: Tally = Tally()
@@ -319,23 +327,37 @@ class ContentStats:
     def add(self, key: str, field: str, data: bytes | bytearray | memoryview, url: str | None) -> None:
         fc = self.fields.get(field)
         if fc is None:
-            fc = self.fields[field] = FieldContent()
-        sniffed = sniff_type(data)
-        fc.types.add(sniffed)
-        ext = field.rsplit(".", 1)[-1].lower()
-        if field in LABEL_FIELDS or ext in LABEL_FIELDS:
+            fc = self.fields[field] = FieldContent(field)
+        route = fc.route
+        # a field named for its kind is read as that kind without sniffing (the reading says what it is)
+        if route == "label":
             fc.kinds["label"] += 1
             self._label(fc, key, field, data, url)
-        elif ext in JSON_EXTENSIONS or (sniffed == "json" and ext not in TEXT_EXTENSIONS):
+            return
+        if route == "json":
             fc.kinds["json"] += 1
             self._json(fc, key, field, data, url)
-        elif ext in TEXT_EXTENSIONS or sniffed == "text":
+            return
+        if route == "text":
             fc.kinds["text"] += 1
             self._text(fc, key, field, data, url)
-        elif ext in IMAGE_EXTENSIONS or sniffed in IMAGE_TYPES:
+            return
+        claimed = fc.claimed
+        if claimed is not None and data[:_MAGIC_LEN.get(claimed, 0)] == _MAGIC.get(claimed):
+            sniffed = claimed  # what the name says, as its first bytes confirm
+        else:
+            sniffed = sniff_type(data)
+        fc.types.add(sniffed)
+        if sniffed == "json":
+            fc.kinds["json"] += 1
+            self._json(fc, key, field, data, url)
+        elif sniffed == "text":
+            fc.kinds["text"] += 1
+            self._text(fc, key, field, data, url)
+        elif claimed is not None or sniffed in IMAGE_TYPES:
             fc.kinds["image"] += 1
-            self._image(fc, key, field, data, url, sniffed, IMAGE_EXTENSIONS.get(ext))
-        elif ext in AUDIO_EXTENSIONS or ext in VIDEO_EXTENSIONS or sniffed in MEDIA_TYPES:
+            self._image(fc, key, field, data, url, sniffed, claimed)
+        elif route == "media" or sniffed in MEDIA_TYPES:
             fc.kinds["media"] += 1
             self._media(fc, key, field, data, url)
         else:
@@ -347,34 +369,46 @@ class ContentStats:
         try:
             text = str(data, "utf-8").strip()
         except UnicodeDecodeError:
+            fc.types.add("binary")
             fc.non_utf8 += 1
             self.problems["non_utf8_text"].add(key, field, url, "a label that is not UTF-8")
             return
+        fc.types.add("text" if text else "empty")
         fc.labels.add(text[:64])
 
     def _text(self, fc: FieldContent, key: str, field: str, data: Any, url: str | None) -> None:
         try:
             text = str(data, "utf-8")
         except UnicodeDecodeError as e:
+            fc.types.add("binary")
             fc.non_utf8 += 1
             self.problems["non_utf8_text"].add(key, field, url, f"byte 0x{data[e.start]:02x} at {e.start} is not UTF-8")
             return
         fc.length.add(len(text))
+        if fc.route == "text":
+            fc.types.add("text" if text else "empty")
         if not text.strip():
             fc.empty += 1
 
     def _json(self, fc: FieldContent, key: str, field: str, data: Any, url: str | None) -> None:
         import json
 
+        direct = fc.route == "json"
         if len(data) > JSON_PARSE_LIMIT:
             fc.json_unparsed += 1
+            if direct:
+                fc.types.add("json")
             return
         try:
             doc = json.loads(bytes(data))
         except (ValueError, UnicodeDecodeError) as e:
+            if direct:
+                fc.types.add(sniff_type(data))
             fc.json_invalid += 1
             self.problems["invalid_json"].add(key, field, url, " ".join(str(e).split())[:120])
             return
+        if direct:
+            fc.types.add("json")
         if not isinstance(doc, dict):
             fc.json_other.add(_JSON_TYPES.get(type(doc), "other"))
             return
@@ -451,7 +485,10 @@ class ContentStats:
                     width, height = img.size
                     return width, height, img.mode, len(img.getbands())
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-            return " ".join(f"header unreadable: {e}".split())[:160]
+            reason = str(e)
+            if reason.startswith("cannot identify image file"):  # it names the BytesIO object: not for people
+                reason = f"not a {sniffed} header Pillow can read"
+            return " ".join(f"header unreadable: {reason}".split())[:160]
 
     def _media(self, fc: FieldContent, key: str, field: str, data: Any, url: str | None) -> None:
         if not self._probe_media:

@@ -71,7 +71,7 @@ class SampleReservoir:
     >>> members = [(f"k{i}", "txt", b"x", 0) for i in range(10)]
     >>> _ = list(r.watch(members, "x.tar"))
     >>> [s["__key__"] for s in r.samples()]
-    ['k1', 'k8']
+    ['k2', 'k6']
     """
 
     def __init__(self, k: int, seed: int = 0, limit: int | None = None) -> None:

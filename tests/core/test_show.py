@@ -25,8 +25,9 @@ def tar(samples=(), members=()) -> bytes:
     return buf.getvalue()
 
 
-def summary_of(data: bytes, url: str = "x.tar") -> Summary:
-    s = Summary()
+def summary_of(data: bytes, url: str = "x.tar", content: bool = False) -> Summary:
+    """The summary of a tar in memory; byte sizes only unless ``content`` (the lint tests use fake media)."""
+    s = Summary(content=content)
     s.add_members(iter_keyed_members(io.BytesIO(data), url, stats=s.stats), url)
     s.finish()
     return s
@@ -117,7 +118,7 @@ def test_summary_reports_samples_missing_a_common_field():
     del samples[3]["jpg"]
     s = summary_of(tar(samples))
     assert s.missing() == {"jpg": {"count": 1, "examples": ["s3"]}}
-    assert "jpg: 1 samples (e.g. 's3')" in s.format_text()
+    assert "jpg: 1 sample (e.g. 's3')" in s.format_text()
 
 
 def test_summary_counts_what_reading_rejects_or_hides():
@@ -145,7 +146,7 @@ def test_summary_counts_what_reading_rejects_or_hides():
     assert d["members"] == 10 and d["samples"] == 5  # a, b, a again, Track 2, model
     text = s.format_text()
     assert "reappear" in text and "twice in one sample" in text and "'README'" in text
-    assert "field '0.mp3': 1 sample(s), a number was split at its dot (e.g. 'Track 2.0.mp3')" in text
+    assert "field '0.mp3': 1 sample, a number was split at its dot (e.g. 'Track 2.0.mp3')" in text
 
 
 def test_rare_fields_are_listed():
