@@ -348,18 +348,18 @@ class ContentStats:
         else:
             sniffed = sniff_type(data)
         fc.types.add(sniffed)
-        if sniffed == "json":
-            fc.kinds["json"] += 1
-            self._json(fc, key, field, data, url)
-        elif sniffed == "text":
-            fc.kinds["text"] += 1
-            self._text(fc, key, field, data, url)
-        elif claimed is not None or sniffed in IMAGE_TYPES:
+        if claimed is not None or sniffed in IMAGE_TYPES:  # named an image: whatever it holds is one or broken
             fc.kinds["image"] += 1
             self._image(fc, key, field, data, url, sniffed, claimed)
         elif route == "media" or sniffed in MEDIA_TYPES:
             fc.kinds["media"] += 1
             self._media(fc, key, field, data, url)
+        elif sniffed == "json":
+            fc.kinds["json"] += 1
+            self._json(fc, key, field, data, url)
+        elif sniffed == "text":
+            fc.kinds["text"] += 1
+            self._text(fc, key, field, data, url)
         else:
             fc.kinds["other"] += 1
 

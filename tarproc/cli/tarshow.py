@@ -340,18 +340,12 @@ def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sam
             f" ({info.bytes / 1e6:.1f} MB)")
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
 def _serve(reading: ReadOptions, host: str, port: int, quiet: bool) -> None:
-    urls = list(reading.urls)
-    if not urls or "-" in urls:
-        raise OptionError("--serve reads shards by random access: give paths or URLs, not stdin")
-    if host not in LOOPBACK and not host.startswith("127."):
-        warn(f"--host {host}: the viewer is reachable from other machines, and it shows every sample of the inputs")
+    # the server checks the inputs (files or URLs, not stdin), warns about a host that is not
+    # loopback, prints its URL on stderr and blocks until Ctrl-C
     from ..view.server import serve  # the viewer's web stack: only for --serve
 
-    serve(urls, host, port, quiet)
+    serve(list(reading.urls), host, port, quiet)
 
 
 if __name__ == "__main__":  # pragma: no cover

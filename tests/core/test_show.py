@@ -286,3 +286,186 @@ def test_a_version_part_with_an_underscore_is_surprising_too():
     fields = {x["field"]: x["reason"] for x in d["surprising_names"]}
     assert fields == {"v2_0001.jpg": "a version-like part became part of the field",
                       "v2_0002.jpg": "a version-like part became part of the field"}
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 27: what the fields hold (content statistics)
+
+
+def image_bytes(size=(40, 30), fmt="JPEG", mode="RGB") -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new(mode, size, 128 if mode == "L" else (10, 200, 30, 255)[: len(mode)]).save(buf, fmt)
+    return buf.getvalue()
+
+
+def wav_bytes(seconds: float, rate: int = 16000, channels: int = 1) -> bytes:
+    import struct
+
+    data = bytes(int(seconds * rate) * 2 * channels)
+    fmt = struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * 2 * channels, 2 * channels, 16)
+    return b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + fmt + b"data" + struct.pack("<I", len(data)) + data
+
+
+def content_of(samples, url="x.tar"):
+    s = summary_of(tar(samples), url, content=True)
+    return s, s.as_dict()
+
+
+def test_image_formats_sizes_modes_and_extensions_that_lie():
+    samples = [{"__key__": f"s{i}", "jpg": image_bytes((100 + i, 50))} for i in range(5)]
+    samples.append({"__key__": "png-named-jpg", "jpg": image_bytes((64, 64), "PNG", "RGBA")})
+    samples.append({"__key__": "grey", "jpg": image_bytes((10, 20), mode="L")})
+    samples.append({"__key__": "broken", "jpg": b"\xff\xd8\xff\xe0" + b"broken" * 5})
+    samples.append({"__key__": "not-an-image", "jpg": b"hello there"})
+    s, d = content_of(samples)
+    im = d["content"]["fields"]["jpg"]["image"]
+    assert im["count"] == 9 and im["undecodable"] == 2
+    assert im["formats"]["counts"] == {"jpeg": 7, "png": 1}
+    assert im["extension_mismatch"] == {"png named .jpg": 1}
+    assert (im["width"]["min"], im["width"]["median"], im["width"]["max"]) == (10, 101, 104)
+    assert (im["height"]["min"], im["height"]["max"]) == (20, 64) and im["height"]["median_exact"]
+    assert im["modes"]["counts"] == {"RGB": 5, "RGBA": 1, "L": 1}
+    assert im["channels"]["counts"] == {"3": 5, "4": 1, "1": 1}
+    problems = d["content"]["problems"]
+    assert problems["extension_mismatch"]["count"] == 1
+    example = problems["extension_mismatch"]["examples"][0]
+    assert example["command"] == "tarfirst x.tar --key png-named-jpg -f jpg" and "PNG" in example["reason"]
+    bad = problems["undecodable_images"]
+    assert bad["count"] == 2 and [e["key"] for e in bad["examples"]] == ["broken", "not-an-image"]
+    assert "images whose header cannot be read: 2" in s.problems()
+    text = s.format_text()
+    assert "png named .jpg: 1" in text and "tarfirst x.tar --key broken -f jpg" in text
+    assert "no problems found" not in text
+
+
+def test_a_png_named_png_and_a_jpeg_named_jpeg_are_no_problem():
+    s, d = content_of([{"__key__": "a", "png": image_bytes(fmt="PNG"), "jpeg": image_bytes()}])
+    assert d["content"]["problems"] == {} and s.problems() == []
+    assert "no problems found" in s.format_text()
+
+
+def test_text_lengths_empty_and_not_utf8():
+    texts = ["", "  \n", "héllo", "a" * 100, "ünïcödé"]
+    samples = [{"__key__": f"t{i}", "txt": t.encode()} for i, t in enumerate(texts)]
+    samples.append({"__key__": "koi8", "txt": "привет".encode("koi8-r")})
+    s, d = content_of(samples)
+    t = d["content"]["fields"]["txt"]["text"]
+    assert (t["count"], t["empty"], t["non_utf8"]) == (6, 2, 1)
+    assert (t["length"]["min"], t["length"]["median"], t["length"]["max"]) == (0, 5, 100)  # characters, not bytes
+    example = d["content"]["problems"]["non_utf8_text"]["examples"][0]
+    assert example["key"] == "koi8" and example["command"] == "tarfirst x.tar --key koi8 -f txt"
+    assert "text that is not UTF-8: 1" in s.problems()
+
+
+def test_json_key_coverage_value_types_and_problems():
+    docs = [{"url": f"u{i}", "caption": f"c{i}", "width": 10 * i} for i in range(8)]
+    docs[2]["caption"] = None
+    del docs[5]["caption"]
+    docs[6]["rare"] = [1]
+    samples = [{"__key__": f"j{i}", "json": json.dumps(doc).encode()} for i, doc in enumerate(docs)]
+    samples.append({"__key__": "bad", "json": b'{"url": '})
+    samples.append({"__key__": "list", "json": b"[1, 2]"})
+    s, d = content_of(samples)
+    j = d["content"]["fields"]["json"]["json"]
+    assert (j["count"], j["objects"], j["invalid"]) == (10, 8, 1)
+    assert j["keys"]["url"] == {"count": 8, "types": {"string": 8}}
+    assert j["keys"]["caption"] == {"count": 7, "types": {"string": 6, "null": 1}}
+    assert j["keys"]["width"]["types"] == {"integer": 8} and j["keys"]["rare"]["count"] == 1
+    assert j["other_top_level"]["counts"] == {"array": 1}
+    p = d["content"]["problems"]
+    assert p["invalid_json"]["examples"][0]["key"] == "bad"
+    # caption is in 7 of 8 documents: the one lacking it is named; "rare" (1 of 8) is no problem
+    missing = p["json_missing_keys"]
+    assert missing["count"] == 1 and missing["examples"][0]["key"] == "j5"
+    assert missing["examples"][0]["reason"] == "no key 'caption'"
+    assert "caption" in s.format_text()
+
+
+def test_label_histogram():
+    samples = [{"__key__": f"k{i}", "cls": str(i % 3).encode() + b"\n"} for i in range(10)]
+    _, d = content_of(samples)
+    labels = d["content"]["fields"]["cls"]["labels"]
+    assert labels["counts"] == {"0": 4, "1": 3, "2": 3} and labels["distinct"] == 3 and labels["count"] == 10
+
+
+def test_audio_statistics_and_undecodable_audio():
+    samples = [{"__key__": f"a{i}", "wav": wav_bytes(0.5 * (i + 1), rate=16000 if i < 3 else 8000)} for i in range(4)]
+    samples.append({"__key__": "cut", "wav": b"RIFF\x00\x00\x00\x00WAVEfmt "})
+    s, d = content_of(samples)
+    f = d["content"]["fields"]["wav"]
+    a = f["audio"]
+    assert a["count"] == 4 and a["codecs"]["counts"] == {"pcm_s16le": 4}
+    assert (a["duration"]["min"], a["duration"]["max"]) == (0.5, 2.0)
+    assert a["sample_rates"]["counts"] == {"16000": 3, "8000": 1} and a["channels"]["counts"] == {"1": 4}
+    assert f["media"]["undecodable"] == 1
+    assert d["content"]["problems"]["undecodable_media"]["examples"][0]["command"] == "tarfirst x.tar --key cut -f wav"
+    assert "duration    min 0.5 s" in s.format_text()
+
+
+def test_video_statistics():
+    av = pytest.importorskip("av")
+    import numpy as np
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as c:
+        stream = c.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(10):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), 20 * i, np.uint8), format="rgb24")
+            for packet in stream.encode(frame):
+                c.mux(packet)
+        for packet in stream.encode():
+            c.mux(packet)
+    _, d = content_of([{"__key__": "v", "mp4": buf.getvalue()}])
+    v = d["content"]["fields"]["mp4"]["video"]
+    assert v["codecs"]["counts"] == {"mpeg4": 1} and v["resolutions"]["counts"] == {"64x48": 1}
+    assert v["fps"]["counts"] == {"10": 1} and v["duration"]["max"] == pytest.approx(1.0)
+
+
+def test_content_statistics_can_be_left_out():
+    s = summary_of(tar([{"__key__": "a", "jpg": b"not a jpeg"}]), content=False)
+    assert s.as_dict()["content"] is None and s.problems() == []
+    assert "content" not in s.format_text()
+
+
+def test_distributions_stay_bounded_and_their_median_close():
+    from tarproc import content
+
+    d = content.Distribution()
+    values = [1.0 + (i * 7919 % 100_003) / 7.0 for i in range(200_000)]  # 100,003 distinct values
+    for v in values:
+        d.add(v)
+    assert not d.exact and d.values is None
+    assert len(d.buckets) <= content.LOG_STEPS * 20  # log-spaced: a bounded number of buckets
+    true_median = statistics.median(values)
+    assert abs(d.median() - true_median) / true_median < 0.03
+    assert (d.min, d.max, d.count) == (min(values), max(values), 200_000)
+    bins = d.histogram()
+    assert len(bins) == content.CHART_BINS and sum(n for _, _, n in bins) == 200_000
+    assert d.as_dict()["median_exact"] is False
+
+
+def test_name_tallies_are_bounded():
+    from tarproc import content
+
+    samples = [{"__key__": f"k{i}", "cls": str(i).encode(), "json": json.dumps({f"key{i}": i}).encode()}
+               for i in range(content.MAX_CLASSES + 50)]
+    _, d = content_of(samples)
+    labels = d["content"]["fields"]["cls"]["labels"]
+    assert labels["distinct"] == content.MAX_CLASSES and labels["other"] == 50
+    j = d["content"]["fields"]["json"]["json"]
+    assert len(j["keys"]) == content.MAX_JSON_KEYS and j["other_keys"] == content.MAX_CLASSES + 50 - content.MAX_JSON_KEYS
+
+
+def test_problem_commands_quote_odd_keys_and_urls():
+    s, d = content_of([{"__key__": "it's a key", "txt": b"\xff"}], url="my shards/a.tar")
+    assert d["content"]["problems"]["non_utf8_text"]["examples"][0]["command"] == (
+        "tarfirst 'my shards/a.tar' --key 'it'\"'\"'s a key' -f txt")
+
+
+def test_one_sample_is_singular():
+    samples = [{"__key__": f"s{i}", "txt": b"x", "cls": b"1"} for i in range(4)] + [{"__key__": "z", "cls": b"1"}]
+    text = summary_of(tar(samples)).format_text()
+    assert "txt: 1 sample (e.g. 'z')" in text and "1 samples" not in text
