@@ -100,7 +100,7 @@ def frame_level(i: int, frames: int) -> int:
 
 
 def encode_video(ext: str, frames: int = 24, fps: int = 12, height: int = 48, width: int = 64,
-                 audio: bool = False) -> bytes:
+                 audio: bool = False, gop: int | None = None) -> bytes:
     """``frames`` frames of ``video_frames`` at ``fps`` as a real ``ext`` file (optionally with a tone)."""
     import av
 
@@ -110,6 +110,8 @@ def encode_video(ext: str, frames: int = 24, fps: int = 12, height: int = 48, wi
     with av.open(buf, mode="w", format=fmt) as out:
         stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        if gop is not None:  # a key frame every gop frames (seeking lands on them)
+            stream.codec_context.gop_size = gop
         if codec == "libx264":
             stream.options = {"crf": "10", "preset": "ultrafast"}
         else:

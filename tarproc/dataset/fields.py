@@ -1,23 +1,38 @@
-"""Field handlers (bytes to values), tuple selection and collation of a batch.
+"""Field handlers (bytes to values), audio/video fields, tuple selection and collation of a batch.
 
-A handler turns a field's bytes into a value. The defaults go by the field's last extension
-(``seg.cls`` uses the ``cls`` handler): ``cls``/``cls2``/``index``/``id`` -> int, ``txt``/``text``
--> str, ``json``/``jsn`` -> object, ``npy`` -> numpy array. Other fields stay bytes; images are
-decoded by the decode stage, not by handlers. Give your own as ``{"field": callable}``; ``None``
-leaves a field as bytes. No pickle handler exists on purpose: a shard should not run code.
+A handler turns a field's bytes into a value. The defaults (``DEFAULT_HANDLERS``, webdataset's
+default decoders but pickle) go by the field's last extension (``seg.cls`` uses the ``cls``
+handler): ``cls``/``cls2``/``index``/``inx``/``id`` -> int, ``txt``/``text``/``transcript`` -> str,
+``json``/``jsn`` -> object, ``npy`` -> numpy array, ``npz`` -> dict of arrays, ``pth`` ->
+``torch.load(..., weights_only=True)`` (torch imported when one comes), ``msgpack``/``mp`` ->
+object, ``cbor`` -> object (``pip install cbor2``); a field ending in ``.gz`` (``json.gz``) is
+decompressed and handed to the handler of its inner extension (bytes without one). Other fields
+stay bytes; images, audio and video are decoded by the decode stage, not by handlers.
+
+Your ``handlers={"field": callable}`` extend and override the defaults (by the full field name or
+its last extension); ``None`` leaves a field as bytes. ``merge_handlers(handlers, defaults=False)``
+(``Dataset(default_handlers=False)``) uses yours alone. No pickle handler exists on purpose: a
+shard should not run code (``pth`` loads tensors only).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import DecodeError, OptionError
+from ..decode.audio import AudioSpec, decode_audio
+from ..decode.spec import AugmentSpec, plan_key
+from ..decode.stage import DEFAULT_FIELDS, parse_field_list
+from ..decode.video import VideoSpec, decode_video
+from ..errors import DecodeError, MediaError, MissingDependencyError, OptionError, SampleError
 from ..samples import Sample
+from ..tario import DEFAULT_MAX_MEMBER_SIZE
 
 Handler = Callable[[bytes], Any]
 
@@ -64,25 +79,106 @@ def _npy(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
 
 
+def _npz(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(bytes(data)), allow_pickle=False) as arrays:
+        return {name: arrays[name] for name in arrays.files}
+
+
+def _pth(data: bytes) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise MissingDependencyError("pth fields need PyTorch: pip install torch (or handlers={'pth': None})") from None
+    return torch.load(io.BytesIO(bytes(data)), weights_only=True, map_location="cpu")
+
+
+def _msgpack(data: bytes) -> Any:
+    import msgpack
+
+    return msgpack.unpackb(bytes(data), raw=False, strict_map_key=False)
+
+
+def _cbor(data: bytes) -> Any:
+    try:
+        import cbor2
+    except ImportError:
+        raise MissingDependencyError("cbor fields need cbor2: pip install cbor2 (or handlers={'cbor': None})") from None
+    return cbor2.loads(bytes(data))
+
+
 DEFAULT_HANDLERS: dict[str, Handler] = {
-    "cls": _int, "cls2": _int, "index": _int, "id": _int,
-    "txt": _text, "text": _text,
+    "cls": _int, "cls2": _int, "index": _int, "inx": _int, "id": _int,
+    "txt": _text, "text": _text, "transcript": _text,
     "json": _json, "jsn": _json,
-    "npy": _npy,
+    "npy": _npy, "npz": _npz, "pth": _pth,
+    "msgpack": _msgpack, "mp": _msgpack, "cbor": _cbor,
 }
 
 
+def merge_handlers(handlers: Mapping[str, Handler | None] | None, defaults: bool = True) -> dict[str, Handler | None]:
+    """The handlers a dataset uses: ``handlers`` over the defaults (``defaults=False``: yours alone).
+
+    >>> merged = merge_handlers({"cls": float, "json": None})
+    >>> merged["cls"], merged["json"], merged["txt"] is DEFAULT_HANDLERS["txt"]
+    (<class 'float'>, None, True)
+    >>> sorted(merge_handlers({"cls": float}, defaults=False))
+    ['cls']
+    """
+    if handlers is not None and not isinstance(handlers, Mapping):
+        raise OptionError(f"bad handlers {handlers!r}; give a dict of field name -> callable (or None: keep bytes)")
+    for name, handler in (handlers or {}).items():
+        if not isinstance(name, str) or not name:
+            raise OptionError(f"bad handler field name {name!r}; give a field name or extension like 'cls'")
+        if handler is not None and not callable(handler):
+            raise OptionError(f"bad handler for {name!r}: {handler!r} is not callable (None keeps bytes)")
+    merged: dict[str, Handler | None] = dict(DEFAULT_HANDLERS) if defaults else {}
+    merged.update(handlers or {})
+    return merged
+
+
+def gunzip(data: bytes, limit: int = DEFAULT_MAX_MEMBER_SIZE) -> bytes:
+    """``data`` gzip-decompressed, refusing more than ``limit`` bytes (a gzip bomb).
+
+    >>> import gzip; gunzip(gzip.compress(b"abc"))
+    b'abc'
+    """
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = inflater.decompress(bytes(data), limit + 1)
+    if len(out) > limit:
+        raise ValueError(f"decompresses to more than {limit:,} bytes")
+    if not inflater.eof:
+        raise ValueError("gzip data cut short")
+    return out
+
+
+def _inner_gz(inner: Handler | None) -> Handler:
+    def gz(data: bytes) -> Any:
+        raw = gunzip(data)
+        return raw if inner is None else inner(raw)
+
+    gz.__name__ = f"gz+{getattr(inner, '__name__', 'bytes')}"
+    return gz
+
+
 def handler_for(field: str, handlers: Mapping[str, Handler | None]) -> Handler | None:
-    """The handler of ``field``: by its full name, else by its last extension.
+    """The handler of ``field``: by its full name, else by its last extension; a field ending in
+    ``.gz`` without a handler of its own is decompressed and handled by its inner extension.
 
     >>> handler_for("seg.cls", DEFAULT_HANDLERS)(b"7")
     7
     >>> handler_for("jpg", DEFAULT_HANDLERS) is None
     True
+    >>> import gzip; handler_for("json.gz", DEFAULT_HANDLERS)(gzip.compress(b'[1]'))
+    [1]
     """
     if field in handlers:
         return handlers[field]
-    return handlers.get(field.rsplit(".", 1)[-1])
+    base, _, ext = field.rpartition(".")
+    if ext in handlers:
+        return handlers[ext]
+    if ext == "gz" and base:
+        return _inner_gz(handler_for(base, handlers))
+    return None
 
 
 def apply_handlers(sample: Sample, handlers: Mapping[str, Handler | None], skip: frozenset[str] = frozenset()) -> Sample:
@@ -100,9 +196,94 @@ def apply_handlers(sample: Sample, handlers: Mapping[str, Handler | None], skip:
             continue
         try:
             sample[field] = handler(bytes(value) if not isinstance(value, bytes) else value)
+        except MissingDependencyError:
+            raise  # not the sample's fault: every sample would be skipped
         except Exception as e:  # a user's handler may raise anything: report it with its context
             reason = f"handler {getattr(handler, '__name__', handler)!r} failed: {type(e).__name__}: {e}"
             raise DecodeError(reason, sample.get("__url__"), sample.get("__key__"), field) from e
+    return sample
+
+
+MediaSpec = AudioSpec | VideoSpec
+LENGTHS = ".lengths"  # FIELD.lengths: a padded field's lengths (collate="pad"; a to_tuple column)
+
+
+class Decoding(NamedTuple):
+    """What ``Dataset(decode=...)`` asks for: the image spec and its fields, and the media fields
+    (``(names, spec)``: the first of ``names`` a sample has is decoded by ``spec``)."""
+
+    image: AugmentSpec | None
+    image_fields: list[str]
+    media: list[tuple[list[str], MediaSpec]]
+
+
+def parse_decoding(decode: Any, image: str = DEFAULT_FIELDS, seed: int = 0) -> Decoding:
+    """Split ``decode`` -- an ``AugmentSpec``, or a dict of field names to ``AugmentSpec`` (one at
+    most), ``AudioSpec`` and ``VideoSpec`` -- into image and media decoding; specs without a seed
+    get ``seed`` (the dataset's: reproducible, and new each epoch through the plan key).
+
+    >>> d = parse_decoding({"flac;wav": AudioSpec(seconds=1.0)}, seed=5)
+    >>> d.image, d.media[0][0], d.media[0][1].seed
+    (None, ['flac', 'wav'], 5)
+    """
+    def seeded(spec: Any) -> Any:
+        return dataclasses.replace(spec, seed=seed) if spec.seed is None else spec
+
+    if decode is None:
+        return Decoding(None, parse_field_list(image), [])
+    if isinstance(decode, AugmentSpec):
+        return Decoding(seeded(decode), parse_field_list(image), [])
+    if isinstance(decode, (AudioSpec, VideoSpec)):
+        kind = "audio" if isinstance(decode, AudioSpec) else "video"
+        raise OptionError(f"decode={type(decode).__name__}(...) needs the {kind} field it is for: "
+                          f"decode={{'{'flac' if kind == 'audio' else 'mp4'}': {type(decode).__name__}(...)}}")
+    if not isinstance(decode, Mapping):
+        raise OptionError(f"bad decode {decode!r}; give an AugmentSpec, or a dict of field names to "
+                          "AugmentSpec/AudioSpec/VideoSpec")
+    spec_image, fields, media = None, parse_field_list(image), []
+    taken: set[str] = set()
+    for names, spec in decode.items():
+        if not isinstance(names, str):
+            raise OptionError(f"bad decode field {names!r}; give field names like 'flac;wav'")
+        listed = parse_field_list(names)
+        for name in listed:
+            if name in taken:
+                raise OptionError(f"field {name!r} is in two decode specs")
+            taken.add(name)
+        if isinstance(spec, AugmentSpec):
+            if spec_image is not None:
+                raise OptionError("decode takes one AugmentSpec (the image field): give its fields as one key, "
+                                  "like 'jpg;png'")
+            if image != DEFAULT_FIELDS:
+                raise OptionError("give the image fields once: as the AugmentSpec's key in decode, or as image=")
+            spec_image, fields = seeded(spec), listed
+        elif isinstance(spec, (AudioSpec, VideoSpec)):
+            media.append((listed, seeded(spec)))
+        else:
+            raise OptionError(f"bad decode spec for {names!r}: {spec!r}; give an AugmentSpec, AudioSpec or VideoSpec")
+    return Decoding(spec_image, fields, media)
+
+
+def decode_media(sample: Sample, media: Sequence[tuple[list[str], MediaSpec]], epoch: int = 0) -> Sample:
+    """The sample with its audio/video fields decoded (the first of each spec's names it has); a
+    missing field or undecodable data is a ``DecodeError`` naming URL, key and field. Random crops
+    and clips are drawn from the spec's seed and ``plan_key(key, epoch)``, as the image plans are."""
+    key = str(sample.get("__key__"))
+    for names, spec in media:
+        name = next((n for n in names if n in sample), None)
+        if name is None:
+            have = ", ".join(k for k in sample if not k.startswith("__"))
+            raise DecodeError(f"no field {'/'.join(names)} (it has: {have})", sample.get("__url__"), sample.get("__key__"))
+        value = sample[name]
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            continue  # decoded already (by map)
+        try:
+            if isinstance(spec, AudioSpec):
+                sample[name] = decode_audio(value, spec, plan_key(key, epoch))
+            else:
+                sample[name] = decode_video(value, spec, plan_key(key, epoch))
+        except MediaError as e:
+            raise DecodeError(e.message, sample.get("__url__"), sample.get("__key__"), name) from None
     return sample
 
 
@@ -126,12 +307,22 @@ def parse_selection(columns: Sequence[str]) -> list[list[str]]:
 
 
 def pick(sample: Sample, selection: list[list[str]]) -> tuple[Any, ...]:
-    """The sample's values for ``selection``; a missing column is a ``DecodeError``."""
+    """The sample's values for ``selection``; a missing column is a ``DecodeError``. A column
+    ``FIELD.lengths`` (no such field in the sample) is the length of the array ``FIELD`` along its
+    last axis: the lengths of a padded column (``collate="pad"``).
+
+    >>> pick({"wav": np.zeros((1, 5)), "txt": "hi"}, [["wav"], ["wav.lengths"], ["txt"]])[1:]
+    (5, 'hi')
+    """
     values = []
     for names in selection:
         for name in names:
             if name in sample:
                 values.append(sample[name])
+                break
+            base = name[: -len(LENGTHS)] if name.endswith(LENGTHS) else None
+            if base and base in sample and getattr(sample[base], "ndim", 0) >= 1:
+                values.append(int(sample[base].shape[-1]))
                 break
         else:
             have = ", ".join(k for k in sample if not k.startswith("__"))
@@ -184,3 +375,83 @@ def collate(rows: list[Any]) -> Any:
         return tuple(collate_column([r[i] for r in rows]) for i in range(len(first)))
     keys = [k for k in first if k != "__url__"]
     return {k: collate_column([r.get(k) for r in rows]) if k != "__key__" else [r[k] for r in rows] for k in keys}
+
+
+# ---------------------------------------------------------------------------------------------------
+# collate="pad" and collate= hooks
+
+Collate = Callable[[list[Any]], Any]
+COLLATES = ("stack", "pad")
+
+
+def make_collate(how: str | Collate | None) -> Collate:
+    """The collate function of ``Dataset(collate=...)``: ``"stack"`` (None, the default: arrays of
+    one shape stacked, other values a list), ``"pad"`` (``pad_collate``) or your callable, given the
+    batch's rows (dicts, or tuples with ``to_tuple``) and returning the batch."""
+    if how is None or how == "stack":
+        return collate
+    if how == "pad":
+        return pad_collate
+    if callable(how) and not isinstance(how, str):
+        return _user_collate(how)
+    raise OptionError(f"bad collate {how!r}; use 'stack', 'pad' or a function of the batch's rows")
+
+
+def _user_collate(function: Collate) -> Collate:
+    def call(rows: list[Any]) -> Any:
+        try:
+            return function(rows)
+        except Exception as e:
+            first = rows[0] if rows else {}
+            url = first.get("__url__") if isinstance(first, dict) else None
+            raise SampleError(f"collate {getattr(function, '__name__', function)!r} failed: {type(e).__name__}: {e}",
+                              url) from e
+
+    return call
+
+
+def pad_collate(rows: list[Any]) -> Any:
+    """``collate``, but 1-D and 2-D arrays (sequences; audio as ``(channels, samples)``) are padded
+    with zeros at the end of their last axis to the batch's longest, and stacked; in a dict batch
+    each padded field ``F`` comes with ``F.lengths``, an int64 vector of the lengths before padding
+    (with ``to_tuple``, ask for the column ``"F.lengths"``). Arrays that differ in another axis or
+    in dtype are a ``SampleError``.
+
+    >>> batch = pad_collate([{"wav": np.ones((1, 2))}, {"wav": np.ones((1, 3))}])
+    >>> batch["wav"].shape, batch["wav.lengths"].tolist(), batch["wav"][0].tolist()
+    ((2, 1, 3), [2, 3], [[1.0, 1.0, 0.0]])
+    """
+    first = rows[0]
+    if isinstance(first, tuple):
+        return tuple(_pad_column([r[i] for r in rows], str(i))[0] for i in range(len(first)))
+    out: dict[str, Any] = {}
+    for k in (k for k in first if k != "__url__"):
+        if k == "__key__":
+            out[k] = [r[k] for r in rows]
+            continue
+        column, lengths = _pad_column([r.get(k) for r in rows], k, rows)
+        out[k] = column
+        if lengths is not None:
+            out[k + LENGTHS] = lengths
+    return out
+
+
+def _pad_column(values: list[Any], name: str, rows: list[Any] | None = None) -> tuple[Any, np.ndarray | None]:
+    values = [v.numpy() if _is_cpu_tensor(v) else v for v in values]
+    first = values[0]
+    if not (isinstance(first, np.ndarray) and first.dtype != object and first.ndim in (1, 2)):
+        return collate_column(values), None
+    if not all(isinstance(v, np.ndarray) and v.ndim == first.ndim and v.shape[:-1] == first.shape[:-1]
+               and v.dtype == first.dtype for v in values):
+        other = next(v for v in values if not (isinstance(v, np.ndarray) and v.shape[:-1] == first.shape[:-1]
+                                                and v.dtype == first.dtype))
+        shape = getattr(other, "shape", type(other).__name__)
+        url = rows[0].get("__url__") if rows and isinstance(rows[0], dict) else None
+        raise SampleError(f"cannot pad column {name!r}: its values differ in more than their last axis "
+                          f"({first.dtype} {first.shape} and {getattr(other, 'dtype', '')} {shape}); pad pads the "
+                          "last axis only", url)
+    lengths = np.array([v.shape[-1] for v in values], dtype=np.int64)
+    batch = np.zeros((len(values), *first.shape[:-1], int(lengths.max())), dtype=first.dtype)
+    for row, v in zip(batch, values, strict=True):
+        row[..., : v.shape[-1]] = v
+    return batch, lengths

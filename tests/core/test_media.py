@@ -169,3 +169,196 @@ def test_poster_frame_errors() -> None:
         poster_frame(mp4[: len(mp4) // 3])
     with pytest.raises(MediaError, match="looks like text"):
         poster_frame(io.BytesIO(b"hello").getvalue())
+
+
+# ---------------------------------------------------------------------------------------------------
+# decode_audio / decode_video
+
+from tarproc.decode import video as video_module  # noqa: E402
+from tarproc.decode.audio import AudioSpec, decode_audio  # noqa: E402
+from tarproc.decode.spec import plan_key  # noqa: E402
+from tarproc.decode.video import VideoSpec, decode_video  # noqa: E402
+
+
+def _peak(x: np.ndarray, rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(x))
+    return float(np.fft.rfftfreq(len(x), 1 / rate)[np.argmax(spectrum)])
+
+
+def _check_tone(audio: np.ndarray, rate: int, freqs: list[float], rms: float = 0.5 / np.sqrt(2), tol: float = 0.05) -> None:
+    """Each channel is the sine of its frequency, at the amplitude written (lossy codecs within tol)."""
+    middle = audio[:, audio.shape[1] // 4: 3 * audio.shape[1] // 4]
+    assert [round(_peak(c, rate)) for c in middle] == pytest.approx(freqs, abs=2)
+    assert [float(np.sqrt((c ** 2).mean())) for c in middle] == pytest.approx([rms] * len(freqs), abs=tol)
+
+
+@pytest.mark.parametrize("ext", sorted(AUDIO_FORMATS))
+@pytest.mark.parametrize("rate", [16000, 22050, 8000])
+def test_decode_audio_formats_and_rates(ext: str, rate: int) -> None:
+    data = encode_audio(ext, seconds=1.0, rate=16000, channels=2)
+    audio = decode_audio(data, AudioSpec(sample_rate=rate, channels=None))
+    assert audio.dtype == np.float32 and audio.shape[0] == 2 and audio.flags.c_contiguous
+    assert audio.shape[1] == pytest.approx(rate, rel=0.05)  # one second (encoders pad a little)
+    _check_tone(audio, rate, [440, 880])
+
+
+def test_decode_wav_exact_and_without_av(monkeypatch: pytest.MonkeyPatch) -> None:
+    signal = np.array([[0.0, 0.5, -0.5, 1.0 - 2 ** -15, -1.0]], dtype=np.float32)
+    wav = encode_audio("wav", rate=8000, signal=signal)
+    monkeypatch.setitem(sys.modules, "av", None)  # the same rate needs no PyAV
+    assert decode_audio(wav, AudioSpec(sample_rate=8000)).tolist() == signal.tolist()
+    assert decode_audio(wav, AudioSpec(sample_rate=None, channels=2)).tolist() == [signal[0].tolist()] * 2
+    with pytest.raises(MissingDependencyError, match="tarproc"):
+        decode_audio(wav, AudioSpec(sample_rate=16000))  # a new rate needs the resampler
+
+
+@pytest.mark.parametrize(("tag", "bits", "dtype", "scale"), [(1, 8, np.uint8, None), (1, 16, "<i2", 2 ** 15),
+                                                           (1, 24, None, 2 ** 23), (1, 32, "<i4", 2 ** 31),
+                                                           (3, 32, "<f4", 1), (3, 64, "<f8", 1)])
+def test_decode_wav_sample_formats(tag: int, bits: int, dtype: object, scale: int | None) -> None:
+    values = np.array([0.0, 0.25, -0.25, -1.0, 0.5, -0.5])  # 3 frames of 2 channels
+    if bits == 8:
+        raw = (values * 128 + 128).astype(np.uint8).tobytes()
+    elif bits == 24:
+        ints = (values * scale).astype(np.int64)
+        raw = b"".join(int(i).to_bytes(3, "little", signed=True) for i in ints)
+    else:
+        raw = (values * scale).astype(dtype).tobytes()
+    fmt = struct.pack("<HHIIHH", tag, 2, 1000, 1000 * 2 * bits // 8, 2 * bits // 8, bits)
+    audio = decode_audio(_wav(fmt, raw), AudioSpec(sample_rate=1000, channels=None))
+    assert audio.tolist() == values.reshape(3, 2).T.tolist()
+
+
+def test_decode_audio_channels() -> None:
+    stereo = encode_audio("flac", seconds=0.5, rate=8000, channels=2)
+    mono = decode_audio(stereo, AudioSpec(sample_rate=8000, channels=1))
+    both = decode_audio(stereo, AudioSpec(sample_rate=8000, channels=None))
+    assert mono.shape == (1, 4000) and np.allclose(mono[0], both.mean(axis=0), atol=1e-6)
+    assert decode_audio(stereo, AudioSpec(sample_rate=8000, channels=2)).shape == (2, 4000)
+    up = decode_audio(encode_audio("flac", seconds=0.5, rate=8000, channels=1), AudioSpec(sample_rate=8000, channels=2))
+    assert up.shape == (2, 4000) and np.array_equal(up[0], up[1])
+    with pytest.raises(MediaError, match="cannot make 3 channels from 2"):
+        decode_audio(stereo, AudioSpec(sample_rate=8000, channels=3))
+
+
+def test_decode_audio_crop_and_pad() -> None:
+    ramp = (np.arange(1000, dtype=np.float32) / 2000)[None]  # sample i is i / 2000: the offset of a crop
+    wav = encode_audio("wav", rate=1000, signal=ramp)
+    head = decode_audio(wav, AudioSpec(sample_rate=1000, seconds=0.3))
+    assert head.shape == (1, 300) and round(float(head[0, 0]) * 2000) == 0
+    padded = decode_audio(wav, AudioSpec(sample_rate=1000, seconds=1.5))
+    assert padded.shape == (1, 1500) and not padded[0, 1000:].any() and padded[0, 999] > 0.49
+    spec = AudioSpec(sample_rate=1000, seconds=0.3, random_crop=True, seed=11)
+    starts = {round(float(decode_audio(wav, spec, f"k{i}")[0, 0]) * 2000) for i in range(20)}
+    assert len(starts) > 15 and all(0 <= s <= 700 for s in starts)  # drawn over every start that fits
+    a = decode_audio(wav, spec, plan_key("k", 0))
+    assert np.array_equal(a, decode_audio(wav, spec, plan_key("k", 0)))  # the same key: the same crop
+    assert not np.array_equal(a, decode_audio(wav, spec, plan_key("k", 1)))  # the next epoch: a new one
+    crop = decode_audio(wav, spec, "k")
+    start = round(float(crop[0, 0]) * 2000)
+    assert start == spec.crop_start("k", 1000) and np.allclose(crop[0], ramp[0, start:start + 300], atol=1e-4)
+    # a crop of audio shorter than the clip: all of it, padded
+    assert decode_audio(wav, AudioSpec(sample_rate=1000, seconds=2.0, random_crop=True, seed=1), "k").shape == (1, 2000)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"sample_rate": 0}, "bad sample_rate"), ({"sample_rate": 16000.0}, "bad sample_rate"),
+    ({"channels": 0}, "bad channels"), ({"seconds": -1.0}, "bad seconds"), ({"seconds": float("nan")}, "bad seconds"),
+    ({"sample_rate": None, "seconds": 1.0}, "needs a sample_rate"), ({"random_crop": True}, "needs the clip length"),
+    ({"seed": "x"}, "bad seed"), ({"max_seconds": 0}, "bad max_seconds"),
+    ({"seconds": 10.0, "max_seconds": 5.0}, "over max_seconds"),
+])
+def test_audio_spec_errors(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        AudioSpec(**kwargs)  # type: ignore[arg-type]
+
+
+def test_decode_audio_bad_data() -> None:
+    spec = AudioSpec(sample_rate=16000)
+    flac = encode_audio("flac", seconds=1.0)
+    with pytest.raises(MediaError, match="looks like text"):
+        decode_audio(b"not audio at all\n", spec)
+    with pytest.raises(MediaError):
+        decode_audio(flac[:30], spec)
+    with pytest.raises(MediaError, match="no audio stream"):
+        decode_audio(encode_video("mp4", frames=2), spec)
+    with pytest.raises(MediaError, match="cut short"):
+        decode_audio(_wav(struct.pack("<HHIIHH", 1, 1, 16000, 32000, 2, 16), bytes(10), declared=100), spec)
+    with pytest.raises(MediaError, match="over max_seconds"):
+        decode_audio(encode_audio("wav", seconds=2.0, rate=8000), AudioSpec(sample_rate=8000, max_seconds=1.0))
+    with pytest.raises(MediaError, match="over max_seconds"):
+        decode_audio(flac, AudioSpec(sample_rate=16000, max_seconds=0.5))
+    with pytest.raises(MediaError, match="cannot read the media"):
+        decode_audio(flac[: len(flac) // 2], spec)
+    mp3 = encode_audio("mp3", seconds=1.0)
+    cut = decode_audio(mp3[: len(mp3) // 2], spec)  # no declared length: an mp3 cut short decodes what it holds
+    assert 4000 < cut.shape[1] < 12000
+
+
+def _frame_indices(clip: np.ndarray, frames: int) -> list[int]:
+    """Which stored frames ``clip`` (THWC) shows, by each frame's grey level."""
+    levels = np.array([frame_level(i, frames) for i in range(frames)])
+    return [int(np.argmin(np.abs(levels - f.mean()))) for f in clip]
+
+
+@pytest.mark.parametrize("ext", sorted(VIDEO_FORMATS))
+def test_decode_video(ext: str) -> None:
+    video = encode_video(ext, frames=24, fps=12, height=48, width=64)
+    clip = decode_video(video, VideoSpec(frames=6))
+    assert clip.shape == (6, 48, 64, 3) and clip.dtype == np.uint8
+    assert _frame_indices(clip, 24) == [0, 1, 2, 3, 4, 5]
+    slow = decode_video(video, VideoSpec(frames=6, fps=4, size=(24, 40)))
+    assert slow.shape == (6, 24, 40, 3) and _frame_indices(slow, 24) == [0, 3, 6, 9, 12, 15]
+    fast = decode_video(video, VideoSpec(frames=6, fps=24))
+    assert _frame_indices(fast, 24) == [0, 0, 1, 1, 2, 2]
+    long = decode_video(video, VideoSpec(frames=30, layout="TCHW"))  # longer than the video: its last frame stays
+    assert long.shape == (30, 3, 48, 64) and _frame_indices(long.transpose(0, 2, 3, 1), 24) == list(range(24)) + [23] * 6
+
+
+def test_decode_video_random_clip_and_seek(monkeypatch: pytest.MonkeyPatch) -> None:
+    video = encode_video("mp4", frames=40, fps=5, height=32, width=32, gop=5)  # 8 s, a key frame a second
+    spec = VideoSpec(frames=4, fps=2, random_clip=True, seed=3)
+    starts = set()
+    for i in range(12):
+        key = plan_key(f"k{i}", 0)
+        picked = _frame_indices(decode_video(video, spec, key), 40)
+        start = spec.clip_start(key, 8.0, 40)
+        assert 0 <= start <= 6.0
+        assert picked == [int((start + j / 2) * 5 + 1e-6) for j in range(4)], (start, picked)
+        starts.add(picked[0])
+    assert len(starts) > 6
+    with_seek = [decode_video(video, spec, plan_key(f"k{i}", 0)) for i in range(6)]
+    monkeypatch.setattr(video_module, "_SEEK_AFTER", float("inf"))  # decode from the start instead
+    for i, clip in enumerate(with_seek):
+        assert np.array_equal(clip, decode_video(video, spec, plan_key(f"k{i}", 0)))
+    native = VideoSpec(frames=5, random_clip=True, seed=0)
+    for i in range(5):
+        picked = _frame_indices(decode_video(video, native, f"n{i}"), 40)
+        assert picked == list(range(picked[0], picked[0] + 5)) and picked[0] <= 35
+    a = decode_video(video, spec, plan_key("k", 0))
+    assert not np.array_equal(a, decode_video(video, spec, plan_key("k", 1)))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"frames": 0}, "bad frames"), ({"fps": 0}, "bad fps"), ({"fps": float("inf")}, "bad fps"),
+    ({"size": (0, 3)}, "bad size"), ({"size": 64}, "bad size"), ({"layout": "HWC"}, "bad layout"),
+    ({"size": (100, 100), "max_pixels": 50}, "over max_pixels"), ({"seed": 1.5}, "bad seed"),
+])
+def test_video_spec_errors(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        VideoSpec(**kwargs)  # type: ignore[arg-type]
+
+
+def test_decode_video_bad_data() -> None:
+    spec = VideoSpec(frames=2)
+    mp4 = encode_video("mp4", frames=12, height=64, width=64)
+    with pytest.raises(MediaError):
+        decode_video(mp4[: len(mp4) // 2], spec)
+    with pytest.raises(MediaError, match="no video stream"):
+        decode_video(encode_audio("flac"), spec)
+    with pytest.raises(MediaError, match="no video stream"):
+        decode_video(encode_audio("wav"), spec)
+    with pytest.raises(MediaError, match="over the limit"):
+        decode_video(mp4, VideoSpec(frames=2, max_pixels=64 * 63))
+    with pytest.raises(MediaError, match="looks like jpeg"):
+        decode_video(b"\xff\xd8\xff\xe0" + bytes(64), spec)

@@ -1,0 +1,211 @@
+"""Decode audio fields to float32 arrays: a chosen sample rate and channel count, a fixed length.
+
+::
+
+    from tarproc.decode.audio import AudioSpec, decode_audio
+    spec = AudioSpec(sample_rate=16000, channels=1, seconds=4.0, random_crop=True, seed=0)
+    samples = decode_audio(flac_bytes, spec, key="utt-0001")   # (1, 64000) float32 in -1..1
+
+The exact semantics:
+
+- values are float32, full scale -1..1 (integer PCM divided by 2**(bits-1); unsigned 8-bit
+  centred first); the shape is ``(channels, samples)``, as torchaudio's;
+- PCM WAV at the wanted rate (or ``sample_rate=None``) is read with numpy alone; everything else,
+  and any change of rate, goes through PyAV (FFmpeg: ``pip install 'tarproc[media]'``), its
+  ``AudioResampler`` (libswresample) converting the rate;
+- ``channels``: 1 is the mean of the stored channels; from mono, the channel is repeated; from
+  more channels to fewer (not 1), the first ones are kept (FL, FR of a 5.1 file); ``None`` keeps them;
+- ``seconds``: the clip is cut (or padded with zeros at its end) to ``round(seconds * sample_rate)``
+  samples. The cut starts at 0, or with ``random_crop`` at a random sample drawn uniformly from
+  every start that keeps the clip inside the audio, from ``random.Random(f"{seed}/{key}")``: the key
+  is the sample's ``plan_key`` (key, plus the epoch after the first), as for the image plans, so a
+  resumed run draws the same crops;
+- audio longer than ``max_seconds`` (default one hour) is an error rather than an allocation of
+  gigabytes. Data FFmpeg cannot open (a FLAC or Ogg file cut short, usually) and a WAV holding
+  less than its header declares are errors; a stream without a declared length (MP3) cut short
+  decodes to what it holds, as FFmpeg decodes it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import MediaError, OptionError
+from .media import _ffmpeg_reason, import_av, is_wav, open_container, wav_header
+
+DEFAULT_MAX_SECONDS = 3600.0
+MAX_CHANNELS = 64
+
+
+@dataclass(frozen=True)
+class AudioSpec:
+    """How to decode an audio field (see the module docstring for the exact semantics).
+
+    >>> AudioSpec(sample_rate=16000, seconds=2.5).length
+    40000
+    """
+
+    sample_rate: int | None = 16000
+    channels: int | None = 1
+    seconds: float | None = None
+    random_crop: bool = False
+    seed: int | None = None
+    max_seconds: float = DEFAULT_MAX_SECONDS
+
+    def __post_init__(self) -> None:
+        if self.sample_rate is not None and (isinstance(self.sample_rate, bool) or not isinstance(self.sample_rate, int)
+                                             or not 1 <= self.sample_rate <= 1_000_000):
+            raise OptionError(f"bad sample_rate {self.sample_rate!r}; give samples per second (1..1000000) or None")
+        if self.channels is not None and (isinstance(self.channels, bool) or not isinstance(self.channels, int)
+                                          or not 1 <= self.channels <= MAX_CHANNELS):
+            raise OptionError(f"bad channels {self.channels!r}; give 1..{MAX_CHANNELS} or None (as stored)")
+        for name, value in (("seconds", self.seconds), ("max_seconds", self.max_seconds)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):
+                raise OptionError(f"bad {name} {value!r}; must be a number of seconds > 0")
+        if self.seconds is not None and self.sample_rate is None:
+            raise OptionError("seconds needs a sample_rate: a fixed length is a number of samples at one rate")
+        if self.seconds is not None and self.seconds > self.max_seconds:
+            raise OptionError(f"seconds {self.seconds} is over max_seconds {self.max_seconds}")
+        if self.random_crop and self.seconds is None:
+            raise OptionError("random_crop needs the clip length (seconds)")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise OptionError(f"bad seed {self.seed!r}; must be an integer or None")
+
+    @property
+    def length(self) -> int | None:
+        """Samples per clip with ``seconds``, else None (each clip as long as its audio)."""
+        if self.seconds is None or self.sample_rate is None:
+            return None
+        return max(1, round(self.seconds * self.sample_rate))
+
+    @property
+    def random(self) -> bool:
+        return self.random_crop
+
+    def crop_start(self, key: str, samples: int) -> int:
+        """Where the clip of the ``samples`` long audio of plan key ``key`` begins.
+
+        >>> spec = AudioSpec(sample_rate=10, seconds=1.0, random_crop=True, seed=3)
+        >>> spec.crop_start("k", 100) == spec.crop_start("k", 100), AudioSpec(sample_rate=10, seconds=1.0).crop_start("k", 100)
+        (True, 0)
+        """
+        length = self.length
+        if length is None or not self.random_crop or samples <= length:
+            return 0
+        rng = random.Random(f"{self.seed}/{key}") if self.seed is not None else random.Random()
+        return rng.randint(0, samples - length)
+
+
+def decode_audio(data: bytes | bytearray | memoryview, spec: AudioSpec, key: str = "") -> np.ndarray:
+    """``(channels, samples)`` float32 of the audio ``data`` as ``spec`` says; ``key``: the plan key
+    of the sample (its random crop). Undecodable data is a ``MediaError``; a format that needs
+    PyAV without it, a ``MissingDependencyError``."""
+    samples, rate = _read_wav(data, spec) if is_wav(data) else (None, 0)
+    if samples is None:
+        samples, rate = _read_av(data, spec)
+    samples = _mix(samples, spec.channels)
+    length = spec.length
+    if length is not None:
+        start = spec.crop_start(key, samples.shape[1])
+        samples = samples[:, start:start + length]
+        if samples.shape[1] < length:
+            samples = np.pad(samples, ((0, 0), (0, length - samples.shape[1])))
+    return np.ascontiguousarray(samples, dtype=np.float32)
+
+
+def _read_wav(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.ndarray | None, int]:
+    """PCM WAV at the wanted rate with numpy; None for what PyAV must do (another rate, a codec)."""
+    h = wav_header(data)
+    if not h.is_pcm or (spec.sample_rate is not None and spec.sample_rate != h.sample_rate):
+        return None, 0
+    width = h.bits // 8
+    if h.block_align != width * h.channels:
+        raise MediaError(f"bad WAV: block align {h.block_align} for {h.channels} channels of {h.bits} bits")
+    frames = h.size // h.block_align
+    if frames / h.sample_rate > spec.max_seconds:
+        raise MediaError(f"audio of {frames / h.sample_rate:.0f} s is over max_seconds {spec.max_seconds:g}")
+    if frames == 0:
+        raise MediaError("WAV holds no samples")
+    raw = memoryview(data)[h.offset:h.offset + frames * h.block_align]
+    if h.format_tag == 3:
+        values = np.frombuffer(raw, dtype="<f4" if h.bits == 32 else "<f8").astype(np.float32)
+    elif h.bits == 8:
+        values = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
+    elif h.bits == 24:
+        b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
+        ints = (b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)) << 8 >> 8  # sign-extend the 24 bits
+        values = ints.astype(np.float32) / float(1 << 23)
+    else:
+        ints = np.frombuffer(raw, dtype="<i2" if h.bits == 16 else "<i4")
+        values = (ints.astype(np.float64 if h.bits == 32 else np.float32) / float(1 << (h.bits - 1))).astype(np.float32)
+    return values.reshape(frames, h.channels).T, h.sample_rate
+
+
+def _read_av(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.ndarray, int]:
+    av = import_av()
+    with open_container(data) as container:
+        if not container.streams.audio:
+            raise MediaError("no audio stream")
+        stream = container.streams.audio[0]
+        rate = spec.sample_rate or stream.codec_context.sample_rate
+        if not rate:
+            raise MediaError("the audio stream has no sample rate")
+        limit = spec.max_seconds * rate
+        resampler = av.AudioResampler(format="fltp", rate=rate)  # layout kept: _mix does the channels
+        chunks: list[np.ndarray] = []
+        total = 0
+
+        def add(frames: Any) -> None:
+            nonlocal total
+            for frame in frames:
+                array = frame.to_ndarray()
+                chunks.append(array)
+                total += array.shape[1]
+                if total > limit:
+                    raise MediaError(f"audio is over max_seconds {spec.max_seconds:g}")
+
+        try:
+            for frame in container.decode(stream):
+                add(resampler.resample(frame))
+            add(resampler.resample(None))
+        except av.FFmpegError as e:
+            if not chunks:
+                raise MediaError(f"cannot decode the audio: {_ffmpeg_reason(e)}") from None
+            # damage after some good frames: keep what decoded, as for a file cut short
+        except ValueError as e:  # the layout or format changed mid-stream
+            raise MediaError(f"cannot decode the audio: {e}") from None
+    if not total:
+        raise MediaError("no audio samples decode")
+    channels = {c.shape[0] for c in chunks}
+    if len(channels) != 1:
+        raise MediaError(f"the channel count changes within the audio ({sorted(channels)})")
+    return np.concatenate(chunks, axis=1), rate
+
+
+def _mix(samples: np.ndarray, channels: int | None) -> np.ndarray:
+    """``samples`` (C, N) with ``channels`` channels (see the module docstring).
+
+    >>> _mix(np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32), 1).tolist()
+    [[0.5, 0.5]]
+    >>> _mix(np.array([[1.0, 2.0]], dtype=np.float32), 2).tolist()
+    [[1.0, 2.0], [1.0, 2.0]]
+    """
+    have = samples.shape[0]
+    if channels is None or channels == have:
+        return samples
+    if channels == 1:
+        return samples.mean(axis=0, keepdims=True, dtype=np.float32)
+    if have == 1:
+        return np.repeat(samples, channels, axis=0)
+    if channels < have:
+        return samples[:channels]
+    raise MediaError(f"cannot make {channels} channels from {have}")
+
+
+__all__ = ["DEFAULT_MAX_SECONDS", "AudioSpec", "decode_audio"]
