@@ -1,0 +1,224 @@
+"""tarproc.view.report: the self-contained HTML report (``tarshow --report``)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import struct
+from html.parser import HTMLParser
+
+import pytest
+from PIL import Image
+
+from tarproc.errors import OptionError, TarprocError
+from tarproc.tario import TarWriter
+from tarproc.view.report import SampleReservoir, svg_bars, svg_histogram, write_report
+
+EVIL = "<script>alert('x')</script>"
+
+
+def jpeg(size=(120, 80), colour=(200, 30, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def wav(seconds: float, rate: int = 8000) -> bytes:
+    data = bytes(int(seconds * rate) * 2)
+    fmt = struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+    return b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + fmt + b"data" + struct.pack("<I", len(data)) + data
+
+
+def write_tar(path, samples) -> str:
+    with open(path, "wb") as f, TarWriter(f) as w:
+        for s in samples:
+            w.write_sample(s)
+    return str(path)
+
+
+def dataset(n: int = 40) -> list[dict]:
+    samples = []
+    for i in range(n):
+        s = {"__key__": f"s/{i:04d}", "jpg": jpeg((100 + i, 60), (5 * i, 100, 200)), "cls": str(i % 4).encode(),
+             "txt": f"caption {i}".encode(), "json": json.dumps({"i": i, "note": f"n{i}"}).encode(),
+             "wav": wav(0.25)}
+        samples.append(s)
+    samples[3]["__key__"] = f"evil{EVIL}"
+    samples[3]["txt"] = f"a caption with {EVIL} & <b>tags</b>".encode()
+    samples[3]["json"] = json.dumps({EVIL: EVIL}).encode()
+    samples[7]["jpg"] = b"\xff\xd8\xff\xe0" + b"broken" * 4
+    return samples
+
+
+class Page(HTMLParser):
+    """Every tag with its attributes, and the text, as a browser would read them."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    def all(self, tag: str) -> list[dict[str, str | None]]:
+        return [attrs for t, attrs in self.tags if t == tag]
+
+
+def card_keys(text: str) -> list[str]:
+    class Keys(HTMLParser):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.keys: list[str] = []
+            self.on = False
+
+        def handle_starttag(self, tag, attrs):
+            self.on = tag == "div" and dict(attrs).get("class") == "key"
+
+        def handle_data(self, data):
+            if self.on:
+                self.keys.append(data)
+                self.on = False
+
+    k = Keys()
+    k.feed(text)
+    return k.keys
+
+
+@pytest.fixture
+def shard(tmp_path):
+    return write_tar(tmp_path / "data.tar", dataset())
+
+
+def test_the_report_is_self_contained(shard, tmp_path):
+    out = tmp_path / "report.html"
+    info = write_report([shard], str(out), sample=40, seed=1)
+    assert (info.samples, info.cards) == (40, 40) and out.stat().st_size == info.bytes
+    page = Page(out.read_text(encoding="utf-8"))
+    refs = [(tag, name, value) for tag, attrs in page.tags for name, value in attrs.items()
+            if name in ("src", "href", "srcset", "poster", "data", "action", "xlink:href") and value]
+    assert refs, "the report has images and audio"
+    for tag, name, value in refs:
+        assert value.startswith("data:"), (tag, name, value[:80])
+    assert not page.all("link") and not page.all("script") and not page.all("iframe")
+    assert "@import" not in out.read_text() and "url(" not in "".join(page.text)
+    # thumbnails are small JPEGs that decode; the audio players carry the WAV
+    imgs = page.all("img")
+    assert len(imgs) == 39  # 40 cards, one image broken
+    for attrs in imgs:
+        assert attrs["src"].startswith("data:image/jpeg;base64,")
+        img = Image.open(io.BytesIO(base64.b64decode(attrs["src"].split(",", 1)[1])))
+        img.load()
+        assert max(img.size) <= 192 and (img.width, img.height) == (int(attrs["width"]), int(attrs["height"]))
+    audios = page.all("audio")
+    assert len(audios) == 40 and all(a["src"].startswith("data:audio/wav;base64,UklGR") for a in audios)
+    assert len(page.all("svg")) >= 5  # size histograms, width/height, durations, classes
+
+
+def test_everything_from_the_data_is_escaped(shard, tmp_path):
+    out = tmp_path / "report.html"
+    write_report([shard], str(out), sample=40, seed=1)
+    raw = out.read_text(encoding="utf-8")
+    assert EVIL not in raw and "<b>tags</b>" not in raw
+    page = Page(raw)
+    assert not page.all("script") and not page.all("b")
+    text = "".join(page.text)
+    assert f"evil{EVIL}" in text  # the key, shown as text
+    assert f"a caption with {EVIL} & <b>tags</b>" in text
+    assert json.dumps(EVIL) in text  # the JSON, pretty-printed as text
+
+
+def test_the_sample_is_seeded_and_reproducible(shard, tmp_path):
+    def keys(seed, n=5, count=None):
+        out = tmp_path / f"r{seed}-{n}-{count}.html"
+        write_report([shard], str(out), sample=n, seed=seed, count=count)
+        return card_keys(out.read_text(encoding="utf-8"))
+
+    a = keys(1)
+    assert len(a) == 5 and a == keys(1) and a == sorted(a, key=lambda k: k.replace("evil", "s/0003"))
+    assert keys(2) != a
+    assert keys(1, n=100) == card_keys((tmp_path / "r1-100-None.html").read_text())
+    assert len(keys(1, n=100)) == 40  # all of them, in order, when fewer than asked
+    limited = keys(3, n=5, count=10)  # -c: only the first 10 samples are read, and chosen from
+    assert len(limited) == 5 and all(k.startswith(("s/000", "evil")) for k in limited)
+
+
+def test_reservoir_is_uniform_and_bounded():
+    from collections import Counter
+
+    hits: Counter[str] = Counter()
+    members = [(f"k{i}", f, b"x", 0) for i in range(20) for f in ("a", "b")]
+    for seed in range(3000):
+        r = SampleReservoir(4, seed)
+        assert list(r.watch(iter(members), "u")) == members  # passes every member through
+        chosen = r.samples()
+        assert len(chosen) == 4 and all(set(s) == {"__key__", "__url__", "a", "b"} for s in chosen)
+        hits.update(s["__key__"] for s in chosen)
+    expected = 3000 * 4 / 20
+    assert all(abs(n - expected) < 0.15 * expected for n in hits.values()) and len(hits) == 20
+
+
+def test_a_failure_leaves_nothing_under_the_final_name(tmp_path):
+    good = write_tar(tmp_path / "good.tar", dataset(10))
+    data = open(good, "rb").read()
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(data[: len(data) // 2 + 100])  # truncated inside a member
+    out = tmp_path / "report.html"
+    with pytest.raises(TarprocError, match="cut.tar"):
+        write_report([good, str(cut)], str(out), sample=3)
+    assert not out.exists() and sorted(os.listdir(tmp_path)) == ["cut.tar", "good.tar"]
+    out.write_text("old")
+    with pytest.raises(TarprocError):
+        write_report([str(cut)], str(out))
+    assert out.read_text() == "old"
+    # skip-shard: the damaged shard is said, and the report is written with what was read
+    said: list[str] = []
+    info = write_report([good, str(cut)], str(out), sample=3, on_error="skip-shard", warn=said.append)
+    assert info.samples >= 10 and len(said) == 1 and "cut.tar" in said[0]
+    assert "damaged or unreadable" in out.read_text()
+
+
+def test_bad_arguments():
+    with pytest.raises(OptionError):
+        write_report([], "x.html", sample=-1)
+
+
+def test_video_gets_a_poster_frame(tmp_path):
+    av = pytest.importorskip("av")
+    import numpy as np
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as c:
+        stream = c.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(5):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(np.full((48, 64, 3), 40 * i, np.uint8), format="rgb24")):
+                c.mux(packet)
+        for packet in stream.encode():
+            c.mux(packet)
+    shard = write_tar(tmp_path / "v.tar", [{"__key__": "v1", "mp4": buf.getvalue()}, {"__key__": "v2", "mp4": b"nope"}])
+    out = tmp_path / "r.html"
+    write_report([shard], str(out))
+    raw = out.read_text()
+    page = Page(raw)
+    imgs = page.all("img")
+    assert len(imgs) == 1 and (imgs[0]["width"], imgs[0]["height"]) == ("64", "48")
+    assert "mpeg4" in raw and "audio or video that cannot be read: 1" in raw
+
+
+def test_charts_are_svg_with_escaped_labels():
+    svg = svg_histogram([(0, 10, 3), (10, 20, 5)], "size <of> things", " B")
+    assert svg.count("<rect") == 2 and "&lt;of&gt;" in svg and "<of>" not in svg
+    bars = svg_bars([(EVIL, 4), ("b", 2)], "classes", 6)
+    assert EVIL not in bars and bars.count("<rect") == 2 and "66.7%" in bars
+    assert svg_histogram([], "x") == "" and svg_bars([], "x") == ""
