@@ -490,7 +490,7 @@ def serve(urls: list[str], host: str = "127.0.0.1", port: int = 8000, quiet: boo
     app = make_app(list(urls), allowed_hosts=LOOPBACK_NAMES if loopback else None)
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    stop_by_term = _install_term_handler(loop)
+    stops = _Stops(loop)
     try:
         loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, host, port, reuse_address=True)
@@ -507,11 +507,12 @@ def serve(urls: list[str], host: str = "127.0.0.1", port: int = 8000, quiet: boo
                     f"(Ctrl-C to stop)")
         loop.run_forever()
     finally:
-        stop_by_term()
         try:
             loop.run_until_complete(runner.cleanup())
         finally:
+            stops.restore()
             loop.close()
+    stops.resume()
 
 
 def _exists(path: str) -> bool:
@@ -527,20 +528,42 @@ def _bound_port(runner: web.AppRunner, asked: int) -> int:
     return asked
 
 
-def _install_term_handler(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-    """SIGTERM stops the loop, where nobody (the command line) handles it already; returns the undo."""
-    import signal
+class _Stops:
+    """Ctrl-C and SIGTERM stop the loop (through the loop's own signal handling: a handler that
+    raised inside the loop could land in a request's task and be lost there); once the server has
+    stopped, ``resume()`` hands the signal to the handler the caller had: tarshow's raises to end
+    with 130 or 143, Python's default raises ``KeyboardInterrupt`` for Ctrl-C, and where SIGTERM had
+    no handler ``serve`` returns."""
 
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
-        return lambda: None
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return lambda: None  # e.g. tarshow's, which raises to end with status 143
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        import signal
 
-    def on_term(signum: int, frame: Any) -> None:
-        loop.call_soon_threadsafe(loop.stop)  # wakes the loop's selector, which a plain stop() would not
+        self.loop = loop
+        self.received: list[int] = []
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+            if signum is None or signal.getsignal(signum) is signal.SIG_IGN:
+                continue
+            self.previous[signum] = signal.getsignal(signum)
+            loop.add_signal_handler(signum, self._stop, signum)
 
-    signal.signal(signal.SIGTERM, on_term)
-    def undo() -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    def _stop(self, signum: int) -> None:
+        self.received.append(signum)
+        self.loop.stop()
 
-    return undo
+    def restore(self) -> None:
+        import signal
+
+        for signum, handler in self.previous.items():
+            self.loop.remove_signal_handler(signum)
+            signal.signal(signum, handler)
+
+    def resume(self) -> None:
+        if not self.received:
+            return
+        signum = self.received[0]
+        handler = self.previous.get(signum)
+        if callable(handler):
+            handler(signum, None)
