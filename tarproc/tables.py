@@ -195,10 +195,25 @@ class RowExtractor:
         self.names = [c.name for c in columns]
         self.strict = strict
         self._getters = [self._getter(c) for c in columns]
+        self._unmatched = list(range(len(columns)))  # columns no sample has had a value for yet
+        self.rows = 0
 
     def __call__(self, sample: Sample) -> list[Any]:
         cache: dict[str, Any] = {}  # parsed JSON fields, for the columns of this sample
-        return [getter(sample, cache) for getter in self._getters]
+        row = [getter(sample, cache) for getter in self._getters]
+        self.rows += 1
+        if self._unmatched:
+            self._unmatched = [i for i in self._unmatched if row[i] is None]
+        return row
+
+    def never_matched(self) -> list[str]:
+        """The columns that were empty in every row so far (a field or JSON path no sample has).
+
+        >>> x = RowExtractor(parse_columns("__key__ json.nope")); _ = x({"__key__": "a", "json": b"{}"})
+        >>> x.never_matched()
+        ['json.nope']
+        """
+        return [self.names[i] for i in self._unmatched]
 
     def _getter(self, column: Column) -> Callable[[Sample, dict[str, Any]], Any]:
         strict = self.strict

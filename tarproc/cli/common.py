@@ -26,7 +26,7 @@ from ..samples import DUP_POLICIES, ON_ERROR_POLICIES, Sample, read_samples
 from ..shards import parse_size
 from ..sinks import open_sink, remove_live_temporaries
 from ..sniff import escape_text
-from ..sources import Network, configure, expand_urls
+from ..sources import Network, configure, expand_urls, local_path
 from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT
 from ..tario import DEFAULT_MAX_MEMBER_SIZE, LINK_POLICIES, ReadStats, TarWriter
 
@@ -285,6 +285,17 @@ class ReadOptions:
         views of what was read or data left in a local file (``read_samples``'s views and refs)."""
         return read_samples(self.urls, on_error=self.on_error, dup=self.dup, stats=stats, warn=warn, views=views,
                             refs=views, network=self.network, **self.tar)
+
+    def total_samples(self) -> int | None:
+        """How many samples the inputs hold, for a progress bar's total and ETA, where that is known
+        without reading them: local shards, each counted from its index or a walk of its headers
+        (~25 ms a GB, cached as the Dataset's counts); None for anything else (stdin, pipe:, remote)."""
+        if not self.urls or any(local_path(url) is None for url in self.urls):
+            return None
+        from ..dataset.counts import shard_counts
+
+        counts = shard_counts(self.urls, "auto", warn=lambda message: None).counts
+        return None if counts is None else sum(counts[url] for url in self.urls)
 
 
 @dataclass
@@ -690,19 +701,50 @@ def _stdin_is_terminal() -> bool:
 # progress and stats
 
 
-def progress(items: Iterable[T], quiet: bool, desc: str, unit: str = "sample") -> Iterable[T]:
+def progress(
+    items: Iterable[T], quiet: bool, desc: str, unit: str = "sample", total: Callable[[], int | None] | None = None
+) -> Iterable[T]:
     """``items`` with a tqdm bar on stderr, only when stderr is a terminal and not quiet (else
-    ``items`` themselves: no layer in between)."""
+    ``items`` themselves: no layer in between). ``total``, when given, finds how many items there
+    will be (e.g. ``ReadOptions.total_samples``); it runs in a thread, so the first items are not
+    held back, and the bar gains its total and ETA when it answers."""
     if quiet or not _stderr_is_terminal():
         return items
-    return _with_bar(items, desc, unit)
+    return _with_bar(items, desc, unit, total)
 
 
-def _with_bar(items: Iterable[T], desc: str, unit: str) -> Iterator[T]:
+def _with_bar(items: Iterable[T], desc: str, unit: str, total: Callable[[], int | None] | None) -> Iterator[T]:
     from tqdm import tqdm
 
     with tqdm(items, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, miniters=100) as bar:
+        if total is not None:
+            threading.Thread(target=_find_total, args=(bar, total), daemon=True, name="progress-total").start()
         yield from bar
+
+
+def sliced_total(
+    reading: ReadOptions, start: int = 0, stop: int | None = None, step: int = 1, count: int | None = None
+) -> Callable[[], int | None]:
+    """A ``progress`` total: the inputs' samples (where known) from ``start`` to ``stop`` by
+    ``step``, at most ``count``."""
+
+    def total() -> int | None:
+        n = reading.total_samples()
+        if n is None:
+            return None
+        n = len(range(start, n if stop is None else min(stop, n), step))
+        return n if count is None else min(n, count)
+
+    return total
+
+
+def _find_total(bar: Any, total: Callable[[], int | None]) -> None:
+    try:
+        n = total()
+    except Exception:  # a total is a nicety: a shard it can't count is the reader's to report
+        return
+    if n is not None:
+        bar.total = n  # read by the bar at its next refresh
 
 
 def _stderr_is_terminal() -> bool:

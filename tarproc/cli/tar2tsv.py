@@ -12,7 +12,17 @@ from ..sinks import open_sink
 from ..stages import slice_samples
 from ..tables import TABLE_FORMATS, RowExtractor, default_columns, format_for_name, format_table, parse_columns
 from ..tario import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, count_option, input_options, number, progress
+from .common import (
+    ReadOptions,
+    TarprocCommand,
+    common_options,
+    count_option,
+    input_options,
+    number,
+    progress,
+    sliced_total,
+    warn,
+)
 
 EPILOG = """\b
 Examples:
@@ -85,7 +95,7 @@ def main(
             samples = slice_samples(samples, skip)
         if count is not None:
             samples = slice_samples(samples, 0, count)
-        samples = progress(samples, quiet, "tar2tsv")
+        samples = progress(samples, quiet, "tar2tsv", total=sliced_total(reading, skip, count=count))
         if columns is None:
             first = next(samples, None)
             columns = default_columns(first) if first is not None else parse_columns("__key__")
@@ -100,6 +110,10 @@ def main(
                 if not batch:
                     break
                 sink.write(batch.encode("utf-8", "surrogateescape"))
+        if extract.rows:
+            for name in extract.never_matched():
+                warn(f"column {name!r} is empty in all {extract.rows:,} rows: no sample has that field or JSON path "
+                     "(see the samples' fields with: tarshow -c 1 INPUT)")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,6 +24,7 @@ from .common import (
     report_stats,
     seed_option,
     shuffle_option,
+    sliced_total,
     stats_option,
     warn,
     write_tar,
@@ -113,7 +114,8 @@ def main(
         if rekey:
             samples = rekey_samples(samples, rekey)
         try:
-            writer = write_tar(progress(samples, quiet, "tarcat"), output, writing)
+            writer = write_tar(progress(samples, quiet, "tarcat", total=sliced_total(
+                reading, skip + lo, None if hi is None else skip + hi, step, count)), output, writing)
         except SampleError as e:
             # the writer's error for a key written twice in a row: an input listed twice (or two
             # inputs with the same keys) next to each other, as a shuffle can put them

@@ -25,6 +25,7 @@ from .common import (
     report_stats,
     seed_option,
     shuffle_option,
+    sliced_total,
     stats_option,
     warn,
     write_tar,
@@ -101,7 +102,7 @@ def main(
             samples = shuffle(samples, shuffle_size, seed)
         if count is not None:
             samples = slice_samples(samples, 0, count)
-        writer = write_tar(progress(samples, quiet, "tarpcat"), output, writing)
+        writer = write_tar(progress(samples, quiet, "tarpcat", total=sliced_total(reading, count=count)), output, writing)
     if show_stats:
         report_stats("tarpcat", stats, writer, output)
 

@@ -20,6 +20,7 @@ from .common import (
     number,
     progress,
     say,
+    sliced_total,
     stats_option,
     writer_options,
 )
@@ -119,7 +120,7 @@ def main(
             digest=manifest is not None,
             writer_options=writing.tar,
         ) as writer:
-            for sample in progress(source, quiet, "tarsplit"):
+            for sample in progress(source, quiet, "tarsplit", total=sliced_total(reading)):
                 writer.write(sample)
         if manifest_sink is not None:
             manifest_sink.write("".join(line + "\n" for line in manifest_lines).encode("utf-8"))

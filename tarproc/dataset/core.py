@@ -183,6 +183,52 @@ def _shared_clock(shared: Any) -> EpochClock:
     return clock
 
 
+class Tally:
+    """Counts that every process of one dataset adds to, its DataLoader workers included (memory
+    shared as ``EpochClock``'s, under a lock), so that what the workers skipped or lost is seen in
+    the main process: ``ds.decode_stats``, ``ds.skipped_shards``, ``ds.lost``.
+
+    >>> t = Tally(); t.add(decoded=3, skipped=1); t.add(decoded=2); (t["decoded"], t["skipped"])
+    (5, 1)
+    """
+
+    NAMES = ("decoded", "skipped", "skipped_shards", "lost")
+    KINDS = ("skipped sample", "skipped shard", "refill", "epoch ended early")  # warnings said once
+
+    def __init__(self) -> None:
+        self._shared = multiprocessing.RawArray("q", len(self.NAMES) + len(self.KINDS))
+        # a spawn-context lock is inherited by forked workers and pickled to spawned ones alike
+        self._lock = multiprocessing.get_context("spawn").Lock()
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                self._shared[self.NAMES.index(name)] += n
+
+    def __getitem__(self, name: str) -> int:
+        return int(self._shared[self.NAMES.index(name)])
+
+    def first(self, kind: str) -> bool:
+        """Whether this is the first time a warning of ``kind`` comes (in any of the processes)."""
+        with self._lock:
+            slot = len(self.NAMES) + self.KINDS.index(kind)
+            self._shared[slot] += 1
+            return self._shared[slot] == 1
+
+    def __reduce__(self) -> tuple[object, ...]:
+        from multiprocessing.context import get_spawning_popen
+
+        if get_spawning_popen() is not None:  # a spawned worker: share the counts
+            return _shared_tally, (self._shared, self._lock)
+        return Tally, ()  # a copy (pickle, deepcopy): counts of its own
+
+
+def _shared_tally(shared: Any, lock: Any) -> Tally:
+    tally = Tally.__new__(Tally)
+    tally._shared, tally._lock = shared, lock
+    return tally
+
+
 class _Resume(NamedTuple):
     """Where a loaded state continues in ``epoch``: the plan of that epoch (its ``work``, None for
     every shard, and ``generation``) and, for the layout of ``consumers`` readers, where each of
@@ -332,7 +378,8 @@ class Dataset:
         self.tensors = tensors
         self.dup = dup
         self.max_member_size = max_member_size
-        self.decode_stats = DecodeStats()
+        self._tally = Tally()
+        self._backend = ""  # the decode backend this process used
         self._clock = EpochClock()
         self._resume: _Resume | None = None
         self._taken: dict[int, Taken] = {}  # in-process iteration: consumer -> where it stands
@@ -344,8 +391,33 @@ class Dataset:
         self._warned_uncounted = False
         self._offsets: dict[str, _Offsets] = {}  # shard -> where its samples begin (see _offset)
         self.seeks = 0  # parts read from their first sample on, not from the shard's start (this process)
-        self.skipped_shards = 0  # reads given up with on_error="skip-shard" (this process)
-        self.lost = 0  # samples of the plan those left out (this process)
+
+    def _say(self, message: str, kind: str, counted_in: str = "") -> None:
+        """A warning that can come every epoch (a skipped sample, a skipped shard): said the first
+        time, by whichever process of this dataset meets it, then only counted (``counted_in``)."""
+        if self._tally.first(kind):
+            _warn(message + (f" (later ones are not said, only counted: {counted_in})" if counted_in else " (said once)"))
+
+    def _warn_skipped(self, message: str) -> None:
+        self._say(message, "skipped sample", "ds.decode_stats.skipped")
+
+    @property
+    def decode_stats(self) -> DecodeStats:
+        """Samples that came out with a decoded image (``decoded``) and samples left out with
+        ``on_error="skip"`` (``skipped``: a bad image, field or ``map``), over every process of this
+        dataset (its DataLoader workers too) since it was made; with ``decode``, the two add up to
+        the samples read."""
+        return DecodeStats(self._tally["decoded"], self._tally["skipped"], self._backend)
+
+    @property
+    def skipped_shards(self) -> int:
+        """Reads given up with ``on_error="skip-shard"`` (every process of this dataset)."""
+        return self._tally["skipped_shards"]
+
+    @property
+    def lost(self) -> int:
+        """Samples of the plan that skipped shards left out (every process of this dataset)."""
+        return self._tally["lost"]
 
     # -- who am I ---------------------------------------------------------------------------------
 
@@ -646,7 +718,7 @@ class Dataset:
         if assignment.batches is not None:
             sizes = assignment.batches[skip_batches:]
             if self.on_error == "skip-shard":  # what a skipped shard lost is filled in: the ranks stay in step
-                refill = _Refill(self.batch_size)
+                refill = _Refill(self.batch_size, self._say)
                 samples = refill.watch(samples)
         decoder = None
         if self.spec is not None and not self.decodes_in_main:
@@ -721,14 +793,14 @@ class Dataset:
         except (SourceError, TarFormatError, CompressionError) as e:
             if self.on_error != "skip-shard":
                 raise
-            self.skipped_shards += 1
             try:
                 lost: int | None = part.size - yielded
             except ValueError:  # a part to the shard's end, of a shard without a count
                 lost = None
-            self.lost += lost or 0
-            _warn(f"{e}; skipping the rest of this shard (on_error='skip-shard'): "
-                  + (f"{lost} samples of this epoch lost" if lost is not None else "its samples not read are lost"))
+            self._tally.add(skipped_shards=1, lost=lost or 0)
+            self._say(f"{e}; skipping the rest of this shard (on_error='skip-shard'): "
+                  + (f"{lost} samples of this epoch lost" if lost is not None else "its samples not read are lost"),
+                  "skipped shard", "ds.skipped_shards, ds.lost")
 
     def _part_samples(self, part: Part, ahead: Prefetcher, following: Sequence[Part]) -> Iterator[Sample]:
         self._reading = part.url
@@ -807,7 +879,7 @@ class Dataset:
         assert part.holds is not None
         raise ShardCountError(part.url, holds, part.holds, self.count_sources.get(part.url, "given"))
 
-    def _mapped(self, sample: Sample) -> Sample | None:
+    def _mapped(self, sample: Sample, stats: DecodeStats) -> Sample | None:
         """``map`` of a sample; one that raises fails naming the shard and key, or with
         ``on_error="skip"`` is dropped (counted in ``decode_stats.skipped``) as a bad image is."""
         assert self.map is not None
@@ -816,25 +888,26 @@ class Dataset:
         except Exception as e:
             key, url = sample.get("__key__"), sample.get("__url__")
             reject(SampleError(f"map failed on sample {key!r}: {type(e).__name__}: {e}", url, key),
-                   self._on_bad_sample, self.decode_stats)
+                   self._on_bad_sample, stats, self._warn_skipped)
             return None
 
     def _rows(self, chunk: list[Sample], decoder: Any, epoch: int) -> list[Any]:
         """Map, decode, handle and select one batch's samples; bad ones fail or are skipped (counted)."""
+        stats = DecodeStats()
         if self.map is not None:
-            chunk = [m for m in (self._mapped(s) for s in chunk) if m is not None]
+            chunk = [m for m in (self._mapped(s, stats) for s in chunk) if m is not None]
         skip_fields: frozenset[str] = frozenset()
         if self.spec is not None and decoder is not None and self.device == "cpu" and self.spec.size is not None:
-            chunk = self._decode_into_batch(chunk, epoch)
+            chunk = self._decode_into_batch(chunk, epoch, stats)
             skip_fields = frozenset(self.image_fields)
         elif self.spec is not None and decoder is not None:
             chunk = next(iter(decoded_batches(
                 chunk, self.spec, field=";".join(self.image_fields), device=decoder, batch_size=len(chunk),
-                on_error=self._on_bad_sample, stats=self.decode_stats, warn=_warn, epoch=epoch,
+                on_error=self._on_bad_sample, stats=stats, warn=self._warn_skipped, epoch=epoch,
             )), [])
             skip_fields = frozenset(self.image_fields)
         elif self.spec is not None:
-            chunk = [e for e in (self._encoded(s, epoch) for s in chunk) if e is not None]
+            chunk = [e for e in (self._encoded(s, epoch, stats) for s in chunk) if e is not None]
             skip_fields = frozenset(self.image_fields)
         rows = []
         for sample in chunk:
@@ -842,10 +915,15 @@ class Dataset:
                 sample = apply_handlers(sample, self.handlers, skip_fields)
                 rows.append(pick(sample, self.selection) if self.selection is not None else sample)
             except DecodeError as e:
-                reject(e, self._on_bad_sample, self.decode_stats)
+                reject(e, self._on_bad_sample, stats, self._warn_skipped)
+        # decoded: samples that came out with an image decoded here (a sample whose image decoded but
+        # whose other field failed is skipped, not both); images left encoded are counted by finish()
+        self._tally.add(decoded=len(rows) if decoder is not None else 0, skipped=stats.skipped)
+        if decoder is not None:
+            self._backend = decoder.name
         return rows
 
-    def _decode_into_batch(self, chunk: list[Sample], epoch: int) -> list[Sample]:
+    def _decode_into_batch(self, chunk: list[Sample], epoch: int, stats: DecodeStats) -> list[Sample]:
         """The cpu decode when every image has the same shape: each one is decoded straight into
         its slot of one batch array (shared memory under torch), so the batch is never copied."""
         from ..decode.cpu import ImageError, decode_into
@@ -863,11 +941,10 @@ class Dataset:
                 decode_into(bytes(sample[name]), spec, plan_key(str(sample["__key__"]), epoch), buffer.array[len(out)])
             except ImageError as e:
                 reject(DecodeError(str(e), sample.get("__url__"), sample.get("__key__"), name), self._on_bad_sample,
-                       self.decode_stats)
+                       stats, self._warn_skipped)
                 continue
             sample[name] = Slot(buffer, len(out))
             out.append(sample)
-        self.decode_stats.decoded += len(out)
         return out
 
     def batch_buffer(self, shape: tuple[int, ...], dtype: str) -> BatchBuffer:
@@ -877,14 +954,14 @@ class Dataset:
         array = np.empty(shape, dtype)
         return BatchBuffer(array, array)
 
-    def _encoded(self, sample: Sample, epoch: int) -> Sample | None:
+    def _encoded(self, sample: Sample, epoch: int, stats: DecodeStats) -> Sample | None:
         """For decoding in the main process: the image field's bytes, as ``(bytes, plan key)``."""
         for name in self.image_fields:
             if name in sample:
                 sample[name] = _Encoded(bytes(sample[name]), plan_key(str(sample["__key__"]), epoch), name)
                 return sample
         error = DecodeError(f"no image field ({';'.join(self.image_fields)})", sample.get("__url__"), sample.get("__key__"))
-        reject(error, self._on_bad_sample, self.decode_stats)
+        reject(error, self._on_bad_sample, stats, self._warn_skipped)
         return None
 
     # -- main-process decoding (device="gpu") ------------------------------------------------------
@@ -896,7 +973,13 @@ class Dataset:
 
             assert self.spec is not None
             self._main_decoder = DaliDecoder(self.spec, self.batch_size, threads=self.threads, gpu=self.device == "gpu")
-        return finish_encoded(batch, self._main_decoder, self._on_bad_sample, self.decode_stats, self.to_tensors)
+        stats = DecodeStats()
+        try:
+            return finish_encoded(batch, self._main_decoder, self._on_bad_sample, stats, self.to_tensors,
+                                  self._warn_skipped)
+        finally:
+            self._tally.add(decoded=stats.decoded, skipped=stats.skipped)
+            self._backend = self._main_decoder.name
 
 
 class _Encoded(NamedTuple):
@@ -929,7 +1012,8 @@ def _bundle_encoded(rows: list[Any]) -> Any:
     return out
 
 
-def finish_encoded(batch: Any, decoder: Any, on_error: str, stats: DecodeStats, to_tensors: Callable[[Any], Any]) -> Any:
+def finish_encoded(batch: Any, decoder: Any, on_error: str, stats: DecodeStats, to_tensors: Callable[[Any], Any],
+                   warn: Callable[[str], None]) -> Any:
     """Decode the ``EncodedImages`` of a batch with ``decoder`` (a ``DaliDecoder``); rows whose
     image fails are an error or, with ``on_error="skip"``, removed from every column."""
     import numpy as np
@@ -939,7 +1023,7 @@ def finish_encoded(batch: Any, decoder: Any, on_error: str, stats: DecodeStats, 
         keep = []
         for i, result in enumerate(results):
             if isinstance(result, Exception):
-                reject(DecodeError(str(result), images.urls[i], images.keys[i], images.fields[i]), on_error, stats)
+                reject(DecodeError(str(result), images.urls[i], images.keys[i], images.fields[i]), on_error, stats, warn)
             else:
                 keep.append(i)
         arrays = [results[i] for i in keep]
@@ -966,12 +1050,12 @@ def finish_encoded(batch: Any, decoder: Any, on_error: str, stats: DecodeStats, 
     return to_tensors(tuple(columns.values()) if sequence else columns)
 
 
-def reject(error: SampleError, on_error: str, stats: DecodeStats) -> None:
+def reject(error: SampleError, on_error: str, stats: DecodeStats, warn: Callable[[str], None]) -> None:
     """A sample that can't be used: raise ``error`` (``on_error="fail"``), or count and report it."""
     if on_error == "fail":
         raise error
     stats.skipped += 1
-    _warn(f"skipped: {error}")
+    warn(f"skipped: {error}")
 
 
 def _identities(urls: list[str], network: Network) -> dict[str, Identity]:
@@ -985,7 +1069,8 @@ def _identities(urls: list[str], network: Network) -> dict[str, Identity]:
 
 
 def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
+    """A Dataset warning on stderr: ``tarproc: warning: MESSAGE``."""
+    print(f"tarproc: warning: {message}", file=sys.stderr, flush=True)
 
 
 class _Offsets(NamedTuple):
@@ -1042,7 +1127,8 @@ class _Refill:
     They are filled with copies of samples the reader read before, marked ``__valid__ = False``
     (as ``pad=True``'s padding), said once; the real samples are marked True."""
 
-    def __init__(self, batch_size: int) -> None:
+    def __init__(self, batch_size: int, say: Callable[[str, str, str], None]) -> None:
+        self.say = say
         self.recent: collections.deque[Sample] = collections.deque(maxlen=batch_size)
         self.filled = 0
 
@@ -1059,9 +1145,9 @@ class _Refill:
             raise DatasetError("every sample this reader was to read was lost to shards skipped with "
                                "on_error='skip-shard': there is nothing to fill its batches with")
         if not self.filled:
-            _warn("samples were lost to skipped shards: this reader's last batches are filled with copies of samples "
+            self.say("samples were lost to skipped shards: this reader's last batches are filled with copies of samples "
                   "it read before, marked __valid__ = False (add '__valid__' to to_tuple to mask them), so that "
-                  "every rank takes the same steps")
+                  "every rank takes the same steps", "refill", "ds.lost")
         self.filled += n
         recent = list(self.recent)
         return [dict(recent[i % len(recent)], __valid__=False) for i in range(n)]

@@ -202,8 +202,8 @@ def _together(batches: Iterator[Any], ds: _Core) -> Iterator[Any]:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         if not flag.item():
             if item is not None:
-                warn(f"rank {dist.get_rank()}: another rank ran out of samples first, so this epoch ended before the "
-                     f"batches this rank had left (no sample counts: {COUNT_HINT})")
+                ds._say(f"rank {dist.get_rank()}: another rank ran out of samples first, so this epoch ended before the "
+                        f"batches this rank had left (no sample counts: {COUNT_HINT})", "epoch ended early")
             return
         yield item
 

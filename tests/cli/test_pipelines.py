@@ -366,3 +366,40 @@ def test_run_module_rejects_unknown_command():
                        timeout=TIMEOUT)
     assert r.returncode == 2
     assert b"tarcat" in r.stderr
+
+
+def test_progress_bar_has_a_total_where_the_shards_can_be_counted(scripts, big, tmp_path):
+    """With stderr on a terminal, the bar learns the total from the local shard (walked or its
+    index) in a thread, so it shows N/TOTAL and an ETA; a pipe's input has no total."""
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a bar needs a width
+    chunks: list[bytes] = []
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        p = subprocess.Popen([scripts.tarcat, str(big), str(big), "--rekey", "r%04d", "-c", "150"],
+                             stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, env=env())
+        os.close(slave)
+        time.sleep(1.0)  # the pipe is full and tarcat waits on it: the total is found meanwhile
+        out, _ = p.communicate(timeout=TIMEOUT)
+        reader.join(timeout=TIMEOUT)
+    finally:
+        os.close(master)
+    assert p.returncode == 0 and len(out) > 8_000_000
+    bar = b"".join(chunks).decode(errors="replace")
+    assert "150/150" in bar, bar[-300:]

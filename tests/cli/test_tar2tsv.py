@@ -152,3 +152,12 @@ def test_jsonl_is_valid_utf8_for_names_that_are_not(cli, tmp_path):
     lines = r.stdout_bytes.decode("utf-8").splitlines()  # strict: valid UTF-8
     keys = [json.loads(line)["__key__"].encode("utf-8", "surrogateescape").decode("koi8-r") for line in lines]
     assert keys == ["данные/кот", "данные/пёс"]
+
+
+def test_a_column_no_sample_has_is_said_once(cli, texty):
+    r = cli.run(tar2tsv, [texty, "-f", "__key__ json.nonexistent nope json.label"])
+    assert r.exit_code == 0, r.stderr
+    assert len(r.stdout.splitlines()) == len(TEXTS) + 1
+    said = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert said == [f"tar2tsv: warning: column {c!r} is empty in all {len(TEXTS)} rows: no sample has that field or "
+                    "JSON path (see the samples' fields with: tarshow -c 1 INPUT)" for c in ("json.nonexistent", "nope")]

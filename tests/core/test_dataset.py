@@ -492,3 +492,46 @@ def test_torch_tensors_from_map_are_stacked(tmp_path: Path) -> None:
     ds = Dataset(paths, batch_size=4, to_tuple=("x",), map=lambda s: {**s, "x": torch.ones(3) * int(s["cls"])})
     (first,) = next(iter(ds))
     assert isinstance(first, torch.Tensor) and first.shape == (4, 3)
+
+
+def _shards_with_bad_samples(directory: Path) -> list[str]:
+    """2 shards of 10: in each, one damaged image, one cls that is not a number, one sample map drops."""
+    paths = []
+    for s in range(2):
+        samples: list[dict[str, object]] = []
+        for i in range(10):
+            n = s * 10 + i
+            sample: dict[str, object] = {"__key__": f"s{s}k{n:03d}", "cls": n, "jpg": encode_image(picture(n), quality=90)}
+            if i == 2:
+                sample["jpg"] = b"\xff\xd8\xff\xe0 not a jpeg"
+            if i == 5:
+                sample["cls"] = "five"
+            samples.append(sample)
+        paths.append(str(write_tar(directory / f"bad-{s}.tar", samples)))
+    return paths
+
+
+def _drop_seven(sample: dict) -> dict:
+    if sample["__key__"].endswith("7"):
+        raise ValueError("seven")
+    return sample
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_decode_stats_add_up_over_workers_and_skipped_samples_are_said_once(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], workers: int
+) -> None:
+    paths = _shards_with_bad_samples(tmp_path)
+    ds = Dataset(paths, batch_size=4, to_tuple=("__key__", "jpg", "cls"), decode=AugmentSpec(size=16), map=_drop_seven,
+                 on_error="skip", device="cpu", tensors="numpy" if workers == 0 else "torch")
+    out = 0
+    for _epoch in range(2):
+        batches = list(DataLoader(ds, batch_size=None, num_workers=workers) if workers else ds)
+        out += sum(len(b[0]) for b in batches)
+    stats = ds.decode_stats
+    # every sample read is either out with its image decoded, or skipped: 3 bad of 10, per shard, per epoch
+    assert (out, stats.decoded, stats.skipped) == (28, 28, 12)
+    err = capfd.readouterr().err
+    said = [line for line in err.splitlines() if "skipped:" in line]
+    assert len(said) == 1 and said[0].startswith("tarproc: warning: skipped: ")
+    assert "later ones are not said, only counted: ds.decode_stats.skipped" in said[0]
