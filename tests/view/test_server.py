@@ -25,7 +25,6 @@ from tarproc.view.page import CSS, HTML, JS
 from tarproc.view.server import parse_range
 
 
-
 def keys(page: dict[str, Any]) -> list[str]:
     return [s["key"] for s in page["samples"]]
 
