@@ -444,3 +444,119 @@ def test_summary_reads_links_and_concatenated_archives_as_tarcat_does(tmp_path):
     assert '"samples": 1' in r.output
     r = CliRunner().invoke(tarshow, ["--summary", "--json", "-i", "--dup", "warn", str(both)])
     assert r.exit_code == 0, r.output
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 27: content statistics, --report and --serve
+
+
+def png_named_jpg() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (30, 20), (0, 255, 0)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def content_shard(tmp_path, cli):
+    samples = [{"__key__": f"c/{i:03d}", "jpg": jpeg((10 * i, 0, 0), size=(64 + i, 48)), "cls": str(i % 2).encode(),
+                "txt": f"caption {i}".encode()} for i in range(6)]
+    samples[1]["jpg"] = png_named_jpg()
+    samples[2]["txt"] = b"caf\xe9"
+    return cli.write_tar(tmp_path / "content.tar", samples)
+
+
+def test_summary_says_what_the_fields_hold(cli, content_shard):
+    r = cli.run(tarshow, [content_shard, "--summary"])
+    assert r.exit_code == 0, r.stderr
+    out = r.stdout
+    assert "jpg: 6 images" in out and "format      jpeg (5), png (1)" in out
+    assert "width       min 30 px  median 66.5 px  max 69 px" in out and "png named .jpg: 1" in out
+    assert "cls: 6 labels, 2 classes" in out and "not UTF-8 1" in out
+    assert f"tarfirst {content_shard} --key c/001 -f jpg" in out and f"tarfirst {content_shard} --key c/002 -f txt" in out
+    r = cli.run(tarshow, [content_shard, "--summary", "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["content"]["fields"]["jpg"]["image"]["extension_mismatch"] == {"png named .jpg": 1}
+    assert doc["problems"] == ["images whose content is another format than their extension says: 1",
+                               "text that is not UTF-8: 1"]
+    r = cli.run(tarshow, [content_shard, "--summary", "--strict"])
+    assert r.exit_code == 1 and "png named" not in r.stderr and "images whose content" in r.stderr
+    r = cli.run(tarshow, [content_shard, "--summary", "--json", "--bytes-only"])
+    assert json.loads(r.stdout)["content"] is None and json.loads(r.stdout)["problems"] == []
+
+
+def test_the_tarfirst_command_of_a_problem_pulls_the_sample_out(cli, content_shard):
+    import shlex
+
+    doc = json.loads(cli.run(tarshow, [content_shard, "--summary", "--json"]).stdout)
+    command = doc["content"]["problems"]["extension_mismatch"]["examples"][0]["command"]
+    argv = shlex.split(command)
+    assert argv[0] == "tarfirst"
+    proc = subprocess.run([sys.executable, "-m", "tarproc.cli.tarfirst", *argv[1:]], capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == png_named_jpg()
+
+
+def test_report_writes_one_html_file(cli, content_shard, tmp_path):
+    out = tmp_path / "r.html"
+    r = cli.run(tarshow, [content_shard, "--report", out, "--sample", "4", "--seed", "7"])
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == ""  # data only on stdout: the report goes to its file
+    assert r.stderr == f"tarshow: wrote {out}: 4 samples of 6, 2 kinds of problem (0.0 MB)\n"
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>") and text.count('class="card"') == 4
+    assert "png named .jpg" in text and f"tarfirst {content_shard} --key c/001 -f jpg" in text
+    r = cli.run(tarshow, [content_shard, "--report", out, "-c", "2", "-q"])  # -c: the first 2 samples only
+    assert r.exit_code == 0 and r.stderr == ""
+    assert out.read_text().count('class="card"') == 2 and "c/005" not in out.read_text()
+
+
+def test_report_of_bad_input_is_one_line_and_leaves_no_file(cli, tmp_path):
+    out = tmp_path / "r.html"
+    r = cli.run(tarshow, [tmp_path / "missing.tar", "--report", out])
+    assert r.exit_code == 1 and not out.exists()
+    assert "missing.tar" in cli.one_line_error(r, "tarshow") and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"x" * 1000)
+    r = cli.run(tarshow, [bad, "--report", out])
+    assert r.exit_code == 1 and not out.exists() and "bad.tar" in cli.one_line_error(r, "tarshow")
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--sample", "3"], "--sample and --seed work with --report only"),
+    (["--seed", "3"], "--sample and --seed work with --report only"),
+    (["--bytes-only"], "--bytes-only works with --summary and --report only"),
+    (["--port", "9000"], "--port and --host have no effect without --serve"),
+    (["--host", "0.0.0.0"], "--port and --host have no effect without --serve"),
+    (["--report", "x.html", "--summary"], "--summary and --report cannot be used together"),
+    (["--report", "x.html", "--json"], "--json works with"),
+    (["--serve", "--grid", "g.png"], "--grid and --serve cannot be used together"),
+    (["--serve", "-c", "3"], "--serve shows every sample"),
+    (["--report", "x.html", "-f", "jpg"], "--report reads every field"),
+])
+def test_report_and_serve_usage_errors(cli, content_shard, args, said):
+    r = cli.run(tarshow, [content_shard, *args])
+    assert r.exit_code == 2 and said in r.stderr, r.stderr
+
+
+def test_serve_calls_the_viewer(cli, content_shard, monkeypatch):
+    import types
+
+    calls = []
+    fake = types.ModuleType("tarproc.view.server")
+    fake.serve = lambda urls, host, port, quiet: calls.append((urls, host, port, quiet))
+    monkeypatch.setitem(sys.modules, "tarproc.view.server", fake)
+    import tarproc.view
+
+    monkeypatch.setattr(tarproc.view, "server", fake, raising=False)
+    r = cli.run(tarshow, [content_shard, content_shard, "--serve"])
+    assert r.exit_code == 0, r.stderr
+    r = cli.run(tarshow, [content_shard, "--serve", "--port", "0", "--host", "::1", "-q"])
+    assert r.exit_code == 0, r.stderr
+    assert calls == [([str(content_shard)] * 2, "127.0.0.1", 8000, False), ([str(content_shard)], "::1", 0, True)]
+
+
+def test_help_shows_the_new_options_with_examples(cli):
+    r = cli.run(tarshow, ["--help"])
+    for said in ("--report PATH", "--sample N", "--seed", "--serve", "--port", "--host", "--bytes-only",
+                 "--report report.html --sample 48 --seed 1", "--serve "):
+        assert said in r.stdout, said
