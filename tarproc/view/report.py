@@ -216,7 +216,7 @@ def _hist(d: dict[str, Any] | None, caption: str, unit: str = "") -> str:
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
 h1{font-size:1.5em;margin:0 0 .2em}h2{font-size:1.2em;margin:1.4em 0 .5em;border-bottom:1px solid #ccc}
-h3{font-size:1em;margin:1em 0 .3em}
+h3{font-size:1em;margin:1em 0 .3em}a{color:#2a5d9f}
 table{border-collapse:collapse;margin:.3em 0}td,th{padding:2px 10px;text-align:right;border-bottom:1px solid #e4e4e4}
 td:first-child,th:first-child{text-align:left}code,pre{font:12px ui-monospace,monospace}
 pre{white-space:pre-wrap;word-break:break-word;margin:.2em 0;background:#f0f0f0;padding:4px}
@@ -227,7 +227,7 @@ pre{white-space:pre-wrap;word-break:break-word;margin:.2em 0;background:#f0f0f0;
 .card{background:#fff;border:1px solid #ddd;border-radius:4px;padding:8px;overflow:hidden}
 .card .key{font:12px ui-monospace,monospace;word-break:break-all;color:#333}
 .card img{display:block;max-width:100%;height:auto;margin:4px 0;background:#eee}
-.card audio{width:100%}.field{margin-top:4px}.name{font-size:11px;color:#777}
+.card audio{width:100%}.card p{overflow-wrap:anywhere;margin:.2em 0}.field{margin-top:4px}.name{font-size:11px;color:#777}
 .label{display:inline-block;background:#e8eef6;border-radius:3px;padding:0 6px}
 .note{color:#777;font-size:12px}
 """
@@ -247,14 +247,28 @@ class _Page:
         self.add("</table>")
 
 
-def _overview(page: _Page, d: dict[str, Any], urls: list[str], acc: Summary) -> None:
-    page.add("<h2>Overview</h2>")
-    page.table(["", ""], [["shards", d["shards"]], ["samples", d["samples"]], ["members", d["members"]],
-                          ["bytes", f"{d['bytes']:,}"]])
+def _overview(page: _Page, d: dict[str, Any], urls: list[str], seed: int | None) -> None:
+    problems = (f'<a class="problem" href="#problems">{_esc(plural(len(d["problems"]), "kind"))} of problem</a>'
+                if d["problems"] else '<span class="ok">no problems found</span>')
+    page.add(f"<p>{_esc(plural(d['samples'], 'sample'))} in {_esc(plural(d['shards'], 'shard'))} · "
+             f"{_esc(plural(d['members'], 'member'))} · {_esc(_size(d['bytes']))} · {problems}"
+             + (" (stopped at -c)" if d["stopped_early"] else "") + "</p>")
     shown = urls[:20]
     page.add("<p class=note>inputs: " + ", ".join(f"<code>{_esc(u)}</code>" for u in shown)
-             + (f" and {len(urls) - len(shown)} more" if len(urls) > len(shown) else "") + "</p>")
-    page.add("<h2>Fields</h2>")
+             + (f" and {len(urls) - len(shown)} more" if len(urls) > len(shown) else "")
+             + ' · <a href="#samples">samples</a> · <a href="#fields">fields</a> · <a href="#content">content</a>'
+             ' · <a href="#problems">problems</a></p>')
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return plural(n, "byte")
+
+
+def _fields(page: _Page, d: dict[str, Any], acc: Summary) -> None:
+    page.add('<h2 id="fields">Fields</h2>')
     n = max(d["samples"], 1)
     rows = []
     for name, f in d["fields"].items():
@@ -276,7 +290,7 @@ def _tally_rows(t: dict[str, Any]) -> list[tuple[str, int]]:
 def _content(page: _Page, content: dict[str, Any]) -> None:
     if not content["fields"]:
         return
-    page.add("<h2>Content</h2>")
+    page.add('<h2 id="content">Content</h2>')
     for name, f in content["fields"].items():
         page.add(f"<h3>{_esc(name)}</h3>")
         kinds = ", ".join(f"{k} {n}" for k, n in f["kinds"].items() if k != "media")
@@ -331,7 +345,7 @@ def _content(page: _Page, content: dict[str, Any]) -> None:
 
 
 def _problems(page: _Page, d: dict[str, Any], text: str) -> None:
-    page.add("<h2>Problems</h2>")
+    page.add('<h2 id="problems">Problems</h2>')
     if not d["problems"]:
         page.add('<p class="ok">no problems found</p>')
     else:
@@ -457,8 +471,10 @@ def _video(data: bytes, thumb: int, alt: str) -> str:
 
 
 def render_html(acc: Summary, samples: list[dict[str, Any]], urls: list[str], title: str, thumb: int = THUMB,
-                wrap: Callable[[Iterable[dict[str, Any]]], Iterable[dict[str, Any]]] | None = None) -> str:
-    """The whole page for a finished summary and the chosen samples (``wrap``: a progress bar)."""
+                wrap: Callable[[Iterable[dict[str, Any]]], Iterable[dict[str, Any]]] | None = None,
+                seed: int | None = None) -> str:
+    """The whole page for a finished summary and the chosen samples (``wrap``: a progress bar;
+    ``seed``: the seed that chose them, to say so)."""
     from .. import __version__
 
     d = acc.as_dict()
@@ -467,15 +483,19 @@ def render_html(acc: Summary, samples: list[dict[str, Any]], urls: list[str], ti
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{_esc(title)}</h1><p class=note>tarshow --report (tarproc {_esc(__version__)})</p>")
-    _overview(page, d, urls, acc)
+    _overview(page, d, urls, seed)
+    chosen = "all of them" if len(samples) == d["samples"] else (
+        "chosen at random" + (f" (seed {seed})" if seed is not None else ""))
+    page.add(f'<h2 id="samples">Samples</h2><p class=note>{len(samples)} of {d["samples"]} samples, {chosen}</p>'
+             "<div class=cards>")
+    for sample in (wrap(samples) if wrap else samples):
+        page.add(_card(sample, thumb))
+    page.add("</div>")
+    _fields(page, d, acc)
     if d.get("content"):
         _content(page, d["content"])
     _problems(page, d, acc.format_text(d))
-    page.add(f"<h2>Samples</h2><p class=note>{len(samples)} of {d['samples']} samples, chosen at random "
-             "(seeded: the same seed chooses the same samples)</p><div class=cards>")
-    for sample in (wrap(samples) if wrap else samples):
-        page.add(_card(sample, thumb))
-    page.add("</div></body></html>\n")
+    page.add("</body></html>\n")
     return "".join(page.parts)
 
 
@@ -520,8 +540,9 @@ def write_report(
             break
     acc.finish()
     chosen = reservoir.samples()
-    name = urls[0] if len(urls) == 1 else f"{urls[0]} and {len(urls) - 1} more" if urls else "(no input)"
-    text = render_html(acc, chosen, urls, title or f"{name}", thumb, wrap_cards).encode("utf-8")
+    first = urls[0].rstrip("/").rsplit("/", 1)[-1] if urls else "(no input)"
+    name = first if len(urls) <= 1 else f"{first} and {plural(len(urls) - 1, 'more shard')}"
+    text = render_html(acc, chosen, urls, title or name, thumb, wrap_cards, seed).encode("utf-8")
     with open_sink(path, compression=None) as sink:
         sink.write(text)
     return ReportInfo(path, acc.samples, len(chosen), len(text), acc.problems())
