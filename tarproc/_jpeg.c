@@ -2,14 +2,18 @@
  * tarproc._jpeg: the cpu decode backend's hot path, for training crops (optional; built when
  * libjpeg-turbo's headers are present, else tarproc uses simplejpeg + Pillow for everything).
  *
- * decode_region(data, x0, y0, x1, y1, denom) decodes only the part of a JPEG that a crop needs:
- * the image is decoded at 1/denom size (libjpeg's DCT scaling), columns outside [x0, x1) are not
+ * decode_region(data, x0, y0, x1, y1, denom[, num]) decodes only the part of a JPEG that a crop
+ * needs: the image is decoded at num/denom size (libjpeg's DCT scaling: any M/8, num defaults to
+ * 1; x0..y1 are in the scaled image's pixels), columns outside [x0, x1) are not
  * inverse-transformed (jpeg_crop_scanline widens the range to whole iMCUs), rows above y0 and below
  * y1 are entropy-decoded but not transformed (jpeg_skip_scanlines). The whole stream is still
  * read to its end, and libjpeg's warnings (corrupt data, premature end) are errors, as with
  * simplejpeg's strict mode: a damaged image fails whatever its crop. Returns
  * (bytearray of RGBX rows, width, height, x_origin, y_origin), the origin being the decoded
  * area's top-left corner in the scaled image (it covers the region asked for, and a little more); or None for CMYK/YCCK images (the caller uses Pillow).
+ *
+ * read_header(data) reads a JPEG's headers with libjpeg: (width, height, components), or a
+ * ValueError in libjpeg's words (what a user can act on where simplejpeg says only -1).
  *
  * resample(src, width, height, box, out_w, out_h, flip, color, tables, mode, out) takes the
  * window `box` (x0, y0, x1, y1, floats, in src coordinates) of an RGBX image and writes it to `out`
@@ -66,9 +70,14 @@ static void on_message(j_common_ptr cinfo, int level)
 static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer data;
-    int x0, y0, x1, y1, denom;
-    if (!PyArg_ParseTuple(args, "y*iiiii", &data, &x0, &y0, &x1, &y1, &denom))
+    int x0, y0, x1, y1, denom, num = 1;
+    if (!PyArg_ParseTuple(args, "y*iiiii|i", &data, &x0, &y0, &x1, &y1, &denom, &num))
         return NULL;
+    if (denom < 1 || num < 1 || num > 16 * denom) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "bad scale: need 1 <= num <= 16 * denom");
+        return NULL;
+    }
     struct jpeg_decompress_struct cinfo;
     struct error_manager err;
     PyObject *result = NULL;
@@ -100,8 +109,8 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
         Py_RETURN_NONE;
     }
     cinfo.out_color_space = JCS_EXT_RGBX;
-    cinfo.scale_num = 1;
-    cinfo.scale_denom = (unsigned int)(denom > 0 ? denom : 1);
+    cinfo.scale_num = (unsigned int)num;
+    cinfo.scale_denom = (unsigned int)denom;
     cinfo.dct_method = JDCT_ISLOW;
     jpeg_start_decompress(&cinfo);
     int width = (int)cinfo.output_width, height = (int)cinfo.output_height;
@@ -160,6 +169,37 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
         return NULL;
     }
     result = Py_BuildValue("(Niiii)", out, (int)cinfo.output_width, rows, (int)xoffset, y0);
+    return result;
+}
+
+/* read_header(data) -> (width, height, components): libjpeg's reading of the headers up to the first
+   scan, raising ValueError with libjpeg's own words (e.g. "JPEG datastream contains no image") when
+   it fails: what a user reads when simplejpeg says only -1 */
+static PyObject *read_header(PyObject *Py_UNUSED(self), PyObject *arg)
+{
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    struct jpeg_decompress_struct cinfo;
+    struct error_manager err;
+    memset(&cinfo, 0, sizeof(cinfo));
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    err.warned = 0;
+    err.message[0] = 0;
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, err.message[0] ? err.message : "JPEG header unreadable");
+        return NULL;
+    }
+    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+    jpeg_read_header(&cinfo, TRUE);
+    PyObject *result = Py_BuildValue("(iii)", (int)cinfo.image_width, (int)cinfo.image_height, cinfo.num_components);
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
     return result;
 }
 
@@ -599,6 +639,7 @@ static PyObject *warp(PyObject *Py_UNUSED(self), PyObject *args)
 
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS, "Decode the rows and columns of a JPEG that a crop needs (RGBX)."},
+    {"read_header", read_header, METH_O, "read_header(data) -> (width, height, components), or ValueError in libjpeg's words."},
     {"resample", resample, METH_VARARGS, "Pillow's antialiased bilinear resize of a window, fused with colour, flip and lookup."},
     {"use_simd", use_simd, METH_O, "use_simd(flag) -> whether resample now runs its AVX2 passes (for tests)."},
     {"warp", warp, METH_VARARGS, "An affine warp with bilinear sampling (black outside), fused with colour, flip and lookup."},

@@ -1,8 +1,9 @@
 """The ``cpu`` backend: libjpeg-turbo for JPEGs, Pillow for everything else, an optional process pool.
 
-JPEGs are decoded by libjpeg-turbo, strictly (corrupt data is an error), at 1/2, 1/4 or 1/8 size
-in the DCT domain when the window still covers the output size at that scale (only those factors:
-the others decode more slowly than a full decode). Where tarproc's own extension
+JPEGs are decoded by libjpeg-turbo, strictly (corrupt data is an error), at the smallest of the
+scales in ``DCT_SCALES`` (eighths: 1/8, 1/4, 1/2, or full size) at which the window still covers
+the output size (libjpeg scales by any M/8 in the IDCT, but the other M/8 decode more slowly than
+the full size: see ``DCT_SCALES``). Where tarproc's own extension
 (``tarproc._jpeg``, built against the system's libjpeg-turbo) is present, only the part of the
 image the window needs is transformed (the rest of the stream is still read and checked), and the
 window's resize, colour map, flip and normalization run in one C pass with Pillow's filter
@@ -73,22 +74,49 @@ def image_size(data: bytes) -> tuple[int, int]:
     return h, w
 
 
-def dct_factor(plan: Plan) -> int:
-    """The largest of 8, 4, 2 by which the window can shrink and still cover the output, else 1."""
+# The scales (in eighths of the stored size) JPEGs are decoded at. libjpeg-turbo's IDCT scales by
+# any M/8, but only 1/8, 2/8, 4/8 and 8/8 have SIMD code (2.1 and 3.x); the others are plain C and,
+# measured on 500x375 4:2:0 ImageNet-like JPEGs (AMD EPYC, one core, decode_region of the whole
+# image, median ms), decode more slowly than the full size does: 1/8 0.94, 2/8 1.06, 3/8 1.22,
+# 4/8 1.19, 5/8 1.52, 6/8 1.68, 7/8 2.08, 8/8 1.41; on random-resized crops to 224 (decode of the
+# window + resample) 5/8 1.71 vs 8/8 1.63, 6/8 1.80 vs 1.59, 7/8 1.87 vs 1.50, and on 2048x1536
+# photos 3/8 9.14 vs 4/8 9.02. So a scale is kept only where it beats the next larger one.
+DCT_SCALES = (1, 2, 4, 8)
+_POWER_OF_TWO_SCALES = (1, 2, 4, 8)  # simplejpeg's path (no tarproc._jpeg) takes only these
+
+
+def dct_scale(plan: Plan, scales: Iterable[int] = DCT_SCALES) -> int:
+    """The smallest scale M of ``scales`` (eighths) at which the window, decoded at M/8 of its size,
+    still covers the output; 8 (the full size) when none does.
+
+    >>> plan = Plan((0, 0, 800, 600), (224, 224), False)
+    >>> dct_scale(plan), dct_scale(plan, range(1, 9))
+    (4, 3)
+    """
     x0, y0, x1, y1 = plan.window
-    for f in (8, 4, 2):
-        if (x1 - x0) / f >= plan.out[0] and (y1 - y0) / f >= plan.out[1]:
-            return f
-    return 1
+    for m in sorted(scales):
+        if (x1 - x0) * m / 8 >= plan.out[0] and (y1 - y0) * m / 8 >= plan.out[1]:
+            return m
+    return 8
+
+
+def _scaled(size: int, scale: int) -> int:
+    """A side of the image decoded at scale/8, as libjpeg rounds it (up)."""
+    return -(-size * scale // 8)
 
 
 class JpegPlan(NamedTuple):
-    """A JPEG's stored size, its plan, and the DCT reduction it is decoded with."""
+    """A JPEG's stored size, its plan, and the scale (eighths) it is decoded at."""
 
     height: int
     width: int
     plan: Plan
-    factor: int
+    scale: int
+
+    @property
+    def factor(self) -> float:
+        """What window coordinates are divided by in the decoded image (8 / scale)."""
+        return 8 / self.scale
 
 
 _UNSET: Any = object()
@@ -102,11 +130,26 @@ def jpeg_plan(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = True
     try:
         h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data, strict=False)
     except (ValueError, KeyError) as e:  # simplejpeg raises KeyError for some damaged headers
-        raise ImageError(f"damaged JPEG header: {e}") from None
+        raise _header_error(data, e) from None
     if colorspace in ("CMYK", "YCCK"):
         return None
     plan = _plan(spec, key, h, w)
-    return JpegPlan(h, w, plan, dct_factor(plan) if dct_scaling and not plan.identity else 1)
+    scales = DCT_SCALES if _jpeg is not None else _POWER_OF_TWO_SCALES
+    return JpegPlan(h, w, plan, dct_scale(plan, scales) if dct_scaling and not plan.identity else 8)
+
+
+def _header_error(data: bytes, e: Exception) -> ImageError:
+    """A damaged header in words: libjpeg's reason where tarproc._jpeg can ask it (simplejpeg says
+    only ``-1`` when it cannot read the frame header), and what the number means."""
+    said = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    reason = "the frame header (size, colour components) is missing, cut short or corrupt"
+    if _jpeg is not None:
+        try:
+            _jpeg.read_header(data)
+        except ValueError as why:
+            reason = f"libjpeg: {why}"
+    return ImageError(f"damaged JPEG header (simplejpeg: {said}): not a decodable JPEG ({reason}); "
+                      f"the {len(data):,} bytes start like a JPEG but are cut short or are not one")
 
 
 def decode_rgb(
@@ -119,18 +162,19 @@ def decode_rgb(
         jpeg = jpeg_plan(data, spec, key, dct_scaling)
     if jpeg is None:
         return _decode_pillow(data, spec, key)
-    h, w, plan, f = jpeg
+    h, w, plan, scale = jpeg
+    f = jpeg.factor
     copy = plan.identity and plan.color is None  # pixels as stored: no resampling at all
     if _jpeg is not None and not copy:
-        return _decode_region_rgb(data, plan, h, w, f), plan
+        return _decode_region_rgb(data, plan, h, w, scale), plan
     try:
         # strict: libjpeg's "corrupt data" and "premature end" warnings are errors, which Pillow
         # would let pass, returning grey or garbled pixels. RGBX: four bytes a pixel is Pillow's own
         # layout, so Pillow works on the decoded buffer in place instead of copying it
         colorspace = "RGB" if copy else "RGBX"
-        if f > 1:
-            array = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=math.ceil(h / f),
-                                           min_width=math.ceil(w / f), min_factor=f)
+        if scale < 8:  # a power of two here (_POWER_OF_TWO_SCALES)
+            array = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=_scaled(h, scale),
+                                           min_width=_scaled(w, scale), min_factor=8 // scale)
         else:
             array = simplejpeg.decode_jpeg(data, colorspace=colorspace)
     except (ValueError, KeyError) as e:
@@ -142,9 +186,9 @@ def decode_rgb(
     return _resample(im, plan, f, (w / 2 / f, h / 2 / f)), plan
 
 
-def _region(plan: Plan, h: int, w: int, f: int) -> tuple[int, int, int, int]:
-    """The pixels (of the image decoded at 1/f) that resampling ``plan`` reads, with a margin."""
-    sw, sh = math.ceil(w / f), math.ceil(h / f)
+def _region(plan: Plan, h: int, w: int, scale: int) -> tuple[int, int, int, int]:
+    """The pixels (of the image decoded at scale/8) that resampling ``plan`` reads, with a margin."""
+    sw, sh, f = _scaled(w, scale), _scaled(h, scale), 8 / scale
     if plan.angle:
         steps = rotation_steps(plan, sw, sh, f, (w / 2 / f, h / 2 / f))
         if steps is None:
@@ -157,11 +201,11 @@ def _region(plan: Plan, h: int, w: int, f: int) -> tuple[int, int, int, int]:
     return math.floor(x0) - mx, math.floor(y0) - my, math.ceil(x1) + mx, math.ceil(y1) + my
 
 
-def _decode_region(data: bytes, plan: Plan, h: int, w: int, f: int) -> tuple[np.ndarray, int, int]:
-    """The RGBX pixels ``plan`` needs, and their origin in the image decoded at 1/f."""
-    x0, y0, x1, y1 = _region(plan, h, w, f)
+def _decode_region(data: bytes, plan: Plan, h: int, w: int, scale: int) -> tuple[np.ndarray, int, int]:
+    """The RGBX pixels ``plan`` needs, and their origin in the image decoded at scale/8."""
+    x0, y0, x1, y1 = _region(plan, h, w, scale)
     try:
-        got = _jpeg.decode_region(data, x0, y0, x1, y1, f)
+        got = _jpeg.decode_region(data, x0, y0, x1, y1, 8, scale)
     except ValueError as e:
         raise ImageError(str(e) or "damaged JPEG data") from None
     if got is None:  # CMYK/YCCK: the caller checked the header, so this is a damaged header
@@ -170,13 +214,14 @@ def _decode_region(data: bytes, plan: Plan, h: int, w: int, f: int) -> tuple[np.
     return np.frombuffer(buf, np.uint8).reshape(ch, cw, 4), ox, oy
 
 
-def _shifted(plan: Plan, ox: int, oy: int, f: int) -> Plan:
+def _shifted(plan: Plan, ox: int, oy: int, f: float) -> Plan:
     x0, y0, x1, y1 = plan.window
     return plan._replace(window=(x0 - ox * f, y0 - oy * f, x1 - ox * f, y1 - oy * f))
 
 
-def _decode_region_rgb(data: bytes, plan: Plan, h: int, w: int, f: int) -> np.ndarray:
-    array, ox, oy = _decode_region(data, plan, h, w, f)
+def _decode_region_rgb(data: bytes, plan: Plan, h: int, w: int, scale: int) -> np.ndarray:
+    array, ox, oy = _decode_region(data, plan, h, w, scale)
+    f = 8 / scale
     if plan.identity and plan.color is None:
         x0, y0, x1, y1 = (int(v) for v in plan.window)
         return array[y0 - oy:y1 - oy, x0 - ox:x1 - ox, :3]
@@ -215,9 +260,10 @@ def _fused_applies(spec: AugmentSpec, plan: Plan) -> bool:
 
 def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, jpeg: JpegPlan, out: np.ndarray | None) -> np.ndarray:
     """A JPEG decoded, resampled (rotated), colour-mapped, flipped and normalized by ``tarproc._jpeg``."""
-    h, w, plan, f = jpeg
+    h, w, plan, scale = jpeg
+    f = jpeg.factor
     mode = _MODES[(spec.output_dtype, spec.layout)]
-    array, ox, oy = _decode_region(data, plan, h, w, f)
+    array, ox, oy = _decode_region(data, plan, h, w, scale)
     x0, y0, x1, y1 = (v / f for v in plan.window)
     ow, oh = plan.out
     if out is None:
@@ -265,11 +311,11 @@ def _decode_pillow(data: bytes, spec: AugmentSpec, key: str) -> tuple[np.ndarray
     return _resample(rgb, plan, 1, (w / 2, h / 2)), plan
 
 
-def _resample(im: Image.Image, plan: Plan, factor: int, center: tuple[float, float] | None = None) -> np.ndarray:
+def _resample(im: Image.Image, plan: Plan, factor: float, center: tuple[float, float] | None = None) -> np.ndarray:
     """Rotate, take and resample the window, and map the colours, as ``plan`` says.
 
-    ``factor`` is the DCT reduction the image was decoded with (window coordinates are divided by
-    it); ``center`` the centre of rotation in the image's coordinates (default: its middle).
+    ``factor`` is the DCT reduction the image was decoded with (8 / scale: window coordinates are
+    divided by it); ``center`` the centre of rotation in the image's coordinates (default: its middle).
     """
     if plan.angle:
         im = _rotated_window(im, plan, factor, center or (im.width / 2, im.height / 2))
@@ -289,7 +335,7 @@ def _resample(im: Image.Image, plan: Plan, factor: int, center: tuple[float, flo
     return np.asarray(im)
 
 
-def _rotated_window(im: Image.Image, plan: Plan, factor: int, center: tuple[float, float]) -> Image.Image:
+def _rotated_window(im: Image.Image, plan: Plan, factor: float, center: tuple[float, float]) -> Image.Image:
     """The rotated window, in the two steps ``rotation_steps`` computes (see ``tarproc.decode.spec``)."""
     steps = rotation_steps(plan, im.width, im.height, factor, center)
     if steps is None:  # the window lies wholly outside the rotated image

@@ -84,7 +84,7 @@ class Plan(NamedTuple):
 
 
 def rotation_steps(
-    plan: Plan, width: int, height: int, factor: int = 1, center: tuple[float, float] | None = None
+    plan: Plan, width: int, height: int, factor: float = 1, center: tuple[float, float] | None = None
 ) -> tuple[tuple[int, int, int, int], tuple[int, int], tuple[float, ...]] | None:
     """The two steps of a rotated window: ``(box, size, matrix)``, or None when the window lies
     wholly outside the rotated image.

@@ -65,6 +65,30 @@ def test_region_decode_equals_a_full_decode(name: str, denom: int) -> None:
 
 
 @needs_ext
+@pytest.mark.parametrize("name", ["420", "444", "grey"])
+@pytest.mark.parametrize("scale", [3, 5, 6, 7])
+def test_region_decode_at_any_eighth_equals_a_whole_decode_at_that_scale(name: str, scale: int) -> None:
+    """libjpeg's M/8 scales (the odd ones have no SIMD: DCT_SCALES leaves them out, but the C path
+    takes any): a cropped, row-skipped decode gives the whole scaled decode's pixels."""
+    data = JPEGS[name]
+    h, w = simplejpeg.decode_jpeg_header(data)[:2]
+    W, H = -(-w * scale // 8), -(-h * scale // 8)
+    buf, cw, ch, ox, oy = cpu_backend._jpeg.decode_region(data, 0, 0, W, H, 8, scale)
+    assert (cw, ch, ox, oy) == (W, H, 0, 0)
+    full = np.frombuffer(buf, np.uint8).reshape(H, W, 4)
+    rng = random.Random(scale)
+    for _ in range(15):
+        x0, y0 = rng.randrange(W), rng.randrange(H)
+        x1, y1 = rng.randrange(x0 + 1, W + 1), rng.randrange(y0 + 1, H + 1)
+        buf, cw, ch, ox, oy = cpu_backend._jpeg.decode_region(data, x0, y0, x1, y1, 8, scale)
+        region = np.frombuffer(buf, np.uint8).reshape(ch, cw, 4)
+        assert ox <= x0 and oy <= y0 and ox + cw >= x1 and oy + ch >= y1
+        assert np.array_equal(region[y0 - oy:y1 - oy, x0 - ox:x1 - ox, :3], full[y0:y1, x0:x1, :3]), (x0, y0, x1, y1)
+    with pytest.raises(ValueError, match="bad scale"):
+        cpu_backend._jpeg.decode_region(data, 0, 0, 1, 1, 8, 0)
+
+
+@needs_ext
 def test_fused_resample_is_pillows_resize() -> None:
     array = np.ascontiguousarray(np.dstack([photo(230, 170, 5), np.zeros((170, 230), np.uint8)]))
     im = Image.frombuffer("RGBX", (230, 170), array, "raw", "RGBX", 0, 1)
@@ -134,3 +158,29 @@ def test_damage_anywhere_is_an_error(where: str) -> None:
     spec = AugmentSpec(size=32, seed=0)  # a centre crop: the top quarter is not in the window
     with pytest.raises(cpu_backend.ImageError):
         decode_image(damaged, spec, "k")
+
+
+@pytest.mark.parametrize("where", ["cut in its header", "no frame header"])
+@pytest.mark.parametrize("extension", [True, False])
+def test_a_damaged_header_is_said_in_words(where: str, extension: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """simplejpeg says only "-1" when it cannot read a frame header: the error says what that means
+    (libjpeg's own reason where tarproc._jpeg is built)."""
+    data = JPEGS["420"]
+    sof = data.index(b"\xff\xc0")
+    damaged = data[:40] if where == "cut in its header" else data[:sof] + data[sof + 19:]  # SOF0 removed
+    if not extension:
+        monkeypatch.setattr(cpu_backend, "_jpeg", None)
+    elif cpu_backend._jpeg is None:
+        pytest.skip("tarproc._jpeg is not built")
+    with pytest.raises(cpu_backend.ImageError) as e:
+        decode_image(damaged, AugmentSpec(size=32, resize=40), "k")
+    message = str(e.value)
+    said = "-1" if where == "cut in its header" else "tjDecompressHeader3(): Could not determine subsampling level"
+    assert message.startswith(f"damaged JPEG header (simplejpeg: {said}"), message
+    assert "): not a decodable JPEG (" in message and "\n" not in message, message
+    assert f"the {len(damaged):,} bytes start like a JPEG but are cut short or are not one" in message
+    if extension:
+        reason = "JPEG datastream contains no image" if where == "cut in its header" else "Invalid JPEG file structure: SOS before SOF"
+        assert f"(libjpeg: {reason})" in message, message
+    else:
+        assert "frame header (size, colour components) is missing, cut short or corrupt" in message
