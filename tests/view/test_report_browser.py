@@ -62,7 +62,7 @@ def report(tmp_path_factory) -> Path:
                                           "width": 400, "height": 300, "status": "success"}).encode(),
                       "wav": tone(0.5 + (i % 4) * 0.5, 220 + 30 * (i % 7))}
             if i == 9:
-                sample["txt"] = "<script>document.title='pwned'</script> an escaped caption".encode()
+                sample["txt"] = b"<script>document.title='pwned'</script> an escaped caption"
             w.write_sample(sample)
     out = tmp / "report.html"
     cwd = os.getcwd()
