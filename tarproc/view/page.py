@@ -301,6 +301,7 @@ JS = r"""
     else if (e.key === "ArrowRight" && !$("next").disabled) $("next").click();
     else if (e.key === "ArrowLeft" && !$("prev").disabled) $("prev").click();
   });
+  window.addEventListener("hashchange", () => { readHash(); state.back = []; load(); });  // a link or typed URL
   readHash();
   load();
 })();

@@ -178,7 +178,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
                 w.write_sample(sample)
         urls.append(str(path))
         expected.update({s["__key__"]: s for s in samples})
-    return SimpleNamespace(root=root, urls=urls, expected=expected, secret=root / "secret.txt")
+    return SimpleNamespace(root=root, urls=urls, expected=expected, secret=root / "secret.txt", hostile=HOSTILE)
 
 
 class Viewer:

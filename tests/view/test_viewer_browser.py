@@ -1,0 +1,147 @@
+"""The viewer in a real browser (headless Chromium through selenium, see conftest.py): thumbnails
+that decode, audio with a duration, paging, filtering, the key jump, data shown as text, nothing
+asked of another host, and no console errors. Skipped, saying why, where Chromium or its driver
+is not installed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("selenium")
+
+WAIT = 30  # seconds; the page answers in milliseconds, but the machine may be busy
+
+
+def wait_for(driver: Any, condition: Any, what: str) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT, poll_frequency=0.05).until(lambda d: condition(d), message=what)
+
+
+def card_keys(driver: Any) -> list[str]:
+    return driver.execute_script("return [...document.querySelectorAll('.card')].map(c => c.dataset.key)")
+
+
+def status_text(driver: Any) -> str:
+    return driver.execute_script("return document.getElementById('status').textContent")
+
+
+def open_viewer(driver: Any, url: str, expect: int) -> None:
+    driver.get(url)
+    wait_for(driver, lambda d: len(card_keys(d)) == expect and "loading" not in status_text(d), f"{expect} cards")
+
+
+def submit(driver: Any, input_id: str, text: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    box = driver.find_element(By.ID, input_id)
+    box.clear()
+    box.send_keys(text + Keys.ENTER)
+
+
+def no_console_errors(driver: Any, console_errors_of: Any) -> None:
+    errors = console_errors_of(driver)
+    assert errors == [], errors
+
+
+def test_thumbnails_decode(browser, module_viewer, console_errors_of):
+    open_viewer(browser, module_viewer.url + "/", 50)
+    assert card_keys(browser)[:3] == ["s0/0000", "s0/0001", "s0/0002"]
+    wait_for(browser, lambda d: d.execute_script(
+        "return [...document.querySelectorAll('img.thumb')].every(i => i.complete)"), "images loaded")
+    widths = browser.execute_script("return [...document.querySelectorAll('img.thumb')].map(i => [i.naturalWidth, i.naturalHeight])")
+    assert widths == [[48, 32]] * 50
+    assert "samples #0 to #49 of 60" in status_text(browser)
+    assert "2 shards, 60 samples" in browser.execute_script("return document.getElementById('dataset').textContent")
+    no_console_errors(browser, console_errors_of)
+
+
+def test_audio_has_a_duration(browser, module_viewer, console_errors_of):
+    open_viewer(browser, module_viewer.url + "/#start=0&n=25", 25)
+    wait_for(browser, lambda d: d.execute_script(
+        "const a = [...document.querySelectorAll('.card audio')];"
+        "return a.length === 5 && a.every(x => x.readyState >= 1)"), "audio metadata")
+    durations = browser.execute_script("return [...document.querySelectorAll('.card audio')].map(a => a.duration)")
+    assert all(abs(d - 0.5) < 0.01 for d in durations), durations
+    # seeking needs byte ranges: the server's answer lets the browser seek anywhere
+    seekable = browser.execute_script(
+        "const a = document.querySelector('.card audio'); return [a.seekable.length, a.seekable.end(0)]")
+    assert seekable[0] == 1 and abs(seekable[1] - 0.5) < 0.01
+    no_console_errors(browser, console_errors_of)
+
+
+def test_paging(browser, module_viewer, console_errors_of):
+    from selenium.webdriver.common.by import By
+
+    open_viewer(browser, module_viewer.url + "/#start=0&n=25", 25)
+    assert browser.find_element(By.ID, "prev").get_attribute("disabled") is not None
+    browser.find_element(By.ID, "next").click()
+    wait_for(browser, lambda d: card_keys(d)[:1] == ["s0/0025"], "second page")
+    assert card_keys(browser) == [f"s0/{i:04d}" for i in range(25, 30)] + [f"s1/{i:04d}" for i in range(20)]
+    assert "start=25" in browser.current_url
+    browser.find_element(By.ID, "next").click()
+    wait_for(browser, lambda d: card_keys(d)[:1] == ["s1/0020"], "last page")
+    assert len(card_keys(browser)) == 10
+    assert browser.find_element(By.ID, "next").get_attribute("disabled") is not None
+    browser.find_element(By.ID, "prev").click()
+    wait_for(browser, lambda d: card_keys(d)[:1] == ["s0/0025"], "back a page")
+    submit(browser, "start", "57")
+    wait_for(browser, lambda d: card_keys(d) == ["s1/0027", "s1/0028", "s1/0029"], "from #57")
+    no_console_errors(browser, console_errors_of)
+
+
+def test_filtering(browser, module_viewer, console_errors_of):
+    from selenium.webdriver.common.by import By
+
+    open_viewer(browser, module_viewer.url + "/", 50)
+    submit(browser, "filter", "cls=3")
+    expected = [f"s{s}/{i:04d}" for s in range(2) for i in range(30) if i % 5 == 3]
+    wait_for(browser, lambda d: card_keys(d) == expected, "cls=3")
+    assert "12 matches" in status_text(browser)
+    texts = browser.execute_script(
+        "return [...document.querySelectorAll('.card')].map(c => c.querySelector('.field.text .text').textContent)")
+    assert texts == ["3"] * 12  # cls, the first text field of each card
+    submit(browser, "filter", "json.meta.lang=en & cls=0")
+    wait_for(browser, lambda d: card_keys(d) == ["s0/0000", "s0/0015", "s1/0000", "s1/0015"], "two conditions")
+    submit(browser, "filter", "=oops")
+    wait_for(browser, lambda d: "needs a field name" in status_text(d), "a bad filter's message")
+    assert browser.find_element(By.ID, "status").get_attribute("class") == "error"
+    console_errors_of(browser)  # the 400 of the bad filter is logged by the browser: expected
+    browser.find_element(By.ID, "clear").click()
+    wait_for(browser, lambda d: len(card_keys(d)) == 50, "filter cleared")
+    no_console_errors(browser, console_errors_of)
+
+
+def test_key_jump_shows_every_field(browser, module_viewer, console_errors_of):
+    open_viewer(browser, module_viewer.url + "/", 50)
+    submit(browser, "key", "s1/0015")
+    wait_for(browser, lambda d: d.execute_script("return !document.getElementById('detail').hidden"), "detail")
+    detail = browser.execute_script(
+        "const b = document.getElementById('detailbody');"
+        "return [b.querySelector('h2').textContent, [...b.querySelectorAll('.name')].map(n => n.textContent),"
+        " b.querySelectorAll('img').length, b.querySelectorAll('audio').length]")
+    assert detail == ["s1/0015", ["cls", "jpg", "json", "txt", "wav"], 1, 1]
+    assert card_keys(browser)[0] == "s1/0015"
+    assert browser.execute_script("return document.querySelector('.card.current').dataset.key") == "s1/0015"
+    browser.execute_script("document.getElementById('close').click()")
+    wait_for(browser, lambda d: d.execute_script("return document.getElementById('detail').hidden"), "closed")
+    submit(browser, "key", "no/such/key")
+    wait_for(browser, lambda d: "no sample with key" in status_text(d), "no such key")
+    no_console_errors(browser, console_errors_of)
+
+
+def test_data_is_shown_as_text_and_nothing_leaves(browser, module_viewer, dataset, console_errors_of):
+    open_viewer(browser, module_viewer.url + "/#start=0&n=10", 10)
+    shown = browser.execute_script(
+        "return [...document.querySelector('.card[data-key=\"s0/0003\"]').querySelectorAll('.text')]"
+        ".map(t => t.textContent)")
+    assert dataset.hostile in shown  # the caption, as its characters
+    assert browser.execute_script("return window.__pwned === undefined")
+    assert browser.execute_script("return document.querySelectorAll('script').length") == 1  # our own only
+    origin = module_viewer.url
+    resources = browser.execute_script("return performance.getEntriesByType('resource').map(r => r.name)")
+    assert resources and all(r.startswith(origin + "/") for r in resources), resources
+    no_console_errors(browser, console_errors_of)
