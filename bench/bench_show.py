@@ -1,8 +1,14 @@
-"""tarshow's measure: ``tarshow --summary`` over the small samples vs webdataset counting fields in Python.
+"""tarshow's measures.
 
-The baseline reads the same file with webdataset and counts, per field, the samples having it and
-their total size: the least a summary needs. tarshow runs as a command (its time includes process
-start-up, ~0.15 s); the baseline runs in-process.
+- ``tarshow --summary`` over the small samples vs webdataset counting fields in Python. The
+  baseline reads the same file with webdataset and counts, per field, the samples having it and
+  their total size: the least a summary needs. tarshow runs as a command (its time includes
+  process start-up, ~0.15 s); the baseline runs in-process.
+- ``tarshow --summary`` with its content statistics (image sizes from the JPEG headers, the class
+  histogram) vs ``tarshow --summary --bytes-only`` on the JPEG shard: both commands, start-up
+  included; target: within 2x of the byte-only summary.
+- ``tarshow --report`` of the ~1 GB shard (48 cards), in seconds, next to ``--summary
+  --bytes-only`` of the same shard (one pass over the bytes, the least any report costs).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from common import Context, Row, alternate, log, spread, yes_no
+from common import Context, Row, alternate, alternate_many, log, spread, yes_no
 
 SECTION = "show"
 
@@ -48,7 +54,75 @@ def summary_webdataset(path: Path) -> int:
     return samples
 
 
+def tarshow(*args: str) -> bytes:
+    return subprocess.run([sys.executable, "-m", "tarproc.cli.tarshow", *args], check=True, capture_output=True).stdout
+
+
+def summary_samples(path: Path, *flags: str) -> int:
+    """Samples counted by ``tarshow --summary --json`` (with ``flags``), checked against what it says."""
+    doc = json.loads(tarshow("--summary", "--json", "-q", *flags, str(path)))
+    if "--bytes-only" in flags:
+        if doc["content"] is not None:
+            raise RuntimeError("tarshow --summary --bytes-only: content statistics")
+    else:
+        image = doc["content"]["fields"]["jpg"]["image"]
+        if image["width"]["min"] != 500 or image["width"]["count"] != doc["samples"] or doc["problems"]:
+            raise RuntimeError(f"tarshow --summary: unexpected content {image}")
+    return int(doc["samples"])
+
+
+def report_samples(path: Path, out: Path) -> int:
+    """Writes the report of ``path`` to ``out``; returns its sample count (from the page)."""
+    out.unlink(missing_ok=True)
+    tarshow("--report", str(out), "-q", str(path))
+    text = out.read_text(encoding="utf-8")
+    cards = text.count('class="card"')
+    if cards != 48:
+        raise RuntimeError(f"tarshow --report: {cards} cards, expected 48")
+    return int(text.split(" samples in ", 1)[0].rsplit(">", 1)[-1].replace(",", ""))
+
+
 def run(ctx: Context) -> tuple[list[Row], list[str]]:
+    rows, notes = summary_rows(ctx)
+    more_rows, more_notes = content_rows(ctx)
+    return rows + more_rows, notes + more_notes
+
+
+def content_rows(ctx: Context) -> tuple[list[Row], list[str]]:
+    n, path = ctx.data.jpeg_samples, ctx.data.jpeg
+    reps = max(ctx.reps, ctx.fast_reps // 2)
+    log(f"[show] tarshow --summary with content statistics vs --bytes-only on {n:,} JPEG samples ({reps} reps)")
+    tc, tb = alternate(reps, reps, lambda: summary_samples(path), lambda: summary_samples(path, "--bytes-only"), n,
+                       "content summary")
+    content, byte_only = n / statistics.median(tc), n / statistics.median(tb)
+    rows = [Row(
+        f"`tarshow --summary` with content statistics, {n:,} JPEGs (command, start-up included)",
+        content, "samples/s", "`tarshow --summary --bytes-only`", byte_only, "≥ 0.5× (within 2×)",
+        yes_no(content >= 0.5 * byte_only),
+    )]
+    notes = [f"content summary: with content statistics {spread(tc)}; --bytes-only {spread(tb)}; "
+             f"time ratio {statistics.median(tc) / statistics.median(tb):.2f}×"]
+
+    big, m = ctx.data.big, ctx.data.big_samples
+    size = big.stat().st_size
+    out = ctx.out_dir / "report.html"
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    log(f"[show] tarshow --report of {big.name} ({size / 1e9:.2f} GB, {m:,} samples) vs --summary --bytes-only "
+        f"({ctx.reps} reps)")
+    tr, ts = alternate_many([("report", ctx.reps, lambda: report_samples(big, out)),
+                             ("bytes-only summary", ctx.reps, lambda: summary_samples(big, "--bytes-only"))], m, "report")
+    report_s = statistics.median(tr)
+    rows.append(Row(
+        f"`tarshow --report` of {big.name} ({size / 1e9:.2f} GB, {m:,} samples, 48 cards): {report_s:.2f} s",
+        size / 1e6 / report_s, "MB/s", "`tarshow --summary --bytes-only`, same shard", size / 1e6 / statistics.median(ts),
+        "—", "—",
+    ))
+    notes.append(f"report: {spread(tr)}; --summary --bytes-only {spread(ts)}; report file "
+                 f"{out.stat().st_size / 1e6:.2f} MB")
+    return rows, notes
+
+
+def summary_rows(ctx: Context) -> tuple[list[Row], list[str]]:
     import webdataset
 
     n = ctx.data.small_samples

@@ -4,7 +4,7 @@ Per field, ``ContentStats`` counts the types sniffed from the bytes and, by the 
 
 - images: the format by content and how many carry another format's extension (a PNG named
   ``.jpg``), width and height distributions, mode and channels, and those whose header cannot be
-  read. Only the header is read: ``simplejpeg.decode_jpeg_header`` for JPEG, ``Image.open`` (lazy)
+  read. Only the header is read: JPEG's frame header and PNG's IHDR here, ``Image.open`` (lazy)
   for the rest; no pixel is decoded.
 - audio and video: duration, sample rate, channels, fps, resolution and codec, from
   ``tarproc.decode.media.probe`` (WAV in pure Python, the rest with PyAV when installed).
@@ -216,6 +216,62 @@ def _bucket_value(b: int) -> float:
     return float(2 ** ((b + 0.5) / LOG_STEPS))
 
 
+_JPEG_COMPONENTS = {1: ("L", 1), 3: ("RGB", 3), 4: ("CMYK", 4)}
+# start-of-frame markers: C0-CF but C4 (Huffman tables), C8 (reserved) and CC (arithmetic coding)
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_PNG_MODES = {0: "L", 2: "RGB", 3: "P", 4: "LA", 6: "RGBA"}
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+
+
+def jpeg_header(data: bytes | bytearray | memoryview) -> tuple[int, int, str, int] | None:
+    """``(width, height, mode, channels)`` from a JPEG's frame header, or None where there is none
+    before the scan (or the markers run past the data).
+
+    >>> import io; from PIL import Image; buf = io.BytesIO(); Image.new("L", (7, 5)).save(buf, "JPEG")
+    >>> jpeg_header(buf.getvalue())
+    (7, 5, 'L', 1)
+    """
+    pos, end = 2, len(data)
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length
+            pos += 2
+            continue
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        if marker in _SOF:
+            if length < 8 or pos + 10 > end:
+                return None
+            height = (data[pos + 5] << 8) | data[pos + 6]
+            width = (data[pos + 7] << 8) | data[pos + 8]
+            components = data[pos + 9]
+            if not width or not height or components not in _JPEG_COMPONENTS:
+                return None
+            mode, channels = _JPEG_COMPONENTS[components]
+            return width, height, mode, channels
+        if marker in (0xDA, 0xD9) or length < 2:  # the scan (or the end) before any frame header
+            return None
+        pos += 2 + length
+    return None
+
+
+def png_header(data: bytes | bytearray | memoryview) -> tuple[int, int, str, int] | None:
+    """``(width, height, mode, channels)`` from a PNG's IHDR chunk, or None without one."""
+    if len(data) < 29 or bytes(data[12:16]) != b"IHDR":
+        return None
+    width = int.from_bytes(data[16:20], "big")
+    height = int.from_bytes(data[20:24], "big")
+    depth, colour = data[24], data[25]
+    if not width or not height or colour not in _PNG_MODES:
+        return None
+    mode = "I;16" if colour == 0 and depth == 16 else "1" if colour == 0 and depth == 1 else _PNG_MODES[colour]
+    return width, height, mode, _PNG_CHANNELS[colour]
+
+
 class Problems:
     """Counts and examples of one kind of problem."""
 
@@ -322,7 +378,6 @@ class ContentStats:
         self.media_note: str | None = None  # why audio and video were not probed (no PyAV)
         self._probe_media = probe_media
         self._probe: Any = None
-        self._jpeg_header: Any = None
 
     def add(self, key: str, field: str, data: bytes | bytearray | memoryview, url: str | None) -> None:
         fc = self.fields.get(field)
@@ -456,23 +511,16 @@ class ContentStats:
 
     def _read_header(self, data: Any, sniffed: str) -> tuple[int, int, str, int] | str:
         """``(width, height, mode, channels)`` from the header, or why it cannot be read."""
+        # JPEG and PNG headers are read here: no import at all (simplejpeg would bring numpy, ~0.1 s)
         if sniffed == "jpeg":
-            if self._jpeg_header is None:
-                try:
-                    import simplejpeg
-
-                    self._jpeg_header = simplejpeg.decode_jpeg_header
-                except ImportError:  # pragma: no cover - a dependency of tarproc
-                    self._jpeg_header = False
-            if self._jpeg_header:
-                try:
-                    height, width, colorspace, _ = self._jpeg_header(data)
-                except ValueError:
-                    pass  # Pillow may still read it (and says why not)
-                else:
-                    mode, channels = _JPEG_MODES.get(colorspace, (colorspace, 0))
-                    if width > 0 and height > 0:
-                        return width, height, mode, channels
+            found = jpeg_header(data)
+            if found is not None:
+                return found
+        elif sniffed == "png":
+            found = png_header(data)
+            if found is not None:
+                return found
+        # anything else, or a header the above cannot read: Pillow (which says why it cannot)
         import io
         import warnings
 

@@ -469,3 +469,27 @@ def test_one_sample_is_singular():
     samples = [{"__key__": f"s{i}", "txt": b"x", "cls": b"1"} for i in range(4)] + [{"__key__": "z", "cls": b"1"}]
     text = summary_of(tar(samples)).format_text()
     assert "txt: 1 sample (e.g. 'z')" in text and "1 samples" not in text
+
+
+def test_jpeg_and_png_headers_agree_with_pillow():
+    from PIL import Image
+
+    from tarproc.content import jpeg_header, png_header
+
+    cases = []
+    for mode in ("L", "RGB", "CMYK"):
+        for kw in ({}, {"progressive": True}, {"quality": 20, "optimize": True}):
+            buf = io.BytesIO()
+            Image.new(mode, (37, 21)).save(buf, "JPEG", **kw)
+            cases.append((jpeg_header, buf.getvalue()))
+    for mode in ("L", "RGB", "RGBA", "P", "LA", "1", "I;16"):
+        buf = io.BytesIO()
+        Image.new(mode, (19, 33)).save(buf, "PNG")
+        cases.append((png_header, buf.getvalue()))
+    for read, data in cases:
+        with Image.open(io.BytesIO(data)) as img:
+            assert read(data) == (img.width, img.height, img.mode, len(img.getbands())), img.mode
+        for cut in range(0, min(len(data), 400), 7):  # cut anywhere: None, never an exception
+            found = read(data[:cut])
+            assert found is None or found[:2] == (img.width, img.height)
+    assert jpeg_header(b"\xff\xd8\xff\xe0broken") is None and png_header(b"\x89PNG\r\n\x1a\n" + bytes(30)) is None
