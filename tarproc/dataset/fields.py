@@ -393,21 +393,25 @@ def make_collate(how: str | Collate | None) -> Collate:
     if how == "pad":
         return pad_collate
     if callable(how) and not isinstance(how, str):
-        return _user_collate(how)
+        return _UserCollate(how)
     raise OptionError(f"bad collate {how!r}; use 'stack', 'pad' or a function of the batch's rows")
 
 
-def _user_collate(function: Collate) -> Collate:
-    def call(rows: list[Any]) -> Any:
+class _UserCollate:
+    """A user's collate function, its exceptions made a one-line ``SampleError`` (a class, not a
+    closure: a dataset is pickled to spawned DataLoader workers)."""
+
+    def __init__(self, function: Collate) -> None:
+        self.function = function
+
+    def __call__(self, rows: list[Any]) -> Any:
         try:
-            return function(rows)
+            return self.function(rows)
         except Exception as e:
             first = rows[0] if rows else {}
             url = first.get("__url__") if isinstance(first, dict) else None
-            raise SampleError(f"collate {getattr(function, '__name__', function)!r} failed: {type(e).__name__}: {e}",
-                              url) from e
-
-    return call
+            name = getattr(self.function, "__name__", self.function)
+            raise SampleError(f"collate {name!r} failed: {type(e).__name__}: {e}", url) from e
 
 
 def pad_collate(rows: list[Any]) -> Any:
