@@ -133,6 +133,8 @@ class Catalog:
         self._shards: list[IndexedShard | None] = [None] * len(urls)
         self.errors: list[str | None] = [None] * len(urls)
         self._locks = [threading.Lock() for _ in urls]
+        self._fds: list[int | None] = [None] * len(urls)
+        self._bases: dict[int, int] = {}
         self._warn = warn
         self._closed = False
 
@@ -178,9 +180,12 @@ class Catalog:
     def close(self) -> None:
         self._closed = True
         for i, shard in enumerate(self._shards):
-            if shard is not None:
-                with self._locks[i]:
+            with self._locks[i]:
+                if shard is not None:
                     shard.close()
+                fd, self._fds[i] = self._fds[i], None
+                if fd is not None:
+                    os.close(fd)
 
     # -- positions --
 
@@ -198,7 +203,18 @@ class Catalog:
         """The sample at ``pos`` in shard number ``shard``, None when there is none."""
         if not 0 <= shard < len(self.urls) or pos < 0 or pos >= self.count(shard):
             return None
-        return Located(shard, pos, sum(self.count(i) for i in range(shard)) + pos)
+        return Located(shard, pos, self._base(shard) + pos)
+
+    def _base(self, shard: int) -> int:
+        """The position of shard ``shard``'s first sample (fixed once the shards before it are open)."""
+        base = self._bases.get(shard)
+        if base is None:
+            base = self._bases[shard] = sum(self.count(i) for i in range(shard))
+        return base
+
+    def is_open(self, shard: int) -> bool:
+        """Whether ``shard(shard)`` and ``locate`` in it answer without reading (no index to build)."""
+        return (self._shards[shard] is not None or self.errors[shard] is not None) and shard in self._bases
 
     def find_key(self, key: str) -> list[Located]:
         """Where a key is, in every shard (the first place first)."""
@@ -240,41 +256,67 @@ class Catalog:
         """Bytes ``[start, end)`` of shard number ``shard``: ``os.pread`` on a local file, a range
         request for a URL. Raises ``SourceError`` when fewer bytes come back."""
         url = self.urls[shard]
-        path = local_path(url)
         want = end - start
-        if path is not None:
-            with open(path, "rb", buffering=0) as f:
-                parts = []
-                got = 0
+        parts = []
+        got = 0
+        fd = self._fd(shard)
+        if fd is not None:
+            try:
                 while got < want:
-                    piece = os.pread(f.fileno(), want - got, start + got)
+                    piece = os.pread(fd, want - got, start + got)
                     if not piece:
                         break
                     parts.append(piece)
                     got += len(piece)
-            data = b"".join(parts)
+            except OSError as e:
+                raise SourceError(f"cannot read bytes {start}-{end}: {e.strerror or e}", url) from None
         else:
             with open_source(url, offset=start, end=end) as source:
-                parts = []
-                got = 0
                 while got < want:
                     piece = source.read(want - got)
                     if not piece:
                         break
                     parts.append(piece)
                     got += len(piece)
-            data = b"".join(parts)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
         if len(data) != want:
             raise SourceError(f"asked for bytes {start}-{end} and got {len(data)}: the shard changed", url)
         return data
 
-    def check_member(self, at: Located, field: str) -> None:
-        """Check the tar header just before a field's bytes: a valid checksum and the size the index
-        gives, so that the bytes served under a key are that member's. ``IndexFileError`` if not."""
+    def _fd(self, shard: int) -> int | None:
+        """A descriptor of a local shard, opened once (``os.pread`` on it is safe in threads)."""
+        fd = self._fds[shard]
+        if fd is None and local_path(self.urls[shard]) is not None:
+            with self._locks[shard]:
+                if self._closed:
+                    raise SourceError("the viewer is stopping", self.urls[shard])
+                if self._fds[shard] is None:
+                    try:
+                        self._fds[shard] = os.open(local_path(self.urls[shard]) or "", os.O_RDONLY)
+                    except OSError as e:
+                        raise SourceError(f"cannot open: {e.strerror or e}", self.urls[shard]) from None
+                fd = self._fds[shard]
+        return fd
+
+    def read_field(self, at: Located, field: str, start: int, end: int, check: bool) -> bytes:
+        """Bytes ``[start, end)`` of a field's data. ``check``: first make sure that the tar header
+        before the data is this member's (a valid checksum and the size the index gives: bytes
+        served under a key are that member's); ``IndexFileError`` if not. From the field's start,
+        header and data come in one read."""
         span = self.field_span(at, field)
         assert span is not None
         offset, size = span
-        header = self.read_range(at.shard, offset - 512, offset)
+        if not check:
+            return self.read_range(at.shard, offset + start, offset + end)
+        if start == 0:
+            data = self.read_range(at.shard, offset - 512, offset + end)
+            self._check_header(at, field, data[:512])
+            return data[512:]
+        self._check_header(at, field, self.read_range(at.shard, offset - 512, offset))
+        return self.read_range(at.shard, offset + start, offset + end)
+
+    def _check_header(self, at: Located, field: str, header: bytes) -> None:
+        offset, size = self.entry(at).fields[field]
         problem = _header_problem(header, size)
         if problem:
             raise IndexFileError(

@@ -61,7 +61,7 @@ MAX_PAGE = 200  # samples on one page
 MAX_START = 10**15  # no dataset has more samples; a bigger number is a bad request
 PREVIEW_CHARS = 600  # characters of a text field on a card
 MEDIA_CHUNK = 1 << 20  # bytes read at a time when sending a field
-MAX_PARALLEL_READS = 16
+MAX_WORKERS = 16  # threads reading for the requests at once
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 _BAD_PATH = re.compile(r"\.\.|%2e|%2f|%5c|%00|\\|//", re.IGNORECASE)
@@ -95,7 +95,7 @@ def make_app(
     catalog = Catalog(urls)
     app = web.Application(middlewares=[_guard(allowed_hosts, log or _stderr)], client_max_size=1 << 16)
     app[CATALOG] = catalog
-    app[STATE] = {"checked": set(), "stop": threading.Event(), "reads": asyncio.Semaphore(MAX_PARALLEL_READS)}
+    app[STATE] = {"checked": set(), "stop": threading.Event(), "workers": _Workers(MAX_WORKERS)}
     app.router.add_get("/", _page)
     app.router.add_get("/static/viewer.js", _static(JS, "text/javascript; charset=utf-8"))
     app.router.add_get("/static/viewer.css", _static(CSS, "text/css; charset=utf-8"))
@@ -191,33 +191,61 @@ def _host_allowed(host: str | None, allowed: frozenset[str]) -> bool:
         return False
 
 
+class _Workers:
+    """Daemon threads that run the blocking work (reads, index builds) off the event loop: the
+    server keeps answering meanwhile, and a stop is never held up by a long read (the threads of a
+    ``ThreadPoolExecutor`` are joined when Python exits)."""
+
+    def __init__(self, size: int) -> None:
+        import queue
+
+        self.size = size
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.threads: list[threading.Thread] = []
+        self.idle = 0
+        self.lock = threading.Lock()
+
+    def submit(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], fn: Callable[..., Any],
+               args: tuple[Any, ...]) -> None:
+        with self.lock:
+            if self.idle == 0 and len(self.threads) < self.size:
+                thread = threading.Thread(target=self._work, daemon=True, name=f"tarshow-{len(self.threads)}")
+                self.threads.append(thread)
+                thread.start()
+        self.jobs.put((loop, future, fn, args))
+
+    def _work(self) -> None:
+        while True:
+            with self.lock:
+                self.idle += 1
+            loop, future, fn, args = self.jobs.get()
+            with self.lock:
+                self.idle -= 1
+            value, error = None, None
+            try:
+                value = fn(*args)
+            except BaseException as e:  # noqa: BLE001 -- handed to the awaiting handler
+                error = e
+            try:
+                loop.call_soon_threadsafe(_settle, future, value, error)
+            except RuntimeError:  # the loop closed meanwhile (the server stopped)
+                pass
+
+
+def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if not future.done():
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+
 async def _blocking(request: web.Request, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a daemon thread (reads, index builds), so that the server keeps answering
-    and a stop is never held up by a long read."""
+    """``fn(*args)`` on one of the app's worker threads."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
-
-    def settle(value: Any, error: BaseException | None) -> None:
-        if not future.done():
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(value)
-
-    def work() -> None:
-        value, error = None, None
-        try:
-            value = fn(*args)
-        except BaseException as e:  # noqa: BLE001 -- handed to the awaiting handler
-            error = e
-        try:
-            loop.call_soon_threadsafe(settle, value, error)
-        except RuntimeError:  # the loop closed meanwhile (the server stopped)
-            pass
-
-    async with request.app[STATE]["reads"]:
-        threading.Thread(target=work, daemon=True, name="tarshow-read").start()
-        return await future
+    request.app[STATE]["workers"].submit(loop, future, fn, args)
+    return await future
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +284,8 @@ async def _locate(request: web.Request) -> Located:
     shard, pos = int(request.match_info["shard"]), int(request.match_info["pos"])
     if shard >= len(catalog.urls):
         raise web.HTTPNotFound(text=f"no shard number {shard} (there are {len(catalog.urls)})")
-    at = await _blocking(request, catalog.locate, shard, pos)
+    # the shard's index already in memory: no need to leave the event loop
+    at = catalog.locate(shard, pos) if catalog.is_open(shard) else await _blocking(request, catalog.locate, shard, pos)
     if at is None:
         if catalog.errors[shard] is not None:
             raise TarprocError(catalog.errors[shard] or "")
@@ -413,16 +442,21 @@ async def _media(request: web.Request) -> web.StreamResponse:
     span = catalog.field_span(at, field)
     if span is None:
         raise web.HTTPNotFound(text=f"sample {catalog.entry(at).key!r} has no field {field!r}")
-    offset, size = span
+    size = span[1]
     checked = request.app[STATE]["checked"]
-    if (at.shard, at.pos, field) not in checked:
-        await _blocking(request, catalog.check_member, at, field)
+    # no validators are sent, so an If-Range never matches: the whole field, as RFC 9110 says
+    wanted = None if "If-Range" in request.headers else parse_range(request.headers.get("Range"), size)
+    start, end = wanted if wanted is not None else (0, size)
+    check = (at.shard, at.pos, field) not in checked
+    first = await _blocking(request, catalog.read_field, at, field, start, min(start + MEDIA_CHUNK, end), check)
+    if check:
         if len(checked) > 100_000:
             checked.clear()
         checked.add((at.shard, at.pos, field))
     kind, mime = field_type(field)
     if kind == "binary" and size:
-        head = await _blocking(request, catalog.read_range, at.shard, offset, offset + min(size, 512))
+        head = first[:512] if start == 0 else await _blocking(
+            request, catalog.read_field, at, field, 0, min(size, 512), False)
         kind, mime = sniffed_type(head)
     headers = {
         **SECURITY_HEADERS,
@@ -433,20 +467,17 @@ async def _media(request: web.Request) -> web.StreamResponse:
     }
     if kind == "binary":
         headers["Content-Disposition"] = "attachment"
-    # no validators are sent, so an If-Range never matches: the whole field, as RFC 9110 says
-    wanted = None if "If-Range" in request.headers else parse_range(request.headers.get("Range"), size)
-    start, end = wanted if wanted is not None else (0, size)
     response = web.StreamResponse(status=200 if wanted is None else 206, headers=headers)
     if wanted is not None:
         response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
     response.content_length = end - start
     await response.prepare(request)
     if request.method != "HEAD":
-        pos = start
+        await response.write(first)
+        pos = start + len(first)
         while pos < end:
             stop = min(pos + MEDIA_CHUNK, end)
-            chunk = await _blocking(request, catalog.read_range, at.shard, offset + pos, offset + stop)
-            await response.write(chunk)
+            await response.write(await _blocking(request, catalog.read_field, at, field, pos, stop, False))
             pos = stop
     await response.write_eof()
     return response

@@ -338,6 +338,17 @@ def test_broken_shards_are_named_not_fatal(tmp_path, dataset, viewer):
         assert body.count(b"\n") == 1 and b"Traceback" not in body
 
 
+def test_a_shard_gone_after_start_is_a_502(tmp_path, dataset, viewer):
+    path = tmp_path / "s.tar"
+    path.write_bytes(Path(dataset.urls[0]).read_bytes())
+    v = viewer([str(path)], warm=False)
+    assert len(v.json("/api/page?n=5")["samples"]) == 5  # indexed
+    path.unlink()
+    status, _, body = v.request("/media/0/3/jpg")
+    assert status == 502 and b"s.tar: cannot open: No such file" in body
+    assert v.log == [f"tarshow: error: {path}: cannot open: No such file or directory"]
+
+
 def test_a_shard_changed_under_its_index_is_an_error_not_wrong_bytes(tmp_path, viewer):
     path = tmp_path / "s.tar"
     with open(path, "wb") as f, TarWriter(f) as w:
