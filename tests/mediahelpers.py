@@ -136,3 +136,27 @@ def encode_video(ext: str, frames: int = 24, fps: int = 12, height: int = 48, wi
                     out.mux(sound.encode(r))
             out.mux(sound.encode(None))
     return buf.getvalue()
+
+
+def mp3_with_cover(seconds: float = 1.0, rate: int = 16000) -> bytes:
+    """An MP3 with cover art (an ID3 picture: a PNG "video" stream marked as an attached picture)."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp3") as out:
+        sound = out.add_stream("libmp3lame", rate=rate)
+        sound.layout = "mono"
+        picture = out.add_stream("png")
+        picture.width, picture.height, picture.pix_fmt = 8, 8, "rgb24"
+        picture.disposition = av.stream.Disposition.attached_pic
+        image = av.VideoFrame.from_ndarray(np.zeros((8, 8, 3), dtype=np.uint8), format="rgb24")
+        image.pts, image.time_base = 0, Fraction(1, 1)
+        for packet in picture.encode(image) + picture.encode(None):
+            out.mux(packet)
+        resampler = av.AudioResampler(format=sound.format.name, layout="mono", rate=rate)
+        frame = av.AudioFrame.from_ndarray(tone(seconds, rate), format="fltp", layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
+        for resampled in resampler.resample(frame):
+            out.mux(sound.encode(resampled))
+        out.mux(sound.encode(None))
+    return buf.getvalue()

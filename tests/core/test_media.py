@@ -9,8 +9,19 @@ import sys
 
 import numpy as np
 import pytest
-from mediahelpers import AUDIO_FORMATS, VIDEO_FORMATS, audio_codec, encode_audio, encode_video, frame_level, has_encoder
+from mediahelpers import (
+    AUDIO_FORMATS,
+    VIDEO_FORMATS,
+    audio_codec,
+    encode_audio,
+    encode_video,
+    frame_level,
+    has_encoder,
+    mp3_with_cover,
+)
 
+from tarproc.decode import video as video_module
+from tarproc.decode.audio import AudioSpec, decode_audio
 from tarproc.decode.media import (
     AUDIO_EXTENSIONS,
     VIDEO_EXTENSIONS,
@@ -20,6 +31,8 @@ from tarproc.decode.media import (
     probe,
     wav_header,
 )
+from tarproc.decode.spec import plan_key
+from tarproc.decode.video import VideoSpec, decode_video
 from tarproc.errors import MediaError, MissingDependencyError, OptionError, TarprocError
 
 pytest.importorskip("av")
@@ -60,6 +73,16 @@ def test_probe_video(ext: str) -> None:
     assert info.duration == pytest.approx(2.0, abs=0.05)
     with_sound = probe(encode_video(ext, frames=12, fps=12, audio=True))
     assert with_sound.kind == "video" and with_sound.sample_rate == 48000 and with_sound.channels == 2
+
+
+def test_cover_art_is_not_video() -> None:
+    song = mp3_with_cover(seconds=1.0)
+    assert probe(song) == MediaInfo("audio", "mp3", pytest.approx(1.0, abs=0.05), 16000, 1, None, None, None)  # type: ignore[arg-type]
+    with pytest.raises(MediaError, match="no video stream"):
+        poster_frame(song)
+    with pytest.raises(MediaError, match="no video stream"):
+        decode_video(song, VideoSpec(frames=1))
+    assert decode_audio(song, AudioSpec(sample_rate=16000)).shape[1] == pytest.approx(16000, rel=0.1)
 
 
 def _wav(fmt: bytes, data: bytes, declared: int | None = None, extra: bytes = b"", riff: bytes = b"RIFF") -> bytes:
@@ -173,11 +196,6 @@ def test_poster_frame_errors() -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # decode_audio / decode_video
-
-from tarproc.decode import video as video_module  # noqa: E402
-from tarproc.decode.audio import AudioSpec, decode_audio  # noqa: E402
-from tarproc.decode.spec import plan_key  # noqa: E402
-from tarproc.decode.video import VideoSpec, decode_video  # noqa: E402
 
 
 def _peak(x: np.ndarray, rate: int) -> float:
