@@ -10,9 +10,9 @@ The exact semantics:
 
 - values are float32, full scale -1..1 (integer PCM divided by 2**(bits-1); unsigned 8-bit
   centred first); the shape is ``(channels, samples)``, as torchaudio's;
-- PCM WAV at the wanted rate (or ``sample_rate=None``) is read with numpy alone; everything else,
-  and any change of rate, goes through PyAV (FFmpeg: ``pip install 'tarproc[media]'``), its
-  ``AudioResampler`` (libswresample) converting the rate;
+- PCM WAV at the wanted rate (or ``sample_rate=None``) is read with numpy alone; everything else
+  is decoded by PyAV (FFmpeg: ``pip install 'tarproc[media]'``), and a change of rate is made,
+  after the channels, by its ``AudioResampler`` (libswresample's default filter), channel by channel;
 - ``channels``: 1 is the mean of the stored channels; from mono, the channel is repeated; from
   more channels to fewer (not 1), the first ones are kept (FL, FR of a 5.1 file); ``None`` keeps them;
 - ``seconds``: the clip is cut (or padded with zeros at its end) to ``round(seconds * sample_rate)``
@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -109,7 +110,9 @@ def decode_audio(data: bytes | bytearray | memoryview, spec: AudioSpec, key: str
     samples, rate = _read_wav(data, spec) if is_wav(data) else (None, 0)
     if samples is None:
         samples, rate = _read_av(data, spec)
-    samples = _mix(samples, spec.channels)
+    samples = _mix(samples, spec.channels)  # before resampling: fewer channels to resample
+    if spec.sample_rate is not None and spec.sample_rate != rate:
+        samples = _resample(samples, rate, spec.sample_rate)
     length = spec.length
     if length is not None:
         start = spec.crop_start(key, samples.shape[1])
@@ -120,9 +123,9 @@ def decode_audio(data: bytes | bytearray | memoryview, spec: AudioSpec, key: str
 
 
 def _read_wav(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.ndarray | None, int]:
-    """PCM WAV at the wanted rate with numpy; None for what PyAV must do (another rate, a codec)."""
+    """Linear PCM WAV with numpy, at its own rate; None for the codecs PyAV must decode."""
     h = wav_header(data)
-    if not h.is_pcm or (spec.sample_rate is not None and spec.sample_rate != h.sample_rate):
+    if not h.is_pcm:
         return None, 0
     width = h.bits // 8
     if h.block_align != width * h.channels:
@@ -133,59 +136,88 @@ def _read_wav(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np
     if frames == 0:
         raise MediaError("WAV holds no samples")
     raw = memoryview(data)[h.offset:h.offset + frames * h.block_align]
-    if h.format_tag == 3:
-        values = np.frombuffer(raw, dtype="<f4" if h.bits == 32 else "<f8").astype(np.float32)
-    elif h.bits == 8:
-        values = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
-    elif h.bits == 24:
+    if h.bits == 24:
         b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
         ints = (b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)) << 8 >> 8  # sign-extend the 24 bits
         values = ints.astype(np.float32) / float(1 << 23)
     else:
-        ints = np.frombuffer(raw, dtype="<i2" if h.bits == 16 else "<i4")
-        values = (ints.astype(np.float64 if h.bits == 32 else np.float32) / float(1 << (h.bits - 1))).astype(np.float32)
+        kind = ("f" if h.format_tag == 3 else "u" if h.bits == 8 else "i") + str(width)
+        values = _to_float(np.frombuffer(raw, dtype="<" + kind))
     return values.reshape(frames, h.channels).T, h.sample_rate
 
 
+def _to_float(values: np.ndarray) -> np.ndarray:
+    """Samples of any PCM dtype as float32 in -1..1 (unsigned 8-bit centred on 128)."""
+    if values.dtype.kind == "f":
+        return values.astype(np.float32)
+    if values.dtype.kind == "u":
+        return ((values.astype(np.float32) - 128.0) / 128.0).astype(np.float32)
+    bits = values.dtype.itemsize * 8
+    return (values.astype(np.float64 if bits > 16 else np.float32) / float(1 << (bits - 1))).astype(np.float32)
+
+
+def _frame_samples(frame: Any) -> np.ndarray:
+    """A decoded ``av.AudioFrame`` as float32 ``(channels, samples)``, converted by numpy (not by
+    libswresample, which crashes on some layouts without a channel order, e.g. 8 unnamed channels)."""
+    array = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    if not frame.format.is_planar:
+        array = array.reshape(-1, channels).T
+    return _to_float(array)
+
+
 def _read_av(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.ndarray, int]:
+    """The first audio stream decoded by PyAV, at its own rate."""
     av = import_av()
     with open_container(data) as container:
         if not container.streams.audio:
             raise MediaError("no audio stream")
         stream = container.streams.audio[0]
-        rate = spec.sample_rate or stream.codec_context.sample_rate
+        rate = stream.codec_context.sample_rate
         if not rate:
             raise MediaError("the audio stream has no sample rate")
         limit = spec.max_seconds * rate
-        resampler = av.AudioResampler(format="fltp", rate=rate)  # layout kept: _mix does the channels
         chunks: list[np.ndarray] = []
         total = 0
-
-        def add(frames: Any) -> None:
-            nonlocal total
-            for frame in frames:
-                array = frame.to_ndarray()
-                chunks.append(array)
-                total += array.shape[1]
-                if total > limit:
-                    raise MediaError(f"audio is over max_seconds {spec.max_seconds:g}")
-
         try:
             for frame in container.decode(stream):
-                add(resampler.resample(frame))
-            add(resampler.resample(None))
+                if frame.sample_rate != rate:
+                    raise MediaError(f"the sample rate changes within the audio ({rate} to {frame.sample_rate} Hz)")
+                chunks.append(_frame_samples(frame))
+                total += chunks[-1].shape[1]
+                if total > limit:
+                    raise MediaError(f"audio is over max_seconds {spec.max_seconds:g}")
         except av.FFmpegError as e:
             if not chunks:
                 raise MediaError(f"cannot decode the audio: {_ffmpeg_reason(e)}") from None
-            # damage after some good frames: keep what decoded, as for a file cut short
-        except ValueError as e:  # the layout or format changed mid-stream
-            raise MediaError(f"cannot decode the audio: {e}") from None
+            # damage after some good frames: keep what decoded, as for a stream cut short
     if not total:
         raise MediaError("no audio samples decode")
     channels = {c.shape[0] for c in chunks}
     if len(channels) != 1:
         raise MediaError(f"the channel count changes within the audio ({sorted(channels)})")
     return np.concatenate(chunks, axis=1), rate
+
+
+_RESAMPLE_CHUNK = 1 << 16  # samples per frame handed to the resampler
+
+
+def _resample(samples: np.ndarray, rate: int, to: int) -> np.ndarray:
+    """``samples`` (C, N) at ``rate`` resampled to ``to`` by libswresample, each channel as mono."""
+    av = import_av()
+    out = []
+    for channel in samples:
+        resampler = av.AudioResampler(format="fltp", layout="mono", rate=to)
+        pieces = []
+        for start in range(0, channel.shape[0], _RESAMPLE_CHUNK):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(channel[None, start:start + _RESAMPLE_CHUNK]),
+                                               format="fltp", layout="mono")
+            frame.sample_rate, frame.pts, frame.time_base = rate, start, Fraction(1, rate)
+            pieces += [f.to_ndarray()[0] for f in resampler.resample(frame)]
+        pieces += [f.to_ndarray()[0] for f in resampler.resample(None)]
+        out.append(np.concatenate(pieces) if pieces else np.zeros(0, np.float32))
+    length = min(len(c) for c in out)
+    return np.stack([c[:length] for c in out])
 
 
 def _mix(samples: np.ndarray, channels: int | None) -> np.ndarray:

@@ -247,6 +247,19 @@ def test_decode_wav_sample_formats(tag: int, bits: int, dtype: object, scale: in
     assert audio.tolist() == values.reshape(3, 2).T.tolist()
 
 
+@pytest.mark.parametrize("channels", [3, 8, 10])
+def test_decode_many_unnamed_channels(channels: int) -> None:
+    """WAVs of channels without a layout, resampled (libswresample crashed on 8 unnamed channels)."""
+    rng = np.random.default_rng(channels)
+    values = (rng.uniform(-0.5, 0.5, (800, channels)) * 32767).astype("<i2")
+    fmt = struct.pack("<HHIIHH", 1, channels, 8000, 8000 * 2 * channels, 2 * channels, 16)
+    wav = _wav(fmt, values.tobytes())
+    assert decode_audio(wav, AudioSpec(sample_rate=16000, channels=None)).shape == (channels, 1600)
+    mono = decode_audio(wav, AudioSpec(sample_rate=8000, channels=1))
+    assert np.allclose(mono[0], values.mean(axis=1) / 32768, atol=1e-6)
+    assert decode_audio(wav, AudioSpec(sample_rate=4000, channels=2)).shape == (2, 400)
+
+
 def test_decode_audio_channels() -> None:
     stereo = encode_audio("flac", seconds=0.5, rate=8000, channels=2)
     mono = decode_audio(stereo, AudioSpec(sample_rate=8000, channels=1))
