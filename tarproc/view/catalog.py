@@ -30,9 +30,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from ..errors import IndexFileError, OptionError, SourceError, TarprocError
-from ..index import IndexedShard, IndexEntry
+from ..index import IndexedShard, IndexEntry, default_index_url
 from ..sniff import sniff_type
 from ..sources import local_path, open_source
+from ..sources.remote import url_to_fs
 
 MAX_TEXT = 1 << 20  # bytes of a text or JSON field shown in full on a sample's page
 PREVIEW_BYTES = 1 << 16  # text-like fields up to this size are read for a page of samples
@@ -171,11 +172,14 @@ class Catalog:
                 complete = False
         return total, complete
 
-    def open_all(self, stop: threading.Event | None = None) -> None:
+    def open_all(self, stop: threading.Event | None = None, *, indexed_only: bool = False) -> None:
+        """Open every shard, in order, until ``stop`` is set. ``indexed_only``: only those with a
+        ``.idx`` beside them (cheap to load), not those whose index would take a read of the shard."""
         for i in range(len(self.urls)):
             if stop is not None and stop.is_set():
                 return
-            self.shard(i)
+            if not indexed_only or has_index_file(self.urls[i]):
+                self.shard(i)
 
     def close(self) -> None:
         self._closed = True
@@ -388,6 +392,19 @@ class Catalog:
             elif time.monotonic() > deadline:
                 return found, at.position + 1
         return found, None
+
+
+def has_index_file(url: str) -> bool:
+    """Whether ``SHARD.idx`` exists beside a shard (a local file, or a URL asked once)."""
+    index_url = default_index_url(url)
+    path = local_path(index_url)
+    if path is not None:
+        return os.path.exists(path)
+    try:
+        fs, fs_path = url_to_fs(index_url)
+        return bool(fs.exists(fs_path))
+    except Exception:  # noqa: BLE001 -- a store that can't say: treat as no index
+        return False
 
 
 def _split_path(path: str, fields: dict[str, Any]) -> tuple[str | None, list[str]]:

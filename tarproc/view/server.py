@@ -88,8 +88,9 @@ def make_app(
     """The viewer as an aiohttp application over these shards (nothing is read until asked).
 
     ``allowed_hosts``: the host names a request's ``Host`` may have (any loopback address is
-    accepted too); None accepts any, for a server listening on another address. ``warm``: open
-    the shards' indexes in the background after start, so that the page knows the total count.
+    accepted too); None accepts any, for a server listening on another address. ``warm``: load
+    the shards' ``.idx`` files in the background after start, so that the page knows the total
+    count (a shard without one is indexed when a page first reaches it).
     ``log``: where one line per failed request goes (default: stderr).
     """
     catalog = Catalog(urls)
@@ -111,8 +112,10 @@ def make_app(
 
 
 async def _start_warming(app: web.Application) -> None:
-    threading.Thread(target=app[CATALOG].open_all, args=(app[STATE]["stop"],), daemon=True,
-                     name="tarshow-index").start()
+    # only the shards with an index file: counting the others would read them all (a remote
+    # dataset of terabytes); the page counts them as it reaches them
+    threading.Thread(target=app[CATALOG].open_all, args=(app[STATE]["stop"],), kwargs={"indexed_only": True},
+                     daemon=True, name="tarshow-index").start()
 
 
 async def _close(app: web.Application) -> None:

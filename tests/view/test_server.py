@@ -37,19 +37,36 @@ def all_keys() -> list[str]:
 # pages, keys, filters
 
 
-def test_pages_run_across_shards(module_viewer):
+def test_pages_run_across_shards(dataset, viewer):
+    module_viewer = viewer(dataset.urls)
     page = module_viewer.json("/api/page?start=0&n=10")
     assert keys(page) == all_keys()[:10]
-    assert (page["next"], page["total"], page["complete"], page["shards"], page["problems"]) == (10, 60, True, 2, [])
+    # no .idx: the second shard is indexed when a page reaches it, not before
+    assert (page["next"], page["total"], page["complete"], page["shards"], page["problems"]) == (10, 30, False, 2, [])
     assert [s["index"] for s in page["samples"]] == list(range(10))
     page = module_viewer.json("/api/page?start=25&n=10")
     assert keys(page) == all_keys()[25:35] and page["next"] == 35
     assert [(s["shard"], s["pos"]) for s in page["samples"][4:6]] == [(0, 29), (1, 0)]
     page = module_viewer.json("/api/page?start=55&n=10")
     assert keys(page) == all_keys()[55:] and page["next"] is None
+    assert (page["total"], page["complete"]) == (60, True)
     page = module_viewer.json("/api/page?start=60")
     assert page["samples"] == [] and page["next"] is None
     assert len(module_viewer.json("/api/page")["samples"]) == 50  # the default page
+
+
+def test_index_files_are_loaded_in_the_background(tmp_path, dataset, viewer):
+    urls = []
+    for url in dataset.urls:
+        copy = tmp_path / Path(url).name
+        copy.write_bytes(Path(url).read_bytes())
+        (tmp_path / f"{copy.name}.idx").write_text(build_index(str(copy)).jsonl_text())
+        urls.append(str(copy))
+    v = viewer(urls)
+    deadline = time.monotonic() + 30
+    while (page := v.json("/api/page?n=1"))["complete"] is False and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (page["total"], page["complete"]) == (60, True)  # the total is known without paging there
 
 
 def test_page_previews_each_field(module_viewer, dataset):
