@@ -572,3 +572,56 @@ def test_serve_warns_off_loopback(dataset, capsys):
     with pytest.raises(TransportError, match="cannot listen on 192.0.2.1"):
         serve(dataset.urls, host="192.0.2.1", port=0)
     assert "tarshow: warning: serving on 192.0.2.1, not on a loopback address" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------------------
+# shards on S3 (a moto server on 127.0.0.1)
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():  # type: ignore[no-untyped-def]
+    try:
+        import boto3  # noqa: F401
+        import s3fs  # noqa: F401
+        from moto.server import ThreadedMotoServer
+    except ImportError as e:
+        pytest.skip(f"moto server / boto3 / s3fs not importable: {e}")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    try:
+        server.start()
+    except Exception as e:  # pragma: no cover - depends on the machine
+        pytest.skip(f"moto server could not start on 127.0.0.1: {type(e).__name__}: {e}")
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def test_s3_shards_by_range(dataset, moto_endpoint, viewer, tmp_path, monkeypatch):
+    import boto3
+    import fsspec.config
+
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_CONFIG_FILE": str(tmp_path / "aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "aws-creds"),
+           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": moto_endpoint})
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket="viewer")
+    client.upload_file(dataset.urls[0], "viewer", "a/shard-0000.tar")
+    index = tmp_path / "shard-0000.tar.idx"
+    index.write_text(build_index(dataset.urls[0]).jsonl_text())
+    client.upload_file(str(index), "viewer", "a/shard-0000.tar.idx")
+    v = viewer(["s3://viewer/a/shard-0000.tar", dataset.urls[1]])
+    page = v.json("/api/page?start=27&n=6")
+    assert keys(page) == all_keys()[27:33]
+    assert page["samples"][0]["shard_name"] == "shard-0000.tar"
+    jpg = dataset.expected["s0/0010"]["jpg"]
+    status, headers, body = v.request("/media/0/10/jpg")
+    assert (status, body, headers["content-type"]) == (200, jpg, "image/jpeg")
+    status, headers, body = v.request("/media/0/10/jpg", {"Range": "bytes=100-199"})
+    assert (status, body) == (206, jpg[100:200])
+    assert keys(v.json("/api/page?n=100&filter=cls%3D4")) == [k for k in all_keys() if int(k[-4:]) % 5 == 4]
