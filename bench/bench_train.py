@@ -4,17 +4,24 @@ Rows (all on the same ImageNet-sized JPEGs, ctx.data.jpeg, split once into 4 sha
 DataLoader workers each get whole shards; every side gets the same brace URL):
 
 1. ``tarproc.Dataset`` with ``AugmentSpec(size=224, random_crop=True, flip=0.5, mean, std, CHW)``,
-   shuffle 1000, batches of 64, ``DataLoader(batch_size=None, num_workers=2)`` — against
-   webdataset 1.0.2 + torchvision transforms (RandomResizedCrop 224, RandomHorizontalFlip,
-   ToTensor, Normalize), the same shuffle, batch size and workers. Target ≥ 2×.
+   shuffle 1000, batches of 64, ``DataLoader(batch_size=None, num_workers=2)`` — against three
+   baselines timed in turn in the same repetitions: webdataset 1.0.2 + PIL + torchvision transforms
+   (RandomResizedCrop 224, RandomHorizontalFlip, ToTensor, Normalize), target ≥ 2×; webdataset +
+   ``torchvision.io.decode_jpeg`` + ``transforms.v2`` on uint8 tensors, target ≥ 3×; NVIDIA DALI's
+   own CPU pipeline (``fn.readers.webdataset`` with our DALI index → ``fn.decoders.image_random_crop``
+   → ``fn.resize`` → ``fn.crop_mirror_normalize``, batch 64, 2 threads), target ≥ 2×. The same
+   shuffle, batch size and workers (threads) everywhere.
 2. The same with rotation (±10°) and colour jitter (0.4, 0.4, 0.4, 0.1): ``AugmentSpec(rotate=10,
    brightness=.., contrast=.., saturation=.., hue=..)`` against ``T.RandomRotation(10)`` before the
-   crop and ``T.ColorJitter(0.4, 0.4, 0.4, 0.1)`` after the flip. Target ≥ 2×.
+   crop and ``T.ColorJitter(0.4, 0.4, 0.4, 0.1)`` after the flip (v1 on PIL images and v2 on
+   tensors), and DALI's ``fn.rotate`` + ``fn.color_twist`` after the resize. Targets ≥ 2× (PIL),
+   ≥ 3× (v2), ≥ 3× (DALI).
 3. ``tarserve -p 2`` (2 sender processes decoding the same augmentations) -> ``Receiver.dataset()``
    in a DataLoader in this process, over ``zpush+ipc``, against row 1's ``Dataset`` on the same 2
    cores. Reported, no target.
 4. Row 1 on large photos (2048x1536, ~1 MB JPEGs; 160 of them, 40 with --quick, in 4 shards of
-   their own). Reported, no target: here the crop usually allows a reduced-size (DCT-domain) decode.
+   their own), against the same three baselines. Reported, no target: here the crop usually allows
+   a reduced-size (DCT-domain) decode (a note gives the share of each scale).
 
 images/s = images received ÷ wall seconds from building the pipeline to the last batch: DataLoader
 workers start every epoch (and tarserve starts per run), which is what a user waits for. Every pass
@@ -99,6 +106,72 @@ def torchvision_jitter(url: str) -> Any:
     ds = wds.WebDataset(url, shardshuffle=False).shuffle(1000).decode("pil").to_tuple("jpg", "cls")
     ds = ds.map_tuple(tf, lambda x: x).batched(64)
     return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+
+
+def tv2_basic(url: str) -> Any:
+    import torch
+    import torchvision.transforms.v2 as T
+    import webdataset as wds
+    from torchvision.io import decode_jpeg
+
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    tf = T.Compose([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(),
+                    T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)])
+    ds = wds.WebDataset(url, shardshuffle=False).shuffle(1000).to_tuple("jpg", "cls")
+    ds = ds.map_tuple(lambda jpg: tf(decode_jpeg(torch.frombuffer(bytearray(jpg), dtype=torch.uint8))), int).batched(64)
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+
+
+def tv2_jitter(url: str) -> Any:
+    import torch
+    import torchvision.transforms.v2 as T
+    import webdataset as wds
+    from torchvision.io import decode_jpeg
+
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    tf = T.Compose([T.RandomRotation(10), T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(),
+                    T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)])
+    ds = wds.WebDataset(url, shardshuffle=False).shuffle(1000).to_tuple("jpg", "cls")
+    ds = ds.map_tuple(lambda jpg: tf(decode_jpeg(torch.frombuffer(bytearray(jpg), dtype=torch.uint8))), int).batched(64)
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+
+
+def dali_basic(shards: list[str], indexes: list[str]) -> Any:
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    @pipeline_def(batch_size=64, num_threads=2, device_id=None)
+    def pipe():  # type: ignore[no-untyped-def]
+        jpegs, labels = fn.readers.webdataset(paths=shards, index_paths=indexes, ext=["jpg", "cls"],
+                                              random_shuffle=True, initial_fill=1000, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=fn.random.coin_flip(),
+                                          mean=[0.485 * 255, 0.456 * 255, 0.406 * 255], std=[0.229 * 255, 0.224 * 255, 0.225 * 255])
+        return images, fn.pad(labels, shape=[8])  # the label's digits, padded to one length: a tensor
+
+    return DALIGenericIterator(pipe(), ["images", "labels"], reader_name="reader", last_batch_policy=LastBatchPolicy.PARTIAL)
+
+
+def dali_jitter(shards: list[str], indexes: list[str]) -> Any:
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    @pipeline_def(batch_size=64, num_threads=2, device_id=None)
+    def pipe():  # type: ignore[no-untyped-def]
+        jpegs, labels = fn.readers.webdataset(paths=shards, index_paths=indexes, ext=["jpg", "cls"],
+                                              random_shuffle=True, initial_fill=1000, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = fn.rotate(images, angle=fn.random.uniform(range=(-10, 10)), keep_size=True, fill_value=0)
+        images = fn.color_twist(images, brightness=fn.random.uniform(range=(0.6, 1.4)),
+                                contrast=fn.random.uniform(range=(0.6, 1.4)),
+                                saturation=fn.random.uniform(range=(0.6, 1.4)), hue=fn.random.uniform(range=(-36, 36)))
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=fn.random.coin_flip(),
+                                          mean=[0.485 * 255, 0.456 * 255, 0.406 * 255], std=[0.229 * 255, 0.224 * 255, 0.225 * 255])
+        return images, fn.pad(labels, shape=[8])  # the label's digits, padded to one length: a tensor
+
+    return DALIGenericIterator(pipe(), ["images", "labels"], reader_name="reader", last_batch_policy=LastBatchPolicy.PARTIAL)
 
 
 # tarserve's side: the command (one line in a shell) and the trainer's code (receiver_recipe)
@@ -200,6 +273,36 @@ def make_large_shards(ctx: Context) -> tuple[str, int]:
     return url, count
 
 
+def dali_files(url: str) -> tuple[list[str], list[str]]:
+    """The shards of a brace URL and their DALI indexes (``wds2idx``'s format, written by tarproc's
+    index module as ``tarindex --format dali`` does, beside each shard; remade when older than it)."""
+    from tarproc.index import build_index, default_index_url, index_bytes
+    from tarproc.sources import expand_braces
+
+    shards = expand_braces(url)
+    indexes = [default_index_url(shard, "dali") for shard in shards]
+    for shard, index in zip(shards, indexes, strict=True):
+        if not os.path.exists(index) or os.path.getmtime(index) < os.path.getmtime(shard):
+            Path(index).write_bytes(index_bytes(build_index(shard), "dali", shard))
+    return shards, indexes
+
+
+def scales_used(url: str, spec: Any) -> str:
+    """How many of a data set's images the cpu backend decodes at each DCT scale (eighths) under
+    ``spec``'s crops, e.g. ``8/8 100%``: where a reduced-size decode applies."""
+    from collections import Counter
+
+    import tarproc
+    from tarproc.decode.cpu import jpeg_plan
+
+    counts: Counter[int] = Counter()
+    for sample in tarproc.read_samples(url):
+        plan = jpeg_plan(bytes(sample["jpg"]), spec, sample["__key__"])
+        counts[plan.scale if plan is not None else 8] += 1
+    total = sum(counts.values())
+    return ", ".join(f"{m}/8 {100 * c / total:.0f}%" for m, c in sorted(counts.items()))
+
+
 # ------------------------------------------------------------------------------------------------
 # the measures: each runs one epoch and returns the number of images received (checked)
 
@@ -217,6 +320,13 @@ def count_batches(loader: Any, image: Callable[[Any], Any], label: Callable[[Any
 
 def epoch(recipe: Callable[[str], Any], url: str) -> Callable[[], int]:
     return lambda: count_batches(recipe(url), lambda b: b[0], lambda b: b[1])
+
+
+def dali_epoch(recipe: Callable[[list[str], list[str]], Any], url: str) -> Callable[[], int]:
+    """One epoch of a DALI recipe (its pipeline built and its threads started inside the timing, as
+    the DataLoader's workers are); DALIGenericIterator's batches are a list of one dict."""
+    shards, indexes = dali_files(url)
+    return lambda: count_batches(recipe(shards, indexes), lambda b: b[0]["images"], lambda b: b[0]["labels"])
 
 
 def tarserve_epoch(url: str, firsts: list[float]) -> Callable[[], int]:
@@ -248,12 +358,15 @@ def tarserve_epoch(url: str, firsts: list[float]) -> Callable[[], int]:
     return run
 
 
-def warm_up(url: str, n: int) -> None:
-    """One untimed epoch of each side of row 1: the imports (torch, torchvision, webdataset, the
-    decoders) are paid once per program, not per epoch, so they stay out of every timed pass."""
-    for recipe in (ours_basic, torchvision_basic):
-        if epoch(recipe, url)() != n:
-            raise RuntimeError(f"warm-up: {recipe.__name__} did not deliver {n} images")
+def warm_up(url: str, n: int, dali: bool) -> None:
+    """One untimed epoch of each side of row 1: the imports (torch, torchvision, webdataset, DALI,
+    the decoders) are paid once per program, not per epoch, so they stay out of every timed pass."""
+    runs = [(recipe.__name__, epoch(recipe, url)) for recipe in (ours_basic, torchvision_basic, tv2_basic)]
+    if dali:
+        runs.append(("dali_basic", dali_epoch(dali_basic, url)))
+    for name, run in runs:
+        if run() != n:
+            raise RuntimeError(f"warm-up: {name} did not deliver {n} images")
 
 
 def rate(n: int, times: list[float]) -> float:
@@ -263,26 +376,67 @@ def rate(n: int, times: list[float]) -> float:
 # ------------------------------------------------------------------------------------------------
 
 
+PIL = "webdataset + PIL + torchvision"
+TV2 = "webdataset + `torchvision.io.decode_jpeg` + transforms.v2"
+DALI = "NVIDIA DALI's CPU pipeline (`fn.readers.webdataset`, 2 threads)"
+
+
 def run(ctx: Context) -> tuple[list[Row], list[str]]:
+    from common import alternate_many
+
+    from tarproc.decode import dali_available
+
     url = make_shards(ctx)
     n = ctx.data.jpeg_samples * REPEAT
     reps = ctx.reps  # 5 (2 with --quick)
     rows: list[Row] = []
     notes: list[str] = []
     workers = f"{WORKERS} DataLoader workers"
+    dali = dali_available()
+    if not dali:
+        notes.append("NVIDIA DALI's CPU pipeline: not measured: NVIDIA DALI is not installed")
 
     log(f"train: {n} JPEGs in {SHARDS} shards, crop + flip + normalize, {workers}")
-    warm_up(url, n)
+    warm_up(url, n, dali)
 
-    def versus_webdataset(measure: str, label: str, ours: Callable[[str], Any], theirs: Callable[[str], Any]) -> None:
-        t_ours, t_base = alternate(reps, reps, epoch(ours, url), epoch(theirs, url), n, label)
-        rows.append(Row(f"{measure}, img/s, {workers}", rate(n, t_ours), "img/s", "webdataset + torchvision",
-                        rate(n, t_base), "≥ 2×", yes_no(rate(n, t_ours) >= 2 * rate(n, t_base))))
-        notes.append(f"{label}: Dataset {spread(t_ours)}; webdataset + torchvision {spread(t_base)}")
+    def versus(measure: str, label: str, data: str, count: int, ours: Callable[[str], Any],
+               others: list[tuple[str, Callable[[], int], str, float]]) -> None:
+        """Ours and every baseline timed in turn, rep by rep; a row per baseline (``target``: the
+        ratio wanted, 0 for none)."""
+        series = [("tarproc", reps, epoch(ours, data))] + [(name, reps, run) for name, run, _, _ in others]
+        times = alternate_many(series, count, label)
+        ours_rate = rate(count, times[0])
+        spreads = [f"Dataset {spread(times[0])}"]
+        for (name, _, row_name, target), t in zip(others, times[1:], strict=True):
+            met = yes_no(ours_rate >= target * rate(count, t)) if target else "—"
+            rows.append(Row(f"{measure}, img/s, {workers}", ours_rate, "img/s", row_name, rate(count, t),
+                            f"≥ {target:g}×" if target else "report", met))
+            spreads.append(f"{name} {spread(t)}")
+        notes.append(f"{label}: " + "; ".join(spreads))
 
-    versus_webdataset("RandomResizedCrop 224 + flip + normalize", "crop + flip", ours_basic, torchvision_basic)
+    def baselines(pil: Callable[[str], Any], tv2: Callable[[str], Any], dali_recipe: Callable[..., Any], data: str,
+                  targets: tuple[float, float, float]) -> list[tuple[str, Callable[[], int], str, float]]:
+        chosen = [("webdataset+PIL", epoch(pil, data), PIL, targets[0]),
+                  ("webdataset+tv2", epoch(tv2, data), TV2, targets[1])]
+        if dali:
+            chosen.append(("DALI", dali_epoch(dali_recipe, data), DALI, targets[2]))
+        return chosen
+
+    versus("RandomResizedCrop 224 + flip + normalize", "crop + flip", url, n, ours_basic,
+           baselines(torchvision_basic, tv2_basic, dali_basic, url, (2, 3, 2)))
     log("train: + rotation 10° + colour jitter 0.4/0.4/0.4/0.1")
-    versus_webdataset("same + rotate 10 + colour jitter", "rotate + jitter", ours_jitter, torchvision_jitter)
+    versus("same + rotate 10 + colour jitter", "rotate + jitter", url, n, ours_jitter,
+           baselines(torchvision_jitter, tv2_jitter, dali_jitter, url, (2, 3, 3)))
+    notes.append(
+        "the baselines: webdataset + PIL: `.decode(\"pil\")` + torchvision transforms on PIL images; "
+        "webdataset + tv2: the raw bytes through `torchvision.io.decode_jpeg` + `transforms.v2` on uint8 tensors "
+        "(RandomResizedCrop antialiased, ToDtype + Normalize); DALI: `fn.readers.webdataset` (our DALI index, "
+        "shuffle 1000) -> `fn.decoders.image_random_crop` -> `fn.resize` 224 -> `fn.crop_mirror_normalize` "
+        "(coin-flip mirror), batch 64, 2 threads, `device_id=None`, through `DALIGenericIterator`; with rotation "
+        "and jitter `fn.rotate` (±10°, keep_size) and `fn.color_twist` after the resize: DALI's fast order, which "
+        "rotates the 224x224 crop (black corners inside it) where the Dataset and torchvision rotate the image "
+        "before the crop, i.e. less work for DALI"
+    )
 
     log("train: tarserve -p 2 -> Receiver.dataset() vs Dataset, 2 workers")
     firsts: list[float] = []
@@ -298,14 +452,18 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
     )
     notes.append(
         "lines of user code (imports, pipeline, the for loop): Dataset "
-        f"{code_lines(ours_basic)} (with rotate + jitter {code_lines(ours_jitter)}); webdataset + torchvision "
-        f"{code_lines(torchvision_basic)} ({code_lines(torchvision_jitter)}); tarserve 1 command line + "
-        f"{code_lines(receiver_recipe, loop=2)} lines in the trainer"
+        f"{code_lines(ours_basic)} (with rotate + jitter {code_lines(ours_jitter)}); webdataset + PIL + torchvision "
+        f"{code_lines(torchvision_basic)} ({code_lines(torchvision_jitter)}); webdataset + tv2 {code_lines(tv2_basic)} "
+        f"({code_lines(tv2_jitter)}); DALI {code_lines(dali_basic)} ({code_lines(dali_jitter)}) plus the index "
+        f"(`tarindex --format dali`); tarserve 1 command line + {code_lines(receiver_recipe, loop=2)} lines in the trainer"
     )
     large, count = make_large_shards(ctx)
     log(f"train: row 1 on {count} large photos {LARGE[0]}x{LARGE[1]}")
-    t_ours, t_base = alternate(reps, reps, epoch(ours_basic, large), epoch(torchvision_basic, large), count, "large")
-    rows.append(Row(f"row 1 on large photos ({LARGE[0]}x{LARGE[1]}, ~1 MB), img/s, {workers}", rate(count, t_ours),
-                    "img/s", "webdataset + torchvision", rate(count, t_base), "report", "—"))
-    notes.append(f"large photos: Dataset {spread(t_ours)}; webdataset + torchvision {spread(t_base)}")
+    versus(f"row 1 on large photos ({LARGE[0]}x{LARGE[1]}, ~1 MB)", "large", large, count, ours_basic,
+           baselines(torchvision_basic, tv2_basic, dali_basic, large, (0, 0, 0)))
+    from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec
+
+    spec = AugmentSpec(size=224, random_crop=True, flip=0.5, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout="CHW", seed=0)
+    notes.append(f"reduced-size (DCT) decode, the scales the cpu backend decodes at under row 1's crops: ImageNet-like "
+                 f"500x375 {scales_used(str(ctx.data.jpeg), spec)}; large photos {scales_used(large, spec)}")
     return rows, notes
