@@ -336,7 +336,8 @@ def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sam
                         on_error=reading.on_error, warn=warn, wrap=wrap, wrap_cards=wrap_cards, **reading.tar)
     if not quiet:
         problems = f", {plural(len(info.problems), 'kind')} of problem" if info.problems else ", no problems found"
-        say(f"tarshow: wrote {path}: {plural(info.cards, 'sample')} of {info.samples}{problems}"
+        where = "the report to stdout" if path == "-" else path
+        say(f"tarshow: wrote {where}: {plural(info.cards, 'sample')} of {info.samples}{problems}"
             f" ({info.bytes / 1e6:.1f} MB)")
 
 

@@ -39,6 +39,7 @@ DEFAULT_SAMPLE = 48
 THUMB = 192  # px, the longer side of a thumbnail or poster frame
 THUMB_QUALITY = 80
 MAX_AUDIO_EMBED = 8 << 20  # bigger audio fields are described, not embedded
+MAX_KEEP = 64 << 20  # a chosen sample's field bigger than this is not kept in memory: its card says so
 MAX_TEXT = 2000  # characters of a text field shown on a card
 MAX_JSON = 4000
 MAX_CHART_BARS = 20
@@ -59,6 +60,10 @@ class ReportInfo:
 
 # ---------------------------------------------------------------------------------------------
 # the seeded sample
+
+
+class TooBig(int):
+    """Stands for a field of a chosen sample too big to keep (``MAX_KEEP``); its value is the size."""
 
 
 class SampleReservoir:
@@ -116,7 +121,8 @@ class SampleReservoir:
                     current = self._start(self.seen, key, url)
                     self.seen += 1
                 if current is not None and field not in current:
-                    current[field] = bytes(member[2])
+                    data = member[2]
+                    current[field] = bytes(data) if len(data) <= MAX_KEEP else TooBig(len(data))
             yield member
 
     def samples(self) -> list[dict[str, Any]]:
@@ -383,6 +389,10 @@ def _card(sample: dict[str, Any], thumb: int) -> str:
     out = [f'<div class="card"><div class="key" title="{_esc(sample["__url__"])}">{_esc(key)}</div>']
     for name in sorted((k for k in sample if not k.startswith("__")), key=lambda k: (_card_order(k, sample[k]), k)):
         data: bytes = sample[name]
+        if isinstance(data, TooBig):
+            out.append(f'<div class="field"><span class="name">{_esc(name)} · {int(data):,} B</span><br>'
+                       f'<span class="note">(over {MAX_KEEP >> 20} MiB: not shown)</span></div>')
+            continue
         kind = sniff_type(data)
         ext = name.rsplit(".", 1)[-1].lower()
         body: str
@@ -412,6 +422,8 @@ def _card_order(name: str, data: bytes) -> int:
     """Pictures first, then labels, text, audio, JSON and the rest."""
     from ..content import AUDIO_EXTENSIONS, LABEL_FIELDS, VIDEO_EXTENSIONS
 
+    if isinstance(data, TooBig):
+        return 6
     ext = name.rsplit(".", 1)[-1].lower()
     kind = sniff_type(data[:512])
     if kind in IMAGE_TYPES or ext in VIDEO_EXTENSIONS:

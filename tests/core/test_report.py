@@ -223,3 +223,14 @@ def test_charts_are_svg_with_escaped_labels():
     bars = svg_bars([(EVIL, 4), ("b", 2)], "classes", 6)
     assert EVIL not in bars and bars.count("<rect") == 2 and "66.7%" in bars
     assert svg_histogram([], "x") == "" and svg_bars([], "x") == ""
+
+
+def test_a_field_too_big_to_keep_is_described(tmp_path, monkeypatch):
+    from tarproc.view import report
+
+    monkeypatch.setattr(report, "MAX_KEEP", 1000)
+    shard = write_tar(tmp_path / "big.tar", [{"__key__": "a", "bin": bytes(5000), "txt": b"small"}])
+    out = tmp_path / "r.html"
+    write_report([shard], str(out))
+    text = "".join(Page(out.read_text()).text)
+    assert "bin · 5,000 B" in text and "not shown" in text and "small" in text
