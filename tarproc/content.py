@@ -559,7 +559,7 @@ class ContentStats:
         kind = info.kind if info.kind in ("audio", "video") else "audio"
         fc.kinds[kind] += 1
         fc.codecs[kind].add(info.codec or "?")
-        if info.duration is not None:
+        if info.duration is not None and math.isfinite(info.duration) and info.duration >= 0:
             fc.duration[kind].add(round(info.duration, 3))
         if kind == "audio":
             if info.sample_rate:
@@ -567,7 +567,7 @@ class ContentStats:
             if info.channels:
                 fc.audio_channels.add(str(info.channels))
         else:
-            if info.fps:
+            if info.fps and math.isfinite(info.fps):
                 fc.fps.add(f"{info.fps:g}")
             if info.width and info.height:
                 fc.resolutions.add(f"{info.width}x{info.height}")
