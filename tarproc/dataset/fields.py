@@ -26,11 +26,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..decode.audio import AudioSpec, decode_audio
-from ..decode.spec import AugmentSpec, plan_key
+from ..decode.audio import AudioSpec
+from ..decode.media import decode_media_fields
+from ..decode.spec import AugmentSpec
 from ..decode.stage import DEFAULT_FIELDS, parse_field_list
-from ..decode.video import VideoSpec, decode_video
-from ..errors import DecodeError, MediaError, MissingDependencyError, OptionError, SampleError
+from ..decode.video import VideoSpec
+from ..errors import DecodeError, MissingDependencyError, OptionError, SampleError
 from ..samples import Sample
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
 
@@ -264,27 +265,7 @@ def parse_decoding(decode: Any, image: str = DEFAULT_FIELDS, seed: int = 0) -> D
     return Decoding(spec_image, fields, media)
 
 
-def decode_media(sample: Sample, media: Sequence[tuple[list[str], MediaSpec]], epoch: int = 0) -> Sample:
-    """The sample with its audio/video fields decoded (the first of each spec's names it has); a
-    missing field or undecodable data is a ``DecodeError`` naming URL, key and field. Random crops
-    and clips are drawn from the spec's seed and ``plan_key(key, epoch)``, as the image plans are."""
-    key = str(sample.get("__key__"))
-    for names, spec in media:
-        name = next((n for n in names if n in sample), None)
-        if name is None:
-            have = ", ".join(k for k in sample if not k.startswith("__"))
-            raise DecodeError(f"no field {'/'.join(names)} (it has: {have})", sample.get("__url__"), sample.get("__key__"))
-        value = sample[name]
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            continue  # decoded already (by map)
-        try:
-            if isinstance(spec, AudioSpec):
-                sample[name] = decode_audio(value, spec, plan_key(key, epoch))
-            else:
-                sample[name] = decode_video(value, spec, plan_key(key, epoch))
-        except MediaError as e:
-            raise DecodeError(e.message, sample.get("__url__"), sample.get("__key__"), name) from None
-    return sample
+decode_media = decode_media_fields  # the dataset's name for it
 
 
 def parse_selection(columns: Sequence[str]) -> list[list[str]]:

@@ -18,7 +18,8 @@ Audio and video fields (``pip install 'tarproc[media]'``: PyAV, whose wheels bun
 needs nothing) are rooms of their own: ``tarproc.decode.media`` (``probe``: what a field holds,
 from its headers; ``poster_frame``), ``tarproc.decode.audio`` (``AudioSpec``, ``decode_audio``:
 float32 ``(channels, samples)`` at a chosen rate, cropped or padded) and ``tarproc.decode.video``
-(``VideoSpec``, ``decode_video``: N frames at a chosen rate and size).
+(``VideoSpec``, ``decode_video``: N frames at a chosen rate and size); ``decode_media_samples`` is
+their stage over samples.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..errors import DecodeError
 from .audio import AudioSpec, decode_audio
 from .cpu import CpuDecoder, ImageError, decode_image, image_size
 from .dali import DaliDecoder, dali_available, gpu_count
-from .media import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS, MediaInfo, poster_frame, probe
+from .media import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS, MediaInfo, decode_media_samples, poster_frame, probe
 from .spec import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -56,7 +57,7 @@ from .video import VideoSpec, decode_video
 
 __all__ = [
     "AUDIO_EXTENSIONS", "VIDEO_EXTENSIONS", "AudioSpec", "MediaInfo", "VideoSpec", "decode_audio", "decode_video",
-    "poster_frame", "probe",
+    "decode_media_samples", "poster_frame", "probe",
     "DECODE_ON_ERROR", "DEFAULT_FIELDS", "DEVICES", "IMAGENET_MEAN", "IMAGENET_STD", "AugmentSpec", "Batch",
     "CpuDecoder", "DaliDecoder", "DecodeError", "DecodeStats", "ImageError", "Plan", "batches", "dali_available",
     "decode_image", "decode_samples", "decoded_batches", "gpu_count", "image_size", "make_decoder", "npy_bytes",

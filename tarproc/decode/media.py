@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import MediaError, MissingDependencyError
+from ..errors import DecodeError, MediaError, MissingDependencyError, OptionError
+from ..samples import Sample
 from ..sniff import sniff_type
 
 if TYPE_CHECKING:
@@ -289,7 +290,110 @@ def poster_frame(data: bytes | bytearray | memoryview, max_size: int = 256) -> I
     return image
 
 
+# ---------------------------------------------------------------------------------------------------
+# the stage: samples in, samples with their audio/video fields decoded out
+
+MediaFields = Sequence[tuple[list[str], Any]]  # ([names], AudioSpec | VideoSpec): the first name a sample has
+
+
+def parse_media_specs(specs: Mapping[str, Any]) -> list[tuple[list[str], Any]]:
+    """``{"flac;wav": AudioSpec(...), "mp4": VideoSpec(...)}`` checked and split into field lists.
+
+    >>> from tarproc.decode.audio import AudioSpec
+    >>> parse_media_specs({"flac;wav": AudioSpec()})[0][0]
+    ['flac', 'wav']
+    """
+    from .audio import AudioSpec
+    from .stage import parse_field_list
+    from .video import VideoSpec
+
+    if not isinstance(specs, Mapping) or not specs:
+        raise OptionError(f"bad media specs {specs!r}; give a dict of field names to AudioSpec/VideoSpec")
+    out = []
+    taken: set[str] = set()
+    for names, spec in specs.items():
+        if not isinstance(names, str):
+            raise OptionError(f"bad decode field {names!r}; give field names like 'flac;wav'")
+        if not isinstance(spec, (AudioSpec, VideoSpec)):
+            raise OptionError(f"bad decode spec for {names!r}: {spec!r}; give an AudioSpec or VideoSpec")
+        listed = parse_field_list(names)
+        for name in listed:
+            if name in taken:
+                raise OptionError(f"field {name!r} is in two decode specs")
+            taken.add(name)
+        out.append((listed, spec))
+    return out
+
+
+def decode_media_fields(sample: Sample, media: MediaFields, epoch: int = 0) -> Sample:
+    """The sample with its audio/video fields decoded (for each spec, the first of its names the
+    sample has); a missing field or undecodable data is a ``DecodeError`` naming URL, key and field.
+    Random crops and clips are drawn from the spec's seed and ``plan_key(key, epoch)``, as the
+    image plans are."""
+    from .audio import AudioSpec, decode_audio
+    from .spec import plan_key
+    from .video import decode_video
+
+    key = str(sample.get("__key__"))
+    for names, spec in media:
+        name = next((n for n in names if n in sample), None)
+        if name is None:
+            have = ", ".join(k for k in sample if not k.startswith("__"))
+            raise DecodeError(f"no field {'/'.join(names)} (it has: {have})", sample.get("__url__"), sample.get("__key__"))
+        value = sample[name]
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            continue  # decoded already (by a map)
+        try:
+            if isinstance(spec, AudioSpec):
+                sample[name] = decode_audio(value, spec, plan_key(key, epoch))
+            else:
+                sample[name] = decode_video(value, spec, plan_key(key, epoch))
+        except MediaError as e:
+            raise DecodeError(e.message, sample.get("__url__"), sample.get("__key__"), name) from None
+    return sample
+
+
+def decode_media_samples(
+    samples: Iterable[Sample],
+    specs: Mapping[str, Any],
+    *,
+    epoch: int = 0,
+    on_error: str = "fail",
+    stats: Any = None,
+    warn: Callable[[str], None] | None = None,
+) -> Iterator[Sample]:
+    """A stage: each sample with its audio/video fields decoded as ``specs`` says (field names to
+    ``AudioSpec``/``VideoSpec``). A sample that can't be decoded is a ``DecodeError`` or, with
+    ``on_error="skip"``, dropped, counted in ``stats.skipped`` (a ``DecodeStats``) and reported
+    through ``warn``. Specs without a seed draw new random crops on every run.
+
+    ::
+
+        for sample in decode_media_samples(read_samples("speech-{0000..0009}.tar"),
+                                           {"flac;wav": AudioSpec(sample_rate=16000, seconds=4.0)}):
+            sample["flac"]  # (1, 64000) float32
+    """
+    if on_error not in ("fail", "skip"):
+        raise OptionError(f"bad on_error {on_error!r}; use fail or skip")
+    media = parse_media_specs(specs)
+    for sample in samples:
+        try:
+            decoded = decode_media_fields(sample, media, epoch)
+        except DecodeError as e:
+            if on_error == "fail":
+                raise
+            if stats is not None:
+                stats.skipped += 1
+            if warn is not None:
+                warn(f"skipped: {e}")
+            continue
+        if stats is not None:
+            stats.decoded += 1
+        yield decoded
+
+
 __all__ = [
     "AUDIO_EXTENSIONS", "INSTALL_HINT", "MEDIA_EXTENSIONS", "VIDEO_EXTENSIONS", "MediaInfo", "WavHeader", "import_av",
-    "is_wav", "media_kind", "open_container", "poster_frame", "probe", "wav_header",
+    "decode_media_fields", "decode_media_samples", "is_wav", "media_kind", "open_container", "parse_media_specs",
+    "poster_frame", "probe", "wav_header",
 ]

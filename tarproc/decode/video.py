@@ -116,7 +116,6 @@ def decode_video(data: bytes | bytearray | memoryview, spec: VideoSpec, key: str
         duration = _duration(container, stream)
         stored = stream.frames or (round(duration * native_fps) if duration and native_fps else None)
         start = spec.clip_start(key, duration, stored)
-        stream.thread_type = "AUTO"
         try:
             if spec.fps is not None:
                 if start > _SEEK_AFTER and stream.time_base:

@@ -26,6 +26,7 @@ from tarproc.decode.media import (
     AUDIO_EXTENSIONS,
     VIDEO_EXTENSIONS,
     MediaInfo,
+    decode_media_samples,
     media_kind,
     poster_frame,
     probe,
@@ -393,3 +394,27 @@ def test_decode_video_bad_data() -> None:
         decode_video(mp4, VideoSpec(frames=2, max_pixels=64 * 63))
     with pytest.raises(MediaError, match="looks like jpeg"):
         decode_video(b"\xff\xd8\xff\xe0" + bytes(64), spec)
+
+
+def test_decode_media_samples_stage() -> None:
+    from tarproc.decode.stage import DecodeStats
+    from tarproc.errors import DecodeError
+
+    good = encode_audio("flac", seconds=0.5, rate=8000)
+    samples = [{"__key__": f"k{i}", "__url__": "s.tar", "flac": good if i != 1 else b"junk!" * 20,
+                "mp4": encode_video("mp4", frames=3)} for i in range(3)]
+    specs = {"wav;flac": AudioSpec(sample_rate=8000, seconds=0.25), "mp4": VideoSpec(frames=2, size=(8, 8))}
+    with pytest.raises(DecodeError, match=r"s\.tar: cannot decode field 'flac' of sample 'k1': not audio or video"):
+        list(decode_media_samples([dict(s) for s in samples], specs))
+    stats, said = DecodeStats(), []
+    out = list(decode_media_samples([dict(s) for s in samples], specs, on_error="skip", stats=stats, warn=said.append))
+    assert [s["__key__"] for s in out] == ["k0", "k2"] and (stats.decoded, stats.skipped) == (2, 1)
+    assert out[0]["flac"].shape == (1, 2000) and out[0]["mp4"].shape == (2, 8, 8, 3) and "k1" in said[0]
+    with pytest.raises(DecodeError, match=r"no field ogg \(it has: flac, mp4\)"):
+        list(decode_media_samples([dict(samples[0])], {"ogg": AudioSpec()}))
+    for bad, message in (({"flac": 3}, "bad decode spec"), ({}, "bad media specs"), ({"a;b": AudioSpec(), "b": AudioSpec()},
+                                                                                    "two decode specs")):
+        with pytest.raises(OptionError, match=message):
+            list(decode_media_samples([], bad))  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match="bad on_error"):
+        list(decode_media_samples([], specs, on_error="skip-shard"))
