@@ -73,17 +73,21 @@ input, select, button { font: inherit; }
   background: none; border: 0; padding: 0; text-align: left; text-decoration: underline; }
 .where { color: #777; font-size: 12px; white-space: nowrap; }
 .field { margin: 3px 0; word-break: break-word; }
-.name { display: inline-block; min-width: 3em; margin-right: 6px; color: #666; font-family: ui-monospace, monospace; font-size: 12px; }
+.name { display: inline-block; min-width: 3em; margin-right: 6px; color: #666;
+  font-family: ui-monospace, monospace; font-size: 12px; }
 .thumb { display: block; max-width: 100%; max-height: 180px; margin: 2px auto; background: #eee; }
 .card audio, .card video { width: 100%; max-height: 180px; }
 .text { white-space: pre-wrap; }
 .card .text { display: -webkit-box; -webkit-line-clamp: 6; -webkit-box-orient: vertical; overflow: hidden; }
-pre { white-space: pre-wrap; word-break: break-word; background: #f7f7f7; padding: 6px; margin: 2px 0; max-height: 60vh; overflow: auto; }
+pre { white-space: pre-wrap; word-break: break-word; background: #f7f7f7; padding: 6px; margin: 2px 0;
+  max-height: 60vh; overflow: auto; }
 .card pre { max-height: 8em; overflow: hidden; font-size: 12px; }
 .muted { color: #888; }
-#detail { position: fixed; inset: 0; z-index: 5; background: rgba(0,0,0,.45); display: flex; justify-content: center; align-items: flex-start; overflow: auto; }
+#detail { position: fixed; inset: 0; z-index: 5; background: rgba(0,0,0,.45); display: flex;
+  justify-content: center; align-items: flex-start; overflow: auto; }
 #detail[hidden] { display: none; }
-#detailbox { position: relative; background: #fff; margin: 30px; padding: 16px; border-radius: 8px; max-width: 1100px; width: 100%; }
+#detailbox { position: relative; background: #fff; margin: 30px; padding: 16px; border-radius: 8px;
+  max-width: 1100px; width: 100%; }
 #close { position: absolute; right: 10px; top: 10px; }
 #detailbody img { max-width: 100%; }
 #detailbody video { max-width: 100%; }
@@ -174,7 +178,8 @@ JS = r"""
     const key = el("button", { type: "button", class: "key", title: "show every field" }, sample.key);
     key.addEventListener("click", () => showDetail(sample.shard, sample.pos));
     const node = el("div", { class: "card", "data-key": sample.key, "data-index": sample.index },
-      el("div", { class: "head" }, key, el("span", { class: "where" }, "#" + number(sample.index) + " · " + sample.shard_name)));
+      el("div", { class: "head" }, key,
+        el("span", { class: "where" }, "#" + number(sample.index) + " · " + sample.shard_name)));
     for (const f of sample.fields) node.append(fieldView(sample, f, false));
     return node;
   }
@@ -203,7 +208,8 @@ JS = r"""
     state.page = page.samples;
     $("grid").replaceChildren(...page.samples.map(card));
     const total = number(page.total) + (page.complete ? "" : "+");
-    $("dataset").textContent = number(page.shards) + " shard" + (page.shards === 1 ? "" : "s") + ", " + total + " samples";
+    $("dataset").textContent =
+      number(page.shards) + " shard" + (page.shards === 1 ? "" : "s") + ", " + total + " samples";
     showProblems(page.problems);
     const shown = page.samples;
     if (state.filter) {
@@ -229,14 +235,17 @@ JS = r"""
     }
     const body = $("detailbody");
     body.replaceChildren(el("h2", {}, sample.key),
-      el("div", { class: "where" }, "#" + number(sample.index) + " · " + sample.shard_name + " · sample " + sample.pos + " of the shard"));
+      el("div", { class: "where" },
+        "#" + number(sample.index) + " · " + sample.shard_name + " · sample " + sample.pos + " of the shard"));
     for (const f of sample.fields) {
       const view = fieldView(sample, f, true);
       view.append(el("span", { class: "muted" }, " " + size(f.size)));
       body.append(view);
     }
     $("detail").hidden = false;
-    for (const c of document.querySelectorAll(".card")) c.classList.toggle("current", c.dataset.index === String(sample.index));
+    for (const c of document.querySelectorAll(".card")) {
+      c.classList.toggle("current", c.dataset.index === String(sample.index));
+    }
   }
 
   function closeDetail() {

@@ -332,7 +332,8 @@ async def _api_find(request: web.Request) -> web.Response:
     if key is None or not key or len(key) > 4096:
         raise web.HTTPBadRequest(text="give the key to find: /api/find?key=KEY")
     found = await _blocking(request, catalog.find_key, key)
-    return web.json_response({"key": key, "matches": [{"shard": at.shard, "pos": at.pos, "index": at.position} for at in found]})
+    matches = [{"shard": at.shard, "pos": at.pos, "index": at.position} for at in found]
+    return web.json_response({"key": key, "matches": matches})
 
 
 def _describe_all(catalog: Catalog, found: list[Located]) -> list[dict[str, Any]]:

@@ -52,7 +52,8 @@ def test_thumbnails_decode(browser, module_viewer, console_errors_of):
     assert card_keys(browser)[:3] == ["s0/0000", "s0/0001", "s0/0002"]
     wait_for(browser, lambda d: d.execute_script(
         "return [...document.querySelectorAll('img.thumb')].every(i => i.complete)"), "images loaded")
-    widths = browser.execute_script("return [...document.querySelectorAll('img.thumb')].map(i => [i.naturalWidth, i.naturalHeight])")
+    widths = browser.execute_script(
+        "return [...document.querySelectorAll('img.thumb')].map(i => [i.naturalWidth, i.naturalHeight])")
     assert widths == [[48, 32]] * 50
     assert "samples #0 to #49 of 60" in status_text(browser)
     assert "2 shards, 60 samples" in browser.execute_script("return document.getElementById('dataset').textContent")
@@ -144,4 +145,39 @@ def test_data_is_shown_as_text_and_nothing_leaves(browser, module_viewer, datase
     origin = module_viewer.url
     resources = browser.execute_script("return performance.getEntriesByType('resource').map(r => r.name)")
     assert resources and all(r.startswith(origin + "/") for r in resources), resources
+    no_console_errors(browser, console_errors_of)
+
+
+def webm_bytes(frames: int = 10, rate: int = 10) -> bytes:
+    """A tiny VP8 video (64x48, ``frames`` frames at ``rate`` fps), encoded with PyAV."""
+    import io
+
+    av = pytest.importorskip("av")
+    np = pytest.importorskip("numpy")
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="webm") as container:
+        stream = container.add_stream("libvpx", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 20, np.uint8), format="rgb24")
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def test_video_plays_from_the_tar(browser, viewer, tmp_path, console_errors_of):
+    from tarproc import TarWriter
+
+    path = tmp_path / "video.tar"
+    with open(path, "wb") as f, TarWriter(f) as w:
+        w.write_sample({"__key__": "clip/0", "webm": webm_bytes(), "txt": b"ten frames"})
+    v = viewer([str(path)])
+    open_viewer(browser, v.url + "/", 1)
+    wait_for(browser, lambda d: d.execute_script(
+        "const v = document.querySelector('.card video'); return v && v.readyState >= 1"), "video metadata")
+    width, height, duration = browser.execute_script(
+        "const v = document.querySelector('.card video'); return [v.videoWidth, v.videoHeight, v.duration]")
+    assert (width, height) == (64, 48) and abs(duration - 1.0) < 0.15, duration
     no_console_errors(browser, console_errors_of)
