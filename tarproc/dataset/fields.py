@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..decode.audio import AudioSpec
-from ..decode.media import decode_media_fields
+from ..decode.media import decode_media_fields, parse_media_specs
 from ..decode.spec import AugmentSpec
 from ..decode.stage import DEFAULT_FIELDS, parse_field_list
 from ..decode.video import VideoSpec
@@ -241,27 +241,17 @@ def parse_decoding(decode: Any, image: str = DEFAULT_FIELDS, seed: int = 0) -> D
     if not isinstance(decode, Mapping):
         raise OptionError(f"bad decode {decode!r}; give an AugmentSpec, or a dict of field names to "
                           "AugmentSpec/AudioSpec/VideoSpec")
-    spec_image, fields, media = None, parse_field_list(image), []
-    taken: set[str] = set()
-    for names, spec in decode.items():
-        if not isinstance(names, str):
-            raise OptionError(f"bad decode field {names!r}; give field names like 'flac;wav'")
-        listed = parse_field_list(names)
-        for name in listed:
-            if name in taken:
-                raise OptionError(f"field {name!r} is in two decode specs")
-            taken.add(name)
-        if isinstance(spec, AugmentSpec):
-            if spec_image is not None:
-                raise OptionError("decode takes one AugmentSpec (the image field): give its fields as one key, "
-                                  "like 'jpg;png'")
-            if image != DEFAULT_FIELDS:
-                raise OptionError("give the image fields once: as the AugmentSpec's key in decode, or as image=")
-            spec_image, fields = seeded(spec), listed
-        elif isinstance(spec, (AudioSpec, VideoSpec)):
-            media.append((listed, seeded(spec)))
-        else:
-            raise OptionError(f"bad decode spec for {names!r}: {spec!r}; give an AugmentSpec, AudioSpec or VideoSpec")
+    images = [(names, spec) for names, spec in decode.items() if isinstance(spec, AugmentSpec)]
+    others = {names: spec for names, spec in decode.items() if not isinstance(spec, AugmentSpec)}
+    if len(images) > 1:
+        raise OptionError("decode takes one AugmentSpec (the image field): give its fields as one key, like 'jpg;png'")
+    if images and image != DEFAULT_FIELDS:
+        raise OptionError("give the image fields once: as the AugmentSpec's key in decode, or as image=")
+    spec_image, fields = (seeded(images[0][1]), parse_field_list(images[0][0])) if images else (None, parse_field_list(image))
+    media = [(names, seeded(spec)) for names, spec in parse_media_specs(others)] if others else []
+    for name in fields if images else ():
+        if any(name in names for names, _ in media):
+            raise OptionError(f"field {name!r} is in two decode specs")
     return Decoding(spec_image, fields, media)
 
 

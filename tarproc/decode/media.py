@@ -315,7 +315,8 @@ def parse_media_specs(specs: Mapping[str, Any]) -> list[tuple[list[str], Any]]:
         if not isinstance(names, str):
             raise OptionError(f"bad decode field {names!r}; give field names like 'flac;wav'")
         if not isinstance(spec, (AudioSpec, VideoSpec)):
-            raise OptionError(f"bad decode spec for {names!r}: {spec!r}; give an AudioSpec or VideoSpec")
+            raise OptionError(f"bad decode spec for {names!r}: {spec!r}; give an AudioSpec or VideoSpec "
+                              "(or, in a Dataset, an AugmentSpec for the image field)")
         listed = parse_field_list(names)
         for name in listed:
             if name in taken:
