@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MediaError, OptionError
-from .media import _ffmpeg_reason, import_av, is_wav, open_container, wav_header
+from .media import _audio_stream, _ffmpeg_reason, import_av, is_wav, open_container, wav_header
 
 DEFAULT_MAX_SECONDS = 3600.0
 MAX_CHANNELS = 64
@@ -170,9 +170,9 @@ def _read_av(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.
     """The first audio stream decoded by PyAV, at its own rate."""
     av = import_av()
     with open_container(data) as container:
-        if not container.streams.audio:
-            raise MediaError("no audio stream")
-        stream = container.streams.audio[0]
+        stream = _audio_stream(container)
+        if stream is None:
+            raise MediaError("no decoder for its audio stream" if container.streams.audio else "no audio stream")
         rate = stream.codec_context.sample_rate
         if not rate:
             raise MediaError("the audio stream has no sample rate")

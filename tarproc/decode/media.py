@@ -196,7 +196,7 @@ def open_container(data: bytes | bytearray | memoryview) -> Iterator[Any]:
         raise MediaError("no data" if kind == "empty" else f"not audio or video (the data looks like {kind})")
     av = import_av()
     try:
-        container = av.open(io.BytesIO(bytes(data)), mode="r")
+        container = av.open(io.BytesIO(bytes(data)), mode="r", metadata_errors="replace")
     except av.FFmpegError as e:
         raise MediaError(f"cannot read the media: {_ffmpeg_reason(e)}") from None
     except (ValueError, OSError, EOFError) as e:
@@ -209,9 +209,17 @@ def open_container(data: bytes | bytearray | memoryview) -> Iterator[Any]:
         container.close()
 
 
+def _audio_stream(container: Any) -> Any:
+    """The first audio stream FFmpeg has a decoder for, or None."""
+    return next((s for s in container.streams.audio if s.codec_context is not None), None)
+
+
 def _video_stream(container: Any) -> Any:
-    """The first video stream that is not an attached picture (an MP3's cover art), or None."""
+    """The first video stream that FFmpeg has a decoder for and that is not an attached picture
+    (an MP3's cover art), or None."""
     for stream in container.streams.video:
+        if stream.codec_context is None:  # a codec this FFmpeg doesn't know (or damage that looks like one)
+            continue
         disposition = getattr(stream, "disposition", 0)
         attached = getattr(type(disposition), "attached_pic", None)
         if attached is not None and disposition & attached:
@@ -245,8 +253,10 @@ def probe(data: bytes | bytearray | memoryview) -> MediaInfo:
         return MediaInfo("audio", h.codec, h.duration, h.sample_rate, h.channels, None, None, None)
     with open_container(data) as container:
         video = _video_stream(container)
-        audio = container.streams.audio[0] if container.streams.audio else None
+        audio = _audio_stream(container)
         if video is None and audio is None:
+            if container.streams.audio or container.streams.video:
+                raise MediaError("no decoder for its audio or video stream (an unknown codec, or damage)")
             raise MediaError(f"no audio or video stream (FFmpeg reads it as {container.format.name})")
         rate = channels = None
         if audio is not None:

@@ -418,3 +418,27 @@ def test_decode_media_samples_stage() -> None:
             list(decode_media_samples([], bad))  # type: ignore[arg-type]
     with pytest.raises(OptionError, match="bad on_error"):
         list(decode_media_samples([], specs, on_error="skip-shard"))
+
+
+def test_damaged_media_only_raise_media_errors() -> None:
+    """Seeded damage (bytes changed, cut, spliced) to real files: every outcome is a result or a
+    TarprocError, never another exception (an unknown codec's stream has no decoder context)."""
+    rng = random.Random(2)
+    files = [encode_audio(e, 0.3, 8000) for e in ("flac", "mp3", "opus", "m4a")]
+    files += [encode_video(e, frames=4, height=16, width=16) for e in ("mp4", "webm", "mkv")]
+    calls = (lambda d: probe(d), lambda d: decode_audio(d, AudioSpec(16000)),
+             lambda d: decode_video(d, VideoSpec(2, fps=4, size=(8, 8))), lambda d: poster_frame(d, 8))
+    for data in files:
+        for _ in range(25):
+            damaged = bytearray(data)
+            if rng.random() < 0.5:
+                for _ in range(rng.randint(1, 20)):
+                    damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+            else:
+                at = rng.randrange(len(damaged))
+                damaged = damaged[:at] + damaged[at + rng.randint(1, 400):]
+            for call in calls:
+                try:
+                    call(bytes(damaged))
+                except TarprocError:
+                    pass
