@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MediaError, OptionError
-from .media import _audio_stream, _ffmpeg_reason, import_av, is_wav, open_container, wav_header
+from .media import MAX_SAMPLE_RATE, _audio_stream, _ffmpeg_reason, import_av, is_wav, open_container, wav_header
 
 DEFAULT_MAX_SECONDS = 3600.0
 MAX_CHANNELS = 64
@@ -174,8 +174,8 @@ def _read_av(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.
         if stream is None:
             raise MediaError("no decoder for its audio stream" if container.streams.audio else "no audio stream")
         rate = stream.codec_context.sample_rate
-        if not rate:
-            raise MediaError("the audio stream has no sample rate")
+        if not rate or not 0 < rate <= MAX_SAMPLE_RATE:
+            raise MediaError(f"bad sample rate {rate} Hz in the audio stream's header")
         limit = spec.max_seconds * rate
         chunks: list[np.ndarray] = []
         total = 0

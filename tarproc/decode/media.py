@@ -37,6 +37,7 @@ AUDIO_EXTENSIONS: frozenset[str] = frozenset({"wav", "flac", "ogg", "oga", "opus
 VIDEO_EXTENSIONS: frozenset[str] = frozenset({"mp4", "m4v", "webm", "mkv", "mov", "avi"})
 MEDIA_EXTENSIONS: frozenset[str] = AUDIO_EXTENSIONS | VIDEO_EXTENSIONS
 INSTALL_HINT = "pip install 'tarproc[media]'"
+MAX_SAMPLE_RATE = 1 << 22  # Hz: a stored rate above this (4 MHz) is damage, not audio
 
 # what the sniffer recognises as something other than audio or video: FFmpeg would open some of
 # these (images as one-frame "video", text as subtitles), which is not what a media field means
@@ -166,7 +167,7 @@ def wav_header(data: bytes | bytearray | memoryview) -> WavHeader:
             tag, channels, rate, byte_rate, align, bits = struct.unpack_from("<HHIIHH", view, body)
             if tag == _EXTENSIBLE and size >= 40:
                 (tag,) = struct.unpack_from("<H", view, body + 24)  # the sub-format GUID's first two bytes
-            if channels == 0 or rate == 0 or align == 0:
+            if channels == 0 or not 0 < rate <= MAX_SAMPLE_RATE or align == 0:
                 raise MediaError(f"bad WAV fmt chunk at byte {pos}: {channels} channels, {rate} Hz, "
                                  f"block align {align}")
             fmt = (tag, channels, rate, byte_rate, align, bits)

@@ -137,6 +137,7 @@ def test_wav_needs_no_av(monkeypatch: pytest.MonkeyPatch) -> None:
     (b"RIFF\x10\x00\x00\x00WAVEfmt ", "cut short"),
     (b"RIFF\x04\x00\x00\x00WAVE", "cut short before its data chunk"),
     (_wav(struct.pack("<HHIIHH", 1, 0, 8000, 0, 0, 16), b""), "0 channels"),
+    (_wav(struct.pack("<HHIIHH", 1, 1, 3_000_000_000, 0, 2, 16), bytes(4)), "3000000000 Hz"),
     (b"RIFF" + struct.pack("<I", 12) + b"WAVEdata" + struct.pack("<I", 0), "before its fmt chunk"),
     (_wav(struct.pack("<HHIIHH", 1, 1, 8000, 16000, 2, 16), bytes(100), declared=16000), "declares 16000 bytes, 100 are present"),
 ])
