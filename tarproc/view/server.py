@@ -62,6 +62,7 @@ MAX_START = 10**15  # no dataset has more samples; a bigger number is a bad requ
 PREVIEW_CHARS = 600  # characters of a text field on a card
 MEDIA_CHUNK = 1 << 20  # bytes read at a time when sending a field
 MAX_WORKERS = 16  # threads reading for the requests at once
+SHUTDOWN_WAIT = 2.0  # seconds a stop waits for the requests in progress
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 _BAD_PATH = re.compile(r"\.\.|%2e|%2f|%5c|%00|\\|//", re.IGNORECASE)
@@ -524,7 +525,8 @@ def serve(urls: list[str], host: str = "127.0.0.1", port: int = 8000, quiet: boo
                 f"these shards (use --host 127.0.0.1 to keep them to this machine)")
     app = make_app(list(urls), allowed_hosts=LOOPBACK_NAMES if loopback else None)
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # a field being sent to a slow client holds the stop for at most SHUTDOWN_WAIT seconds
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_WAIT)
     stops = _Stops(loop)
     try:
         loop.run_until_complete(runner.setup())
@@ -585,8 +587,9 @@ class _Stops:
             loop.add_signal_handler(signum, self._stop, signum)
 
     def _stop(self, signum: int) -> None:
+        if not self.received:  # a second Ctrl-C while stopping changes nothing
+            self.loop.stop()
         self.received.append(signum)
-        self.loop.stop()
 
     def restore(self) -> None:
         import signal

@@ -493,7 +493,7 @@ def _start_server(args: list[str], tmp_path: Path, script: str | None = None) ->
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         text = (tmp_path / "stderr.txt").read_text()
-        found = re.search(r"serving 2 shards on (http://127\.0\.0\.1:(\d+)/) \(Ctrl-C to stop\)", text)
+        found = re.search(r"serving \d+ shards? on (http://127\.0\.0\.1:(\d+)/) \(Ctrl-C to stop\)", text)
         if found:
             return proc, found.group(1)
         if proc.poll() is not None:
@@ -528,6 +528,31 @@ def test_server_process_stops_cleanly(dataset, tmp_path, signum, status, word):
     assert f"tarshow: {word}" in stderr
     assert "Traceback" not in stderr
     assert proc.stdout is not None and proc.stdout.read() == b""  # data only on stdout: none here
+
+
+def test_stop_does_not_wait_for_a_stalled_download(dataset, tmp_path):
+    import socket
+
+    big = tmp_path / "big.tar"
+    with open(big, "wb") as f, TarWriter(f) as w:
+        w.write_sample({"__key__": "big", "bin": bytes(32 << 20)})
+    proc, url = _start_server([str(big), dataset.urls[0]], tmp_path)
+    try:
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as stalled:
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.sendall(b"GET /media/0/0/bin HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert stalled.recv(64).startswith(b"HTTP/1.1 200")  # and then read no more
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+            assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (tmp_path / "stderr.txt").read_text()
+    assert "Traceback" not in (tmp_path / "stderr.txt").read_text()
 
 
 def test_serve_returns_on_sigterm_without_a_handler(dataset, tmp_path):
