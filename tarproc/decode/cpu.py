@@ -282,8 +282,8 @@ def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, jpeg: JpegPlan, out: np.n
     if steps is None:  # the window lies wholly outside the rotated image: black
         steps = ((0, 0, 1, 1), (1, 1), (0.0, 0.0, -1e6, 0.0, 0.0, -1e6))
     box, (tw, th), to_step1 = steps
-    step1 = np.empty((th, tw, 3), np.uint8)
-    _jpeg.resample(array, array.shape[1], array.shape[0], box, tw, th, False, None, b"", 0, step1)
+    step1 = np.empty(th * tw * 3 + 1, np.uint8)  # a spare byte: warp's AVX2 path reads 4 bytes a pixel
+    _jpeg.resample(array, array.shape[1], array.shape[0], box, tw, th, False, None, b"", 0, step1[:-1])
     _jpeg.warp(step1, tw, th, to_step1, ow, oh, plan.flip, color, tables, mode, out)
     return out
 
