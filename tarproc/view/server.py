@@ -129,7 +129,9 @@ def _stderr(line: str) -> None:
 
 
 def _text(status: int, message: str) -> web.Response:
-    return web.Response(status=status, text=message + "\n", content_type="text/plain", charset="utf-8")
+    # a name that isn't UTF-8 (surrogate-escaped) is written escaped, not a failure to answer
+    body = (message + "\n").encode("utf-8", "backslashreplace")
+    return web.Response(status=status, body=body, content_type="text/plain", charset="utf-8")
 
 
 def _guard(allowed: frozenset[str] | None, log: Callable[[str], None]) -> Any:
