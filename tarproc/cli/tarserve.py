@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from ..errors import OptionError
 from ..transport.serve import LAST_BATCH, ServeConfig, serve
@@ -129,6 +130,7 @@ def main(
         output_field=output_field, labels=list(labels),
         fields=None if fields is None else fields.replace(",", " ").split(),
         last_batch=last_batch, senders=senders, on_error=on_error, checkpoint=checkpoint,
+        seed_given=click.get_current_context().get_parameter_source("seed") is not ParameterSource.DEFAULT,
         reading={"on_error": reading.on_error, "dup": reading.dup, "network": reading.network, **reading.tar},
         **transport,  # type: ignore[arg-type]
     )

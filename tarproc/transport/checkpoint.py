@@ -53,6 +53,16 @@ class Checkpoint:
         write_atomically(self.path, json.dumps(data, indent=1) + "\n")
 
 
+def saved_seed(path: str) -> int | None:
+    """The seed of the stream saved in ``path``, if it can be read (else None: ``load`` says why)."""
+    try:
+        with open(path) as f:
+            seed = json.load(f)["stream"]["seed"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return seed if type(seed) is int else None
+
+
 def load(path: str, stream: dict[str, Any]) -> Checkpoint | None:
     """The checkpoint in ``path`` (None when there is no file), checked against this ``stream``."""
     try:

@@ -31,7 +31,8 @@ from typing import Any
 
 from ..errors import TransportError, WireError
 from .curve import Handshakes, handshake_events
-from .urls import Endpoint, attach
+from .sockets import attach, close_sockets, open_socket, set_option
+from .urls import Endpoint
 from .wire import control, decode_ack, encode_batch
 
 _CONNECTION_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
@@ -159,14 +160,14 @@ class Delivery:
         import zmq
 
         router = endpoint.bind
-        sock = self._context.socket(zmq.ROUTER if router else zmq.DEALER)
+        sock = open_socket(self._context, zmq.ROUTER if router else zmq.DEALER, self._sockets)  # closed on any error
         # credit bounds the batches in flight; the high-water mark leaves room for control messages
-        sock.setsockopt(zmq.SNDHWM, hwm + 16 if self.acked else hwm)
-        sock.setsockopt(zmq.RCVHWM, 0)  # acks are small, and must never be refused
-        sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat * 1000)))
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat * 10_000)))
+        set_option(sock, zmq.SNDHWM, hwm + 16 if self.acked else hwm, endpoint)
+        set_option(sock, zmq.RCVHWM, 0, endpoint)  # acks are small, and must never be refused
+        set_option(sock, zmq.HEARTBEAT_IVL, max(1, int(heartbeat * 1000)), endpoint)
+        set_option(sock, zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat * 10_000)), endpoint)
         if router:
-            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a receiver that is gone is an error, not a drop
+            set_option(sock, zmq.ROUTER_MANDATORY, 1, endpoint)  # a receiver that is gone is an error, not a drop
         # no IMMEDIATE on a DEALER: with it, ZMQ throws away what a connection had received and
         # not yet been read when it closes (a receiver's last acknowledgements). Without it, what
         # was queued for a receiver that went away goes to the next one, before our hello: that
@@ -175,15 +176,8 @@ class Delivery:
             from .curve import make_server
 
             make_server(sock, keys)
-        monitor = sock.get_monitor_socket(_CONNECTION_EVENTS | handshake_events())
-        try:
-            attach(sock, endpoint)
-        except TransportError:
-            sock.close(0)
-            monitor.close(0)
-            raise
-        self._sockets.append(sock)
-        self._monitors.append(monitor)
+        self._monitors.append(sock.get_monitor_socket(_CONNECTION_EVENTS | handshake_events()))
+        attach(sock, endpoint)
         self._handshakes.append(Handshakes("sender", keys is not None, endpoint.url, endpoint.bind))
         self._routers.append(router)
         self._hello_sent.append(False)
@@ -202,6 +196,7 @@ class Delivery:
             self._service()
             if aborted():
                 say_aborted()
+                self._report(force=True)  # the acknowledgements read while saying it count too
                 return
             sent = False
             while self.redeliver:
@@ -499,8 +494,6 @@ class Delivery:
             time.sleep(0.02)
 
     def shutdown(self, linger: int) -> None:
-        for sock in self._sockets:
-            sock.close(linger)
-        for monitor in self._monitors:
-            monitor.close(0)
+        close_sockets(self._sockets, linger)
+        close_sockets(self._monitors)
 

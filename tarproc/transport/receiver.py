@@ -32,7 +32,8 @@ from typing import Any
 from ..errors import DatasetError, OptionError, TransportError, WireError
 from .curve import Handshakes, handshake_events
 from .sender import DEFAULT_HWM
-from .urls import attach, parse_endpoints
+from .sockets import MAX_C_INT, MAX_INT64, attach, close_sockets, destroy, open_socket, set_option
+from .urls import parse_endpoints
 from .wire import Batch, MessageError, decode, to_batch
 from .wire import ack as ack_message
 
@@ -158,6 +159,7 @@ class _Sender:
     final_sockets: set[int] = field(default_factory=set)
     taken: set[int] = field(default_factory=set)  # batch numbers the consumer took (the latest ones)
     taken_order: deque[int] = field(default_factory=deque)
+    paused: bool = False  # stopped politely, to be resumed from its checkpoint: waited for, however long
 
     def take(self, seq: int) -> bool:
         """Remember batch ``seq`` as taken; False if it was already."""
@@ -209,12 +211,12 @@ class Receiver:
         ack: str = "auto",
         max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
-        if hwm < 1:
-            raise OptionError(f"bad high-water mark {hwm}; must be >= 1")
+        if not 1 <= hwm <= MAX_C_INT:
+            raise OptionError(f"bad high-water mark {hwm}; must be from 1 to {MAX_C_INT}")
         if ack not in ("auto", "manual"):
             raise OptionError(f"bad acknowledgement mode {ack!r}; use auto or manual")
-        if max_message_size is not None and max_message_size < 1:
-            raise OptionError(f"bad maximum message size {max_message_size}; must be >= 1")
+        if max_message_size is not None and not 1 <= max_message_size <= MAX_INT64:
+            raise OptionError(f"bad maximum message size {max_message_size}; must be from 1 to {MAX_INT64}")
         self.endpoints = parse_endpoints(list(urls) if not isinstance(urls, str) else urls, sending=False)
         if reuse_memory:
             tune_malloc()
@@ -263,15 +265,15 @@ class Receiver:
             for endpoint in self.endpoints:
                 router = endpoint.kind == "pull" and endpoint.bind
                 kind = (zmq.ROUTER if router else zmq.DEALER) if endpoint.kind == "pull" else zmq.SUB
-                sock = self._context.socket(kind)
-                sock.setsockopt(zmq.RCVHWM, hwm)
-                sock.setsockopt(zmq.LINGER, 0)
+                sock = open_socket(self._context, kind, self._sockets)  # closed on any error
+                set_option(sock, zmq.RCVHWM, hwm, endpoint)
+                set_option(sock, zmq.LINGER, 0, endpoint)
                 if max_message_size is not None:
-                    sock.setsockopt(zmq.MAXMSGSIZE, max_message_size)
+                    set_option(sock, zmq.MAXMSGSIZE, max_message_size, endpoint)
                 if endpoint.kind == "sub":
-                    sock.setsockopt(zmq.SUBSCRIBE, b"")
+                    set_option(sock, zmq.SUBSCRIBE, b"", endpoint)
                 else:
-                    sock.setsockopt(zmq.SNDHWM, 0)  # acknowledgements are never dropped
+                    set_option(sock, zmq.SNDHWM, 0, endpoint)  # acknowledgements are never dropped
                 self._routers.append(router)
                 self._greeted.append(False)
                 self._dropped.append([])
@@ -280,14 +282,16 @@ class Receiver:
                     from .curve import make_client
 
                     make_client(sock, keys)
-                self._sockets.append(sock)
                 # before bind/connect, so that no handshake or connection goes unseen
                 events = handshake_events() | _CONNECTION_EVENTS
                 self._monitors.append(sock.get_monitor_socket(events))
                 self._handshakes.append(Handshakes("receiver", keys is not None, endpoint.url, endpoint.bind))
                 attach(sock, endpoint)
         except BaseException:
-            self.close()
+            self._closed = True
+            close_sockets(self._sockets + self._monitors)
+            if self._own_context:
+                destroy(self._context)
             raise
         self._poller = zmq.Poller()
         for sock in self._sockets + [m for m in self._monitors if m is not None]:
@@ -336,7 +340,7 @@ class Receiver:
                     yield batch
                     if self.ack_mode == "auto":  # the consumer asked for more: it took this one
                         self.ack(batch)
-                elif kind == "eof":
+                elif kind == "eof" and not header.get("aborted"):  # (a pause: the sender is waited for)
                     pending.add(header["epoch"])
                 for epoch in sorted(pending):
                     if self._epoch_ended(epoch):
@@ -542,6 +546,9 @@ class Receiver:
             self._groups[group] = max(header["senders"], self._groups.get(group, 0))
             self._group_seen.setdefault(group, now)
             self.stats.senders = len(self._senders)
+        if state.paused and sender_id != state.id:
+            state.paused = False
+            self.warn(f"sender {sender_id} resumed the stream of {state.id}")
         state.id = sender_id  # a restarted sender has a new process id
         state.last_heard = now
         state.sockets.add(index)
@@ -558,7 +565,10 @@ class Receiver:
         if kind == "eof":
             if header.get("aborted"):
                 reason = header.get("reason") or "interrupted"
-                raise TransportError(f"sender {sender_id} stopped before the end of its stream ({reason})", url)
+                if reason == "paused" and self.endpoints[index].kind == "pull":
+                    self._pause(state, index)
+                    return
+                raise TransportError(_stopped(sender_id, reason), url)
             epoch = header["epoch"]
             state.eofs[epoch] = (header["batches"], header["samples"])
             state.eof_sockets.setdefault(epoch, set()).add(index)
@@ -570,6 +580,15 @@ class Receiver:
                     self._ends.append((index, rid, epoch))
                     if self.ack_mode == "auto":
                         self.ack_end()
+
+    def _pause(self, state: _Sender, index: int) -> None:
+        """A sender paused (tarserve stopped politely, with a checkpoint): its connection may close
+        now, and it is waited for, without a timeout, until the same stream resumes."""
+        self._finals[index] += 1  # its hang-up is a goodbye (see _check_drops)
+        if not state.paused:
+            state.paused = True
+            self.warn(f"sender {state.id} paused: tarserve was stopped and saved its checkpoint; waiting for "
+                      "the stream to resume (run the same tarserve command again)")
 
     def _ack_end(self, index: int, rid: bytes, epoch: int) -> None:
         to = self._connections.get((index, rid))
@@ -669,7 +688,7 @@ class Receiver:
         if self.timeout is None:
             return
         for state in self._senders.values():
-            if not state.final and now - state.last_heard > self.timeout:
+            if not state.final and not state.paused and now - state.last_heard > self.timeout:
                 raise TransportError(f"sender {state.id} silent for {now - state.last_heard:.0f} s "
                                      "(no batch, no heartbeat): it died or its network is down")
         for group, size in self._groups.items():
@@ -726,6 +745,16 @@ def _dataset_class() -> type:
 
         _DATASET_CLASS.append(ReceiverDataset)
     return _DATASET_CLASS[0]
+
+
+def _stopped(sender: str, reason: str) -> str:
+    """What a receiver says of a sender that stopped before the end of its stream."""
+    if reason == "interrupted":
+        return (f"sender {sender} stopped before the end of its stream (interrupted): Ctrl-C or a signal, and "
+                "with no --checkpoint to resume from; what was received is not the whole stream")
+    if reason == "failed":
+        return f"sender {sender} stopped before the end of its stream (failed): see the sender's error"
+    return f"sender {sender} stopped before the end of its stream ({reason})"
 
 
 def _peer_of(fd: int) -> str:

@@ -37,7 +37,8 @@ from typing import Any
 from ..errors import OptionError, TransportError
 from .curve import Handshakes, handshake_events
 from .delivery import EMPTY, Delivery, Item, Progress
-from .urls import Endpoint, attach, parse_endpoints
+from .sockets import MAX_C_INT, attach, check_milliseconds, close_sockets, destroy, open_socket, set_option
+from .urls import Endpoint, parse_endpoints
 from .wire import control, encode_batch
 
 DEFAULT_HWM = 4
@@ -46,6 +47,19 @@ DEFAULT_SEND_TIMEOUT = 120.0
 PUB_EOF_REPEATS = 5
 _EVENTS, _POLLOUT = 15, 2  # zmq.EVENTS, zmq.POLLOUT (without importing zmq at module level)
 ABORT_WAIT = 2.0  # seconds an interrupted sender waits for its receivers to read that it stopped
+
+
+def check_sending(hwm: int, heartbeat: float, send_timeout: float | None) -> None:
+    """Usage errors in a sender's options: what ZMQ would refuse (or take wrong) once a socket is made."""
+    if not 1 <= hwm <= MAX_C_INT - 16:  # control messages get 16 more places
+        raise OptionError(f"bad high-water mark {hwm}; must be from 1 to {MAX_C_INT - 16}")
+    if not heartbeat > 0:
+        raise OptionError(f"bad heartbeat interval {heartbeat}; must be > 0")
+    check_milliseconds(heartbeat, "heartbeat interval", factor=10)  # its timeout is ten intervals
+    if send_timeout is not None:
+        if not send_timeout >= 0:
+            raise OptionError(f"bad send timeout {send_timeout}; must be >= 0 (None: wait for ever)")
+        check_milliseconds(send_timeout, "send timeout")  # closing lingers that long
 
 
 @dataclass
@@ -76,7 +90,10 @@ class Sender:
     Batches are numbered from ``start_seq``; numbers in ``skip`` (with their positions) are
     counted but not sent (they were acknowledged before a restart), and those below
     ``resend_below`` go out marked as sent again (they may have been); ``progress`` is called with a
-    ``delivery.Progress`` as acknowledgements come in (from the socket thread). ``hold``
+    ``delivery.Progress`` as acknowledgements come in (from the socket thread), and once more when
+    the sender stops. ``resumable`` (a checkpoint keeps the progress, and the same stream can be
+    started again from it): an interrupt (Ctrl-C, SIGTERM) that leaves the ``with`` block pauses
+    the stream instead of aborting it: receivers are told to wait for it to resume. ``hold``
     (an object with ``ended()``, true once every sender of the group has delivered all): a
     sender whose stream is delivered stays until then, telling receivers that connect (a
     restarted one) that it has ended, so they don't wait for it.
@@ -101,16 +118,15 @@ class Sender:
         resend_below: int = 0,
         progress: Callable[[Progress], None] | None = None,
         hold: Any = None,
+        resumable: bool = False,
     ) -> None:
         import zmq
 
-        if hwm < 1:
-            raise OptionError(f"bad high-water mark {hwm}; must be >= 1")
-        if heartbeat <= 0:
-            raise OptionError(f"bad heartbeat interval {heartbeat}; must be > 0")
+        check_sending(hwm, heartbeat, send_timeout)
         self.endpoints = parse_endpoints(list(urls) if not isinstance(urls, str) else urls, sending=True)
         self.send_timeout = send_timeout
         self.heartbeat = heartbeat
+        self.resumable = resumable
         self.id = f"{socketlib.gethostname()}:{os.getpid()}:{rank}"
         self.common = {
             "sender": self.id, "group": group or uuid.uuid4().hex, "rank": rank, "senders": senders,
@@ -153,11 +169,11 @@ class Sender:
                                           sent=lambda item, frames: self._count(item.keys, frames, item.redelivered))
             else:
                 for endpoint in self.endpoints:
-                    self._sockets.append(self._open(endpoint, hwm, heartbeat, keys))
+                    self._open(endpoint, hwm, heartbeat, keys)
                     self._seq.append(0)
                     self._greeted.append(False)
         except BaseException:
-            self._shutdown(linger=0)
+            self._shutdown(linger=0, failed=True)
             raise
         self._poller = zmq.Poller()
         for sock in self._sockets:
@@ -165,17 +181,17 @@ class Sender:
         self._thread = threading.Thread(target=self._run, name="tarproc-sender", daemon=True)
         self._thread.start()
 
-    def _open(self, endpoint: Endpoint, hwm: int, heartbeat: float, keys: Any) -> Any:
-        """A PUB socket (PUSH-style endpoints are ``Delivery``'s)."""
+    def _open(self, endpoint: Endpoint, hwm: int, heartbeat: float, keys: Any) -> None:
+        """A PUB socket, in ``_sockets`` (PUSH-style endpoints are ``Delivery``'s)."""
         import zmq
 
-        sock = self._context.socket(zmq.PUB)
-        sock.setsockopt(zmq.SNDHWM, hwm)
+        sock = open_socket(self._context, zmq.PUB, self._sockets)  # closed on any error
+        set_option(sock, zmq.SNDHWM, hwm, endpoint)
         # ZMTP heartbeats: a subscriber that vanished without closing (host down) is disconnected
-        sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat * 1000)))
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat * 10_000)))
+        set_option(sock, zmq.HEARTBEAT_IVL, max(1, int(heartbeat * 1000)), endpoint)
+        set_option(sock, zmq.HEARTBEAT_TIMEOUT, max(1, int(heartbeat * 10_000)), endpoint)
         if not endpoint.bind:
-            sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a receiver that isn't there
+            set_option(sock, zmq.IMMEDIATE, 1, endpoint)  # queue nothing for a receiver that isn't there
         if keys is not None:
             from .curve import make_server
 
@@ -183,15 +199,7 @@ class Sender:
         events = handshake_events()  # before bind/connect, so that no handshake goes unseen
         self._monitors.append(sock.get_monitor_socket(events) if events else None)
         self._handshakes.append(Handshakes("sender", keys is not None, endpoint.url, endpoint.bind))
-        try:
-            attach(sock, endpoint)
-        except TransportError:
-            sock.close(0)
-            monitor = self._monitors.pop()
-            self._handshakes.pop()
-            if monitor is not None:
-                monitor.close(0)
-            raise
+        attach(sock, endpoint)
         return sock
 
     # -- the caller's side ------------------------------------------------------------------------
@@ -230,7 +238,8 @@ class Sender:
     def close(self, *, abort: bool = False, reason: str = "interrupted") -> None:
         """End the stream and wait until everything queued has gone out, and the receivers have
         read it; or, with ``abort``, tell the receivers this sender stopped early (``reason``:
-        ``interrupted`` or ``failed``) and drop what is queued.
+        ``interrupted`` or ``failed``: they stop with an error; ``paused``: a stream that will be
+        resumed from a checkpoint, which they wait for) and drop what is queued.
 
         Without a final ``end_epoch``, ending the stream sends one: for the epoch of the last batch
         if it was not ended, else the last end of epoch again, now final.
@@ -268,7 +277,9 @@ class Sender:
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         # an error is not an end: receivers must not take a partial stream for a whole one
         failed = exc_type is not None and issubclass(exc_type, Exception)
-        self.close(abort=exc_type is not None, reason="failed" if failed else "interrupted")
+        # a resumable stream stopped politely (Ctrl-C, SIGTERM) is paused: its receivers wait
+        stopped = "paused" if self.resumable and self._delivery is not None else "interrupted"
+        self.close(abort=exc_type is not None, reason="failed" if failed else stopped)
 
     def _end_stream(self) -> None:
         if self._epoch_open or self._last_eof is None:
@@ -303,20 +314,22 @@ class Sender:
                 if reason is not None and not handshakes.succeeded:
                     raise TransportError(reason)
 
-    def _shutdown(self, linger: int) -> None:
+    def _shutdown(self, linger: int, failed: bool = False) -> None:
+        """Close the sockets (``failed``: a set-up error, linger 0, and an own context destroyed,
+        so that nothing it made can keep term waiting)."""
         if self._delivery is not None:
             # acknowledged: what matters has arrived (the end of the stream too), and what is left
             # queued (heartbeats, for a receiver that went) would hold the context for the linger
             self._delivery.shutdown(1000 if self._abort.is_set() else 0)
-        for sock in self._sockets:
-            sock.close(linger)
-        for monitor in self._monitors:
-            if monitor is not None:
-                monitor.close(0)
+        close_sockets(self._sockets, linger)
+        close_sockets(self._monitors)
         if self._auth is not None:
             self._auth.stop()
         if self._own_context:
-            self._context.term()
+            if failed:
+                destroy(self._context)
+            else:
+                self._context.term()
 
     # -- the socket thread ------------------------------------------------------------------------
 

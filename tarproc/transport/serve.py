@@ -16,6 +16,7 @@ import contextlib
 import multiprocessing
 import os
 import random
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,10 +31,11 @@ from ..stages import chunked, shuffle
 from ..tario import ReadStats
 from . import checkpoint as checkpoints
 from .delivery import Progress
-from .sender import DEFAULT_HEARTBEAT, DEFAULT_HWM, DEFAULT_SEND_TIMEOUT, Sender, SendStats
+from .sender import DEFAULT_HEARTBEAT, DEFAULT_HWM, DEFAULT_SEND_TIMEOUT, Sender, SendStats, check_sending
 from .urls import parse_endpoints
 
 LAST_BATCH = ("keep", "drop")
+STOP_SECONDS = 10.0  # after Ctrl-C or SIGTERM, how long tarserve waits for its sender processes to stop
 
 
 @dataclass
@@ -64,6 +66,7 @@ class ServeConfig:
     curve: str | None = None
     ack: bool = True  # PUSH-style endpoints: wait for receivers' acknowledgements
     checkpoint: str | None = None  # a file to save acknowledged positions in, and resume from
+    seed_given: bool = True  # False: ``seed`` was drawn at random, and a checkpoint's seed takes its place
 
     def stream(self, inputs: list[str]) -> dict[str, Any]:
         """What shapes the stream of batches (a checkpoint is only good for the same)."""
@@ -94,6 +97,7 @@ class ServeStats(SendStats):
 def check_config(inputs: list[str], config: ServeConfig) -> None:
     """Usage errors before anything starts."""
     endpoints = parse_endpoints(config.urls, sending=True)
+    check_sending(config.hwm, config.heartbeat, config.send_timeout)
     if config.batch_size < 1:
         raise OptionError(f"bad batch size {config.batch_size}; must be >= 1")
     if config.senders < 1:
@@ -137,14 +141,17 @@ def serve(
         config = replace(config, senders=len(inputs))
     started = time.monotonic()
     saved = None
-    if config.checkpoint is not None:
+    path = config.checkpoint
+    if path is not None:
+        seed = None if config.seed_given else checkpoints.saved_seed(path)
+        if seed is not None:  # the same command resumes: a seed drawn at random is the checkpoint's
+            config = replace(config, seed=seed, spec=None if config.spec is None else replace(config.spec, seed=seed))
         stream = config.stream(inputs)
-        saved = checkpoints.load(config.checkpoint, stream)
+        saved = checkpoints.load(path, stream)
         if saved is not None and saved.done:
-            raise OptionError(f"{config.checkpoint}: the checkpoint says the whole stream was delivered; "
-                              "remove it to send again")
+            raise OptionError(f"{path}: the checkpoint says the whole stream was delivered; remove it to send again")
         if saved is None:
-            saved = checkpoints.Checkpoint(config.checkpoint, uuid.uuid4().hex, stream)
+            saved = checkpoints.Checkpoint(path, uuid.uuid4().hex, stream)
             saved.save()  # now: a restart after a crash before the first acknowledgement is the same stream
     group = saved.group if saved is not None else uuid.uuid4().hex
     states = saved.ranks if saved is not None else {}
@@ -194,7 +201,7 @@ def _send_share(
         sender = Sender(urls, hwm=config.hwm, send_timeout=config.send_timeout, heartbeat=config.heartbeat,
                         curve=config.curve, rank=rank, senders=config.senders, group=group, ack=config.ack,
                         start_seq=resume.next, skip=resume.above, resend_below=resume.resend, progress=progress,
-                        hold=hold)
+                        hold=hold, resumable=config.checkpoint is not None)
         with sender:
             epoch = start.get("epoch", 0)
             while config.epochs is None or epoch < config.epochs:
@@ -331,36 +338,89 @@ class GroupEnd:
         return self._count.value >= self._senders  # type: ignore[no-any-return]
 
 
+def _stop_on_sigterm() -> None:
+    """A sender process's signals: Ctrl-C (SIGINT, sent to the whole process group) is the
+    parent's to handle, which stops its senders with SIGTERM; the first SIGTERM stops this one
+    as Ctrl-C would (with a checkpoint, a pause), and later ones must not cut that short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def _child(inputs: list[str], config: ServeConfig, rank: int, group: str, conn: Any, parent: int,
            warn: Callable[[str], None], report: Callable[[str], None] | None,
            resume: checkpoints.RankState | None, hold: GroupEnd) -> None:
-    from ..process import end_with_parent
-
-    end_with_parent(parent)
-
-    def progress(p: Progress) -> None:  # from the sender's socket thread; the parent saves it
-        conn.send(("progress", p, 0))
-
+    reply: tuple[str, Any, Any] = ("interrupted", None, 0)
     try:
+        _stop_on_sigterm()
+        from ..process import end_with_parent
+
+        end_with_parent(parent)
+
+        def progress(p: Progress) -> None:  # from the sender's socket thread; the parent saves it
+            conn.send(("progress", p, 0))
+
         sent, skipped = _send_share(inputs, config, rank, group, warn, report=report, resume=resume,
                                     progress=progress if config.checkpoint is not None else None, hold=hold)
-        conn.send(("ok", sent, skipped))
+        reply = ("ok", sent, skipped)
     except KeyboardInterrupt:
-        conn.send(("interrupted", None, 0))
+        reply = ("interrupted", None, 0)
     except TarprocError as e:
-        conn.send(("error", f"sender {rank}: {e}", isinstance(e, OptionError)))
+        reply = ("error", f"sender {rank}: {e}", isinstance(e, OptionError))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which owns the exit status
-        conn.send(("error", f"sender {rank}: internal error: {type(e).__name__}: {e}", False))
+        reply = ("error", f"sender {rank}: internal error: {type(e).__name__}: {e}", False)
+    try:
+        conn.send(reply)
+    except (OSError, KeyboardInterrupt):
+        pass  # the parent is gone, or stopping us: it has what it needs
     finally:
         conn.close()
+
+
+def _collect(pending: dict[Any, Any], ranks: dict[Any, int], stats: ServeStats, saved: checkpoints.Checkpoint | None,
+             until: float | None = None) -> None:
+    """Read the sender processes' pipes (saving their progress) until every one has ended, or
+    ``until`` (a time): the stop after an interrupt, when their errors no longer matter."""
+    from multiprocessing.connection import wait
+
+    while pending:
+        left = None if until is None else until - time.monotonic()
+        if left is not None and left <= 0:
+            return
+        for conn in wait(list(pending), timeout=left):
+            process = pending[conn]
+            try:
+                reply: tuple[str, Any, Any] = conn.recv()  # type: ignore[union-attr,call-arg,assignment]
+            except EOFError:
+                del pending[conn]
+                process.join()
+                if until is not None:
+                    continue
+                raise TransportError(f"sender process {process.name} died (exit status {process.exitcode})") from None
+            status, first, second = reply
+            if status == "progress":
+                if saved is not None:
+                    saved.ranks[ranks[conn]] = first
+                    saved.save()
+                continue
+            del pending[conn]
+            if until is not None:
+                continue
+            if status == "error":
+                raise OptionError(first) if second else TarprocError(first)
+            if status == "interrupted":
+                raise KeyboardInterrupt
+            stats.add(first, second)
 
 
 def _serve_in_processes(
     inputs: list[str], config: ServeConfig, group: str, warn: Callable[[str], None],
     report: Callable[[str], None] | None, stats: ServeStats, saved: checkpoints.Checkpoint | None,
 ) -> None:
-    from multiprocessing.connection import wait
-
     method = "fork" if os.uname().sysname == "Linux" else "spawn"
     context: Any = multiprocessing.get_context(method)
     children = []
@@ -379,30 +439,27 @@ def _serve_in_processes(
             children.append(process)
             pending[receive] = process
             ranks[receive] = rank
-        while pending:
-            for conn in wait(list(pending)):
-                process = pending[conn]
-                try:
-                    reply: tuple[str, Any, Any] = conn.recv()  # type: ignore[union-attr,call-arg,assignment]
-                except EOFError:
-                    process.join()
-                    raise TransportError(f"sender process {process.name} died (exit status {process.exitcode})") \
-                        from None
-                status, first, second = reply
-                if status == "progress":
-                    if saved is not None:
-                        saved.ranks[ranks[conn]] = first
-                        saved.save()
-                    continue
-                del pending[conn]
-                if status == "error":
-                    raise OptionError(first) if second else TarprocError(first)
-                if status == "interrupted":
-                    raise KeyboardInterrupt
-                stats.add(first, second)
+        try:
+            _collect(pending, ranks, stats, saved)
+        except BaseException as e:
+            if isinstance(e, Exception):
+                raise
+            # Ctrl-C or SIGTERM: each sender stops (with a checkpoint: pauses, telling its receivers),
+            # and what they say until they are gone is saved
+            for process in children:
+                if process.is_alive() and process.pid is not None:
+                    with contextlib.suppress(OSError):
+                        os.kill(process.pid, signal.SIGTERM)
+            with contextlib.suppress(Exception):
+                _collect(pending, ranks, stats, saved, until=time.monotonic() + STOP_SECONDS)
+            raise
     finally:
         for process in children:
             if process.is_alive():
                 process.terminate()
-        for process in children:
-            process.join()
+        deadline = time.monotonic() + STOP_SECONDS
+        for process in children:  # a sender stopping takes a few seconds at most: never wait for ever
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()

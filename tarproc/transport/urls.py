@@ -13,10 +13,10 @@ A bind with no host (``zpull://:7880``) binds 127.0.0.1 only: listening on every
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
-from typing import Any
 
-from ..errors import OptionError, TransportError
+from ..errors import OptionError
 from ..sources import expand_braces
 
 PATTERNS = {
@@ -32,6 +32,8 @@ PATTERNS = {
 }
 SENDING = ("push", "pub")
 RECEIVING = ("pull", "sub")
+# the longest path of a Unix socket (sockaddr_un.sun_path, less its terminating NUL)
+IPC_PATH_MAX = 103 if sys.platform == "darwin" or "bsd" in sys.platform else 107
 _URL = re.compile(r"^(?P<scheme>z[a-z]+)(?P<ipc>\+ipc)?://(?P<rest>.*)$")
 
 
@@ -73,6 +75,9 @@ def parse_endpoint(url: str) -> Endpoint:
     if match["ipc"]:
         if not rest:
             raise OptionError(f"bad ZMQ URL {url!r}: no ipc path")
+        if len(rest.encode()) > IPC_PATH_MAX:
+            raise OptionError(f"bad ZMQ URL {url!r}: the ipc path is {len(rest.encode())} bytes, over the "
+                              f"{IPC_PATH_MAX} a Unix socket's path may have; use a shorter one")
         return Endpoint(url, kind, bind, f"ipc://{rest}")
     host, sep, port = rest.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
@@ -118,20 +123,6 @@ def _with_pattern(url: str, default: str) -> str:
     if url.startswith("ipc://"):
         return f"{default}+ipc://{url[6:]}"
     return url
-
-
-def attach(sock: Any, endpoint: Endpoint) -> None:
-    """Bind or connect ``sock`` as ``endpoint`` says; a failure is a ``TransportError`` naming it."""
-    import zmq
-
-    try:
-        if endpoint.bind:
-            sock.bind(endpoint.address)
-        else:
-            sock.connect(endpoint.address)
-    except zmq.ZMQError as e:
-        verb = "bind" if endpoint.bind else "connect to"
-        raise TransportError(f"cannot {verb} {endpoint.address}: {e}", endpoint.url) from None
 
 
 def is_zmq_url(text: str) -> bool:
