@@ -57,7 +57,10 @@ its consumer takes, so a slow receiver slows tarserve down, and the batches a re
 it died go to another receiver or to its replacement, marked as sent again: nothing is lost while
 a receiver is there or comes back within --send-timeout (it costs no measurable speed: make
 bench). --checkpoint FILE saves what was acknowledged; the same command with the same FILE
-resumes there (the stream is the same: shuffles and batches come from --seed).
+resumes there (the stream is the same: shuffles and batches come from --seed, or from the seed
+FILE saved). With --checkpoint a polite stop (Ctrl-C, SIGTERM) is a pause: tarserve saves FILE
+and tells the receivers, which wait until the same command is run again. Over ipc:// a decoded
+batch goes through shared memory, not the socket.
 """
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import TransportError, WireError
 from .curve import Handshakes, handshake_events
-from .sockets import attach, close_sockets, open_socket, set_option
+from .sockets import attach, close_sockets, monitor_event, open_socket, set_option
 from .urls import Endpoint
 from .wire import control, decode_ack, encode_batch
 
@@ -60,6 +60,15 @@ class Item:
     redelivered: bool = False
     largest: int = -1  # bytes in its largest frame (the header's too), once encoded
     tries: int = 0  # receivers it was given to that went away before acknowledging it
+    shared: dict[str, Any] = field(default_factory=dict)  # tensor name -> shm.SharedBlock holding it
+    shared_bytes: int = 0  # tensor bytes the last receiver it went to mapped from shared memory
+
+    def release(self) -> None:
+        """Its shared-memory blocks leave their ring (never written to again: a receiver that went
+        away may have held them, or their bytes go inline); its arrays stay valid."""
+        for block in self.shared.values():
+            block.release()
+        self.shared = {}
 
 
 @dataclass
@@ -73,6 +82,7 @@ class Peer:
     max_frame: int | None = None
     unacked: dict[int, Item] = field(default_factory=dict)
     final_acked: bool = False
+    shm: bool = False  # it maps batches in shared memory (a receiver on this host, over ipc)
 
 
 @dataclass
@@ -138,6 +148,7 @@ class Delivery:
         self._resend = start_seq  # what the last report said may have been sent (see Progress)
         self._last_eof: dict[str, Any] | None = None  # said to receivers that come before the next batch
         self._last_beat = time.monotonic()
+        self._held: Item | None = None  # the batch the socket thread took last (see shutdown)
         try:
             for endpoint in endpoints:
                 self._open(endpoint, hwm, heartbeat, keys)
@@ -209,6 +220,8 @@ class Delivery:
                 item, have_item = take(IDLE_SECONDS), True  # waits only while nothing is queued
                 if item is EMPTY:
                     item, have_item = None, False
+                elif item is not None and item[0] == "batch":
+                    self._held = item[1]  # released at shutdown if it never goes out
             waiting = bool(self.redeliver)
             if have_item and not self.redeliver:
                 if item is None:  # the end of the stream: wait until it is acknowledged
@@ -245,12 +258,9 @@ class Delivery:
     def _service(self) -> None:
         """Read what came in (acks, monitor events), greet, probe, and send heartbeats."""
         import zmq
-        from zmq.utils.monitor import recv_monitor_message
-
         for index, monitor in enumerate(self._monitors):
             while monitor.poll(0):
-                message = recv_monitor_message(monitor, zmq.NOBLOCK)
-                self._connection_event(index, message["event"], message["value"])
+                self._connection_event(index, *monitor_event(monitor, zmq.NOBLOCK))
         for index, sock in enumerate(self._sockets):
             while sock.poll(0):
                 frames = sock.recv_multipart(copy=False)
@@ -317,6 +327,7 @@ class Delivery:
         peer.credit = min(peer.credit + ack["credit"], self.hwm)  # more would hold batches in memory unbounded
         if "max_frame" in ack and ack["max_frame"] >= MIN_FRAME:
             peer.max_frame = ack["max_frame"]
+            peer.shm = ack.get("shm") is True and self.endpoints[index].address.startswith("ipc://")
         for seq in ack["seqs"]:
             item = peer.unacked.pop(seq, None)
             if item is not None:
@@ -337,6 +348,7 @@ class Delivery:
             return
         items = sorted(peer.unacked.values(), key=lambda item: item.seq)
         for item in items:
+            item.release()  # its receiver may have mapped (and unlinked) it: it goes inline now
             item.redelivered = True
             item.tries += 1
             if item.tries >= MAX_TRIES:
@@ -347,6 +359,8 @@ class Delivery:
         self.redeliver.extendleft(reversed(items))  # in their order, before anything new
 
     def _acknowledged(self, item: Item) -> None:
+        for block in item.shared.values():  # never sent again: the ring has it back once the
+            block.held = False  # receiver's consumer lets go of it too
         self._positions[item.seq] = item.pos
         self._above.add(item.seq)
         while self._next_ack in self._above:
@@ -408,11 +422,24 @@ class Delivery:
             peer = peers[(self._turn + turn) % len(peers)]
             if (self.acked and peer.credit <= 0) or not fits(peer):
                 continue
+            # shared memory: only to a receiver on this host that takes it, and that acknowledges it
+            # (the file must stay until it has been mapped)
+            shared = None
+            if item.shared and peer.shm and self.acked:
+                for block in item.shared.values():
+                    block.lend()
+                shared = {name: block.descriptor() for name, block in item.shared.items()}
+            elif item.shared:
+                item.release()  # inline: ZMQ sends from the block, which must not be written to again
             frames = encode_batch(item.keys, item.tensors, text=item.text, bfloat16=item.bfloat16, **self.common,
                                   epoch=item.epoch, seq=item.seq, dest=peer.index, acked=self.acked,
-                                  redelivered=item.redelivered, **({"pos": item.pos} if item.pos else {}))
+                                  redelivered=item.redelivered, shared=shared,
+                                  **({"pos": item.pos} if item.pos else {}))
             item.largest = max(len(memoryview(f)) for f in frames)
+            item.shared_bytes = sum(_as_nbytes(item.tensors[name]) for name in shared) if shared else 0
             if not fits(peer):
+                for block in item.shared.values():
+                    block.unlend()
                 continue
             if self._progress is not None and item.seq >= self._resend:  # write-ahead (see Progress)
                 self._resend = item.seq + 1 + self.hwm * max(4, 2 * len(self.peers))
@@ -420,6 +447,8 @@ class Delivery:
             if self._last_eof is not None and item.epoch != self._last_eof["epoch"]:
                 self._last_eof = None  # a batch of a later epoch: that end is old news
             if not self._send(peer.index, peer.rid, frames, copy=False):
+                for block in item.shared.values():
+                    block.unlend()
                 continue
             self._turn = (self._turn + turn + 1) % len(peers)
             if self.acked:
@@ -494,6 +523,13 @@ class Delivery:
             time.sleep(0.02)
 
     def shutdown(self, linger: int) -> None:
+        held = [self._held] if self._held is not None else []
+        for item in [*held, *self.redeliver, *(i for p in self.peers.values() for i in p.unacked.values())]:
+            item.release()
         close_sockets(self._sockets, linger)
         close_sockets(self._monitors)
 
+
+
+def _as_nbytes(value: Any) -> int:
+    return int(getattr(value, "nbytes", 0))

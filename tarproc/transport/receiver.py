@@ -32,7 +32,8 @@ from typing import Any
 from ..errors import DatasetError, OptionError, TransportError, WireError
 from .curve import Handshakes, handshake_events
 from .sender import DEFAULT_HWM
-from .sockets import MAX_C_INT, MAX_INT64, attach, close_sockets, destroy, open_socket, set_option
+from .shm import available as shm_available
+from .sockets import MAX_C_INT, MAX_INT64, attach, close_sockets, destroy, monitor_event, open_socket, set_option
 from .urls import parse_endpoints
 from .wire import Batch, MessageError, decode, to_batch
 from .wire import ack as ack_message
@@ -193,7 +194,8 @@ class Receiver:
     ``ack``: ``"auto"`` acknowledges a batch when the consumer asks for the next one,
     ``"manual"`` when it calls ``ack(batch)``. ``max_message_size``: the largest frame accepted
     (bytes; ``None``: no limit); ZMQ drops a connection that sends a bigger one, and a tarproc
-    sender told the limit refuses to send it.
+    sender told the limit refuses to send it. ``shared_memory``: on ``ipc://`` endpoints, take
+    batches a sender on this host put in shared memory (no copy through the socket; see ``shm``).
     """
 
     def __init__(
@@ -210,6 +212,7 @@ class Receiver:
         reuse_memory: bool = True,
         ack: str = "auto",
         max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
+        shared_memory: bool = True,
     ) -> None:
         if not 1 <= hwm <= MAX_C_INT:
             raise OptionError(f"bad high-water mark {hwm}; must be from 1 to {MAX_C_INT}")
@@ -236,6 +239,7 @@ class Receiver:
         # (socket, routing id) -> the sender id and group that said hello there
         self._connections: dict[tuple[int, bytes], tuple[str, str]] = {}
         self._greeted: list[bool] = []  # DEALER sockets: the greeting went out on this connection
+        self._shm: list[bool] = []  # sockets that take batches in shared memory
         self._routers: list[bool] = []
         self._acks: dict[tuple[int, bytes], list[int]] = {}  # acknowledgements to send, by connection
         self._peers_by_fd: dict[int, str] = {}  # accepted connections' addresses, for messages
@@ -275,6 +279,8 @@ class Receiver:
                 else:
                     set_option(sock, zmq.SNDHWM, 0, endpoint)  # acknowledgements are never dropped
                 self._routers.append(router)
+                # a peer over ipc is on this host: it may put batches in shared memory (see shm.py)
+                self._shm.append(shared_memory and endpoint.address.startswith("ipc://") and shm_available())
                 self._greeted.append(False)
                 self._dropped.append([])
                 self._finals.append(0)
@@ -436,7 +442,8 @@ class Receiver:
 
     def _greet(self, index: int, rid: bytes) -> bool:
         """Give a sender credit for ``hwm`` batches, and say the largest frame we take."""
-        return self._reply(index, rid, ack_message(self.id, credit=self.hwm, max_frame=self.max_message_size))
+        return self._reply(index, rid, ack_message(self.id, credit=self.hwm, max_frame=self.max_message_size,
+                                                   shm=self._shm[index]))
 
     def _reply(self, index: int, rid: bytes, message: list[bytes]) -> bool:
         """Send ``message`` to the sender at (socket, routing id), without waiting; False if it
@@ -492,7 +499,7 @@ class Receiver:
                 rid, frames = frames[0].bytes, frames[1:]
             url = self.endpoints[index].url
             try:
-                message = decode(frames, url)
+                message = decode(frames, url, shm=self._shm[index])
                 message.connection = (index, rid)
                 if not self._announced(message, index, rid):
                     continue
@@ -636,16 +643,14 @@ class Receiver:
         """A failed handshake over keys is an error on a socket no peer has got through on yet
         (the keys don't match: waiting would be for ever); later, only a warning (a stray or
         misconfigured client must not stop a stream that works)."""
-        from zmq.utils.monitor import recv_monitor_message
-
         for index, monitor in enumerate(self._monitors):
             while monitor is not None and monitor.poll(0):
-                event = recv_monitor_message(monitor)
+                event, value = monitor_event(monitor)
                 handshakes = self._handshakes[index]
-                if event["event"] & _CONNECTION_EVENTS:
-                    self._connection_event(index, event["event"], event["value"])
+                if event & _CONNECTION_EVENTS:
+                    self._connection_event(index, event, value)
                     continue
-                reason = handshakes.failure(event["event"], event["value"])
+                reason = handshakes.failure(event, value)
                 if reason is None:
                     if handshakes.doubt and not handshakes.succeeded and handshakes.doubt not in self._handshake_warned:
                         self._handshake_warned.add(handshakes.doubt)  # said once: port scans repeat

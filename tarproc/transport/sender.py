@@ -37,7 +37,16 @@ from typing import Any
 from ..errors import OptionError, TransportError
 from .curve import Handshakes, handshake_events
 from .delivery import EMPTY, Delivery, Item, Progress
-from .sockets import MAX_C_INT, attach, check_milliseconds, close_sockets, destroy, open_socket, set_option
+from .sockets import (
+    MAX_C_INT,
+    attach,
+    check_milliseconds,
+    close_sockets,
+    destroy,
+    monitor_event,
+    open_socket,
+    set_option,
+)
 from .urls import Endpoint, parse_endpoints
 from .wire import control, encode_batch
 
@@ -47,6 +56,9 @@ DEFAULT_SEND_TIMEOUT = 120.0
 PUB_EOF_REPEATS = 5
 _EVENTS, _POLLOUT = 15, 2  # zmq.EVENTS, zmq.POLLOUT (without importing zmq at module level)
 ABORT_WAIT = 2.0  # seconds an interrupted sender waits for its receivers to read that it stopped
+# a pause is worth more patience: a receiver that does not hear of it takes the sender for dead
+# (the wait ends as soon as every receiver has been told)
+PAUSE_WAIT = 10.0
 
 
 def check_sending(hwm: int, heartbeat: float, send_timeout: float | None) -> None:
@@ -128,7 +140,7 @@ class Sender:
         self.heartbeat = heartbeat
         self.resumable = resumable
         self.id = f"{socketlib.gethostname()}:{os.getpid()}:{rank}"
-        self.common = {
+        self.common: dict[str, Any] = {
             "sender": self.id, "group": group or uuid.uuid4().hex, "rank": rank, "senders": senders,
         }
         self.stats = SendStats()
@@ -166,7 +178,8 @@ class Sender:
                 self._delivery = Delivery(self._context, self.endpoints, hwm=hwm, heartbeat=heartbeat,
                                           send_timeout=send_timeout, common=self.common, keys=keys, acked=ack,
                                           start_seq=start_seq, done=self._skip, progress=progress, hold=hold,
-                                          sent=lambda item, frames: self._count(item.keys, frames, item.redelivered))
+                                          sent=lambda item, frames: self._count(item.keys, frames, item.redelivered,
+                                                                                item.shared_bytes))
             else:
                 for endpoint in self.endpoints:
                     self._open(endpoint, hwm, heartbeat, keys)
@@ -205,17 +218,26 @@ class Sender:
     # -- the caller's side ------------------------------------------------------------------------
 
     def send(self, keys: list[str], tensors: dict[str, Any], *, epoch: int, text: Iterable[str] = (),
-             bfloat16: Iterable[str] = (), pos: dict[str, Any] | None = None) -> None:
+             bfloat16: Iterable[str] = (), pos: dict[str, Any] | None = None,
+             shared: dict[str, Any] | None = None) -> None:
         """Queue one batch (see ``wire.encode_batch`` for what ``tensors`` may hold); ``pos``
         says where the stream is after it (``epoch``, ``batch`` and ``sample`` of the epoch, the
-        ``shard`` and ``index`` of its last sample) for receivers and checkpoints."""
+        ``shard`` and ``index`` of its last sample) for receivers and checkpoints. ``shared``
+        maps tensors to the ``shm.SharedBlock`` whose array they are: a receiver on this host
+        maps it instead of receiving its bytes (the sender releases the blocks)."""
+        shared = dict(shared or {})
         if self._delivery is not None:
             seq = self._next_seq
             self._next_seq += 1
-            if seq not in self._skip:
-                self._put(("batch", Item(seq, keys, tensors, epoch, tuple(text), tuple(bfloat16), pos,
-                                         redelivered=seq < self._resend_below)))
+            item = Item(seq, keys, tensors, epoch, tuple(text), tuple(bfloat16), pos,
+                        redelivered=seq < self._resend_below, shared=shared)
+            if seq in self._skip:
+                item.release()
+            else:
+                self._put(("batch", item))
         else:
+            for block in shared.values():  # PUB: bytes on the wire (the mapping stays ours)
+                block.release()
             self._put(("batch", keys, tensors, epoch, tuple(text), tuple(bfloat16)))
         self._epoch_counts[0] += 1
         self._epoch_counts[1] += len(keys)
@@ -262,12 +284,13 @@ class Sender:
                 self._thread.join()
             else:
                 self._abort.set()
-                self._thread.join(timeout=2 * self.heartbeat + 1)
+                self._thread.join(timeout=2 * self.heartbeat + 1 + self._say_wait())
         finally:
             # closing waits (up to the send timeout) until the queued messages are delivered
             clean = not abort and self._error is None
-            # an aborting sender gets a second to deliver its "interrupted" message
-            self._shutdown(linger=(-1 if self.send_timeout is None else int(self.send_timeout * 1000)) if clean else 1000)
+            # an aborting sender gets a moment to deliver its "interrupted" or "paused" message
+            self._shutdown(linger=(-1 if self.send_timeout is None else int(self.send_timeout * 1000)) if clean
+                           else int(1000 * self._say_wait()))
         if not abort and self._error is not None:
             raise self._error
 
@@ -280,6 +303,10 @@ class Sender:
         # a resumable stream stopped politely (Ctrl-C, SIGTERM) is paused: its receivers wait
         stopped = "paused" if self.resumable and self._delivery is not None else "interrupted"
         self.close(abort=exc_type is not None, reason="failed" if failed else stopped)
+
+    def _say_wait(self) -> float:
+        """How long the socket thread may take to tell receivers the stream stopped."""
+        return PAUSE_WAIT if self._abort_reason == "paused" else ABORT_WAIT / 2
 
     def _end_stream(self) -> None:
         if self._epoch_open or self._last_eof is None:
@@ -304,13 +331,11 @@ class Sender:
         """Stop on a handshake that failed over keys before any subscriber got through on that
         socket (later ones: a stray client, ignored)."""
         import zmq
-        from zmq.utils.monitor import recv_monitor_message
-
         for index, monitor in enumerate(self._monitors):
             while monitor is not None and monitor.poll(0):
-                message = recv_monitor_message(monitor, zmq.NOBLOCK)
+                event, value = monitor_event(monitor, zmq.NOBLOCK)
                 handshakes = self._handshakes[index]
-                reason = handshakes.failure(message["event"], message["value"])
+                reason = handshakes.failure(event, value)
                 if reason is not None and not handshakes.succeeded:
                     raise TransportError(reason)
 
@@ -320,9 +345,18 @@ class Sender:
         if self._delivery is not None:
             # acknowledged: what matters has arrived (the end of the stream too), and what is left
             # queued (heartbeats, for a receiver that went) would hold the context for the linger
-            self._delivery.shutdown(1000 if self._abort.is_set() else 0)
+            # (a stop's message waits behind the batches a slow receiver has not read yet: it gets
+            # a moment to go out, a pause more, since a receiver that misses it takes us for dead)
+            self._delivery.shutdown(int(1000 * self._say_wait()) if self._abort.is_set() else 0)
         close_sockets(self._sockets, linger)
         close_sockets(self._monitors)
+        while True:  # batches queued and never taken: their shared-memory files go too
+            try:
+                queued = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(queued, tuple) and queued[0] == "batch" and isinstance(queued[1], Item):
+                queued[1].release()
         if self._auth is not None:
             self._auth.stop()
         if self._own_context:
@@ -333,14 +367,15 @@ class Sender:
 
     # -- the socket thread ------------------------------------------------------------------------
 
-    def _count(self, keys: list[str], frames: list[Any], redelivered: bool = False) -> None:
-        """A batch went out (a second time: ``redelivered``, counted apart)."""
+    def _count(self, keys: list[str], frames: list[Any], redelivered: bool = False, shared: int = 0) -> None:
+        """A batch went out (a second time: ``redelivered``, counted apart); ``shared``: bytes of
+        its tensors that went in shared memory, not in frames."""
         if redelivered:
             self.stats.redelivered += 1
             return
         self.stats.batches += 1
         self.stats.samples += len(keys)
-        self.stats.bytes += sum(len(memoryview(f)) for f in frames[1:])
+        self.stats.bytes += sum(len(memoryview(f)) for f in frames[1:]) + shared
 
     def _take(self, timeout: float) -> Any:
         try:
@@ -353,7 +388,7 @@ class Sender:
             try:
                 delivery = self._delivery
                 delivery.run(self._take, self._abort.is_set,
-                             lambda: delivery.say_aborted(self._abort_reason, ABORT_WAIT / 2))
+                             lambda: delivery.say_aborted(self._abort_reason, self._say_wait()))
             except BaseException as e:  # reported to the caller by the next send/close
                 self._error = e
                 with contextlib.suppress(Exception):  # receivers must not wait for a stream that stopped

@@ -25,17 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, SampleError, TarprocError, TransportError
+from ..errors import DecodeError, OptionError, SampleError, TarprocError, TransportError
 from ..samples import Sample, field_names, read_samples
 from ..stages import chunked, shuffle
 from ..tario import ReadStats
 from . import checkpoint as checkpoints
 from .delivery import Progress
 from .sender import DEFAULT_HEARTBEAT, DEFAULT_HWM, DEFAULT_SEND_TIMEOUT, Sender, SendStats, check_sending
+from .shm import SharedRing
+from .shm import available as shm_available
 from .urls import parse_endpoints
 
 LAST_BATCH = ("keep", "drop")
-STOP_SECONDS = 10.0  # after Ctrl-C or SIGTERM, how long tarserve waits for its sender processes to stop
+STOP_SECONDS = 20.0  # after Ctrl-C or SIGTERM, how long tarserve waits for its sender processes to stop
 
 
 @dataclass
@@ -185,11 +187,14 @@ def _send_share(
     resume = resume or checkpoints.RankState()
     start = resume.pos or {}
     endpoints = parse_endpoints(config.urls, sending=True)
+    # receivers on this host (ipc) may map batches from shared memory rather than receive them
+    shm = config.ack and all(e.kind == "push" and e.address.startswith("ipc://") for e in endpoints) and shm_available()
     urls = [e.url for e in endpoints]
     if any(e.bind for e in endpoints) and config.senders > 1:
         urls = urls[rank::config.senders]
     decoder = None
     decode_stats = None
+    ring = SharedRing() if shm and not config.raw else None
     if not config.raw:
         from ..decode import DecodeStats, make_decoder
 
@@ -221,17 +226,20 @@ def _send_share(
                 batch, sent = here.get("batch", 0), here.get("sent", 0)
                 sender.start_epoch(batch, sent)
                 with contextlib.closing(samples):  # type: ignore[type-var]
-                    for keys, tensors, text, last in _batches(samples, config, decoder, decode_stats, epoch, warn):
+                    for keys, tensors, text, last, shared in _batches(samples, config, decoder, decode_stats, epoch,
+                                                                      warn, ring):
                         batch, sent = batch + 1, sent + len(keys)
                         pos = {"epoch": epoch, "batch": batch, "sample": last["__input__"] + 1, "sent": sent,
                                "shard": str(last.get("__url__", "")), "index": last["__index__"]}
-                        sender.send(keys, tensors, epoch=epoch, text=text, pos=pos)
+                        sender.send(keys, tensors, epoch=epoch, text=text, pos=pos, shared=shared)
                 sender.end_epoch(epoch, final=config.epochs is not None and epoch == config.epochs - 1)
                 epoch += 1
         return sender.stats, decode_stats.skipped if decode_stats is not None else 0
     finally:
         if decoder is not None:
             decoder.close()
+        if ring is not None:  # (blocks a receiver maps stay valid there)
+            ring.close()
 
 
 def _no_samples() -> Iterator[Sample]:
@@ -259,10 +267,15 @@ def _numbered(samples: Iterator[Sample], skip: int) -> Iterator[Sample]:
 
 
 def _batches(
-    samples: Iterator[Sample], config: ServeConfig, decoder: Any, stats: Any, epoch: int, warn: Callable[[str], None]
-) -> Iterator[tuple[list[str], dict[str, Any], list[str], Sample]]:
-    """(keys, tensors, text tensor names, last sample) of each batch to send; ``stats`` counts
-    skipped images."""
+    samples: Iterator[Sample], config: ServeConfig, decoder: Any, stats: Any, epoch: int, warn: Callable[[str], None],
+    ring: SharedRing | None = None,
+) -> Iterator[tuple[list[str], dict[str, Any], list[str], Sample, dict[str, Any]]]:
+    """(keys, tensors, text tensor names, last sample, shared-memory blocks) of each batch to send;
+    ``stats`` counts skipped images. ``ring``: decoded images go into its shared-memory blocks."""
+    if decoder is not None and getattr(decoder, "name", "") == "cpu" and getattr(decoder, "processes", 0) == 1 \
+            and config.spec.size is not None:
+        yield from _decoded_into_batches(samples, config, decoder, stats, epoch, warn, ring)
+        return
     if decoder is not None:
         from ..decode import decoded_batches
 
@@ -274,7 +287,64 @@ def _batches(
     for chunk in chunked(samples, config.batch_size):
         if len(chunk) < config.batch_size and config.last_batch == "drop":
             break
-        yield (*_tensors(chunk, config, image=decoder is not None), chunk[-1])
+        yield (*_tensors(chunk, config, image=decoder is not None), chunk[-1], {})
+
+
+def _decoded_into_batches(
+    samples: Iterator[Sample], config: ServeConfig, decoder: Any, stats: Any, epoch: int, warn: Callable[[str], None],
+    ring: SharedRing | None,
+) -> Iterator[tuple[list[str], dict[str, Any], list[str], Sample, dict[str, Any]]]:
+    """The cpu decoder in this process, with every image of one shape: each image is decoded
+    straight into its row of the batch array (a block of ``ring``, in shared memory, when there
+    is one), which is sent as it is: no image array per sample, no stacking copy. A bad image
+    fails or is skipped (its row is used by the next one)."""
+    from ..decode.cpu import ImageError, decode_into
+    from ..decode.spec import plan_key
+    from ..decode.stage import parse_field_list
+
+    spec = config.spec
+    if spec.seed is None and spec.random:
+        spec = replace(spec, seed=random.SystemRandom().getrandbits(63))
+    names = parse_field_list(config.image_field)
+    shape = (config.batch_size, *((3, spec.size, spec.size) if spec.layout == "CHW" else (spec.size, spec.size, 3)))
+    block: Any = None
+    array: Any = None
+    rows: list[Sample] = []
+    for sample in samples:
+        if array is None:
+            block = ring.take(shape, spec.output_dtype) if ring is not None else None
+            array = block.array if block is not None else np.empty(shape, spec.output_dtype)
+        name = next((n for n in names if n in sample), None)
+        try:
+            if name is None:
+                raise ImageError(f"no image field ({';'.join(names)})")
+            if config.output_field != name and config.output_field in sample:
+                raise DecodeError(f"the sample already has a field {config.output_field!r}; choose another "
+                                  "output field", sample.get("__url__"), sample.get("__key__"), name)
+            decode_into(bytes(sample[name]), spec, plan_key(str(sample.get("__key__")), epoch), array[len(rows)],
+                        dct_scaling=decoder.dct_scaling)
+        except ImageError as e:
+            error = DecodeError(str(e), sample.get("__url__"), sample.get("__key__"), name)
+            if config.on_error == "fail":
+                raise error from None
+            stats.skipped += 1
+            warn(f"skipped: {error}")
+            continue
+        del sample[name]
+        rows.append(sample)
+        stats.decoded += 1
+        if len(rows) == config.batch_size:
+            yield _decoded_batch(rows, array, config, block)
+            block, array, rows = None, None, []
+    if rows and config.last_batch == "keep":
+        yield _decoded_batch(rows, array[: len(rows)], config, block)
+
+
+def _decoded_batch(rows: list[Sample], images: Any, config: ServeConfig,
+                   block: Any) -> tuple[list[str], dict[str, Any], list[str], Sample, dict[str, Any]]:
+    keys, tensors, text = _tensors(rows, config, image=False)
+    tensors = {config.output_field: images, **tensors}
+    return keys, tensors, text, rows[-1], ({config.output_field: block} if block is not None else {})
 
 
 def _tensors(chunk: list[Sample], config: ServeConfig, image: bool) -> tuple[list[str], dict[str, Any], list[str]]:
@@ -423,6 +493,12 @@ def _serve_in_processes(
 ) -> None:
     method = "fork" if os.uname().sysname == "Linux" else "spawn"
     context: Any = multiprocessing.get_context(method)
+    # what every sender imports, imported once here rather than in each (a tenth of a second apiece)
+    import zmq  # noqa: F401
+
+    from ..process import end_with_parent  # noqa: F401
+    if not config.raw:
+        from ..decode import make_decoder  # noqa: F401
     children = []
     pending: dict[Any, Any] = {}
     ranks: dict[Any, int] = {}

@@ -32,6 +32,7 @@ import msgpack
 import numpy as np
 
 from ..errors import WireError
+from .shm import open_shared
 
 VERSION = 2
 KINDS = ("hello", "batch", "eof", "heartbeat")  # sender -> receiver
@@ -54,6 +55,7 @@ MAX_MAP_KEYS = 64
 MAX_STRING = 1 << 20  # one string (a key, a name) in a header
 MAX_ID = 512  # characters of a sender id or group id
 MAX_DIMENSION = 1 << 40
+MAX_SHARED = 1 << 36  # bytes of one tensor in shared memory (the file must hold them: this bounds the header)
 _INTEGERS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 _ITEMSIZE = {name: (2 if name == "bfloat16" else np.dtype(name).itemsize) for name in DTYPES}
 
@@ -186,6 +188,7 @@ def encode_batch(
     *,
     text: Iterable[str] = (),
     bfloat16: Iterable[str] = (),
+    shared: dict[str, str] | None = None,
     **fields: Any,
 ) -> list[Any]:
     """The frames of a batch message: header first, then each tensor's frames (no copies).
@@ -195,6 +198,8 @@ def encode_batch(
     tensors made from text fields (each must be a 1-D integer array of the batch's length: a
     label per sample); ``bfloat16`` names uint16 arrays that hold bfloat16 bits. A batch whose
     header would be over ``MAX_HEADER`` (far too many samples, very long keys) is a ``WireError``.
+    ``shared`` maps stacked tensors to the shared-memory file that holds their bytes (``shm``, for
+    a receiver on this host): they get no frame.
 
     >>> ids = {"sender": "host:1:0", "group": "g", "rank": 0, "senders": 1}
     >>> frames = encode_batch(["a", "b"], {"x": np.arange(6, dtype=np.int32).reshape(2, 3)}, **ids, epoch=0, seq=0)
@@ -248,7 +253,10 @@ def encode_batch(
                                 "only a 1-D integer tensor can (a label per sample)")
             entry["text"] = True
         entries.append(entry)
-        frames.append(_frame(array))
+        if shared and name in shared:
+            entry["shm"] = shared[name]
+        else:
+            frames.append(_frame(array))
     header = _header("batch", {**fields, "n": n, "keys": list(keys), "tensors": entries})
     if len(header) > MAX_HEADER:
         raise WireError(f"the header of a batch of {n} samples would be {len(header)} bytes, over the "
@@ -284,6 +292,18 @@ def peer_address(frame: Any) -> str | None:
     return address
 
 
+def _peer_pid(frame: Any) -> int | None:
+    """The process id of an ipc peer, from the socket's credentials (None when unknown)."""
+    try:
+        address = frame.get("Peer-Address")
+    except Exception:  # noqa: BLE001 - not a zmq.Frame, an old libzmq, a transport without one
+        return None
+    parts = address.split(":") if isinstance(address, str) else []
+    if len(parts) == 4 and parts[0] == "localhost" and parts[3].isdigit():
+        return int(parts[3])
+    return None
+
+
 class _TooManyContainers(Exception):
     pass
 
@@ -305,12 +325,13 @@ def _unpack_header(head: memoryview) -> Any:
                            max_ext_len=0, list_hook=count, object_hook=count)
 
 
-def decode(frames: Sequence[Any], url: str | None = None) -> Message:
+def decode(frames: Sequence[Any], url: str | None = None, shm: bool = False) -> Message:
     """Check and decode one received message (``zmq.Frame`` objects or bytes) without copying.
 
     Anything that is not wire format v2 is a ``MessageError`` (a ``WireError``) saying what is
     wrong and where the message came from; checking costs at most ~150 MB and a fraction of a
-    second, however the message was made.
+    second, however the message was made. ``shm``: tensors in shared memory are taken (a socket
+    whose peers are on this host, which was told so).
     """
     header: Any = None
     try:
@@ -324,7 +345,7 @@ def decode(frames: Sequence[Any], url: str | None = None) -> Message:
             if kind == "eof":
                 _check_eof(header)
             return Message(kind, header)
-        return _decode_batch(header, frames)
+        return _decode_batch(header, frames, shm)
     except WireError as e:
         raise _message_error(e, frames, header, "sender", url) from None
 
@@ -404,7 +425,7 @@ def _shape(value: Any) -> tuple[int, ...]:
     return shape
 
 
-def _decode_batch(header: dict[str, Any], frames: Sequence[Any]) -> Message:
+def _decode_batch(header: dict[str, Any], frames: Sequence[Any], shm: bool = False) -> Message:
     n = _int(header.get("n"), "sample count")
     for name in ("epoch", "seq"):
         _int(header.get(name), name)
@@ -469,7 +490,17 @@ def _decode_batch(header: dict[str, Any], frames: Sequence[Any]) -> Message:
         shape = _shape(entry.get("shape"))
         if not shape or shape[0] != n:
             raise WireError(f"{what}: shape {_show(list(shape))} is not a batch of {n}")
-        tensors[name] = _array(take(math.prod(shape) * _ITEMSIZE[dtype], what), np_dtype, shape)
+        size = math.prod(shape) * _ITEMSIZE[dtype]
+        if "shm" in entry:
+            if not shm:
+                raise WireError(f"{what} in shared memory, on a socket that takes none (only ipc:// peers may)")
+            if size > MAX_SHARED:
+                raise WireError(f"{what}: {size} bytes in shared memory, over the limit of {MAX_SHARED}")
+            buffer = open_shared(entry["shm"], size, _peer_pid(frames[0]))
+            nbytes += size
+            tensors[name] = _array(buffer, np_dtype, shape)
+            continue
+        tensors[name] = _array(take(size, what), np_dtype, shape)
     if next_frame != len(frames):
         raise WireError(f"{len(frames) - next_frame} data frames more than the header describes")
     return Message("batch", header, tensors, nbytes)
@@ -493,7 +524,7 @@ def _check_position(pos: Any) -> None:
 
 
 def ack(receiver: str, *, to: tuple[str, str] | None = None, credit: int = 0, seqs: Sequence[int] = (),
-        eof: int | None = None, final: bool = False, max_frame: int | None = None) -> list[bytes]:
+        eof: int | None = None, final: bool = False, max_frame: int | None = None, shm: bool = False) -> list[bytes]:
     """A receiver's one message to a sender (one frame): ``credit`` more batches it may send,
     the batch numbers (``seq``) the receiver's consumer took, the end of epoch ``eof`` it got
     (``final``: the end of the stream), and ``max_frame``, the largest frame it accepts. ``to``
@@ -506,6 +537,8 @@ def ack(receiver: str, *, to: tuple[str, str] | None = None, credit: int = 0, se
         fields.update(eof=eof, final=final)
     if max_frame is not None:
         fields["max_frame"] = max_frame
+    if shm:
+        fields["shm"] = True  # it maps batches in shared memory (a greeting on an ipc:// socket)
     return [msgpack.packb({"v": VERSION, "kind": ACK, **fields}, use_bin_type=True)]
 
 
@@ -539,6 +572,8 @@ def decode_ack(frames: Sequence[Any], url: str | None = None) -> dict[str, Any]:
                 raise WireError("ack: 'final' must be true or false")
         if "max_frame" in header:
             _int(header["max_frame"], "frame size limit")
+        if type(header.get("shm", False)) is not bool:
+            raise WireError("ack: 'shm' must be true or false")
         return header  # type: ignore[no-any-return]
     except WireError as e:
         raise _message_error(e, frames, header, "receiver", url) from None

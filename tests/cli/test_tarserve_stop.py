@@ -116,7 +116,7 @@ def test_tarrecv_writes_one_whole_tar_through_a_pause(cli, tmp_path) -> None:  #
     sender.send_signal(signal.SIGTERM)
     assert finish(sender)[0] == 143
     time.sleep(3)
-    assert receiver.poll() is None
+    assert receiver.poll() is None, receiver.stderr.read().decode() if receiver.stderr else ""
     code, err = finish(tarserve(*args))
     assert code == 0, err
     _, err_bytes = receiver.communicate(timeout=TIMEOUT)
