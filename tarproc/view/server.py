@@ -331,7 +331,7 @@ async def _api_sample(request: web.Request) -> web.Response:
 
 async def _api_find(request: web.Request) -> web.Response:
     catalog = request.app[CATALOG]
-    key = request.query.get("key")
+    key = _query(request, "key")
     if key is None or not key or len(key) > 4096:
         raise web.HTTPBadRequest(text="give the key to find: /api/find?key=KEY")
     found = await _blocking(request, catalog.find_key, key)
@@ -390,9 +390,28 @@ def _text_of(value: bytes, kind: str, full: bool) -> tuple[str, bool]:
 
 
 def _quote(field: str) -> str:
+    """A field name as one URL path segment; a byte that is not UTF-8 (surrogate-escaped) as itself."""
     from urllib.parse import quote
 
-    return quote(field, safe="")
+    return quote(field.encode("utf-8", "surrogateescape"), safe="")
+
+
+def _field_of(request: web.Request) -> str:
+    """The field a ``/media`` path names, from the raw path: aiohttp leaves a percent escape that is
+    not UTF-8 undecoded, so that a name that isn't UTF-8 would never be found."""
+    from urllib.parse import unquote
+
+    return unquote(request.raw_path.partition("?")[0].rpartition("/")[2], errors="surrogateescape")
+
+
+def _query(request: web.Request, name: str) -> str | None:
+    """A query parameter, a byte that is not UTF-8 surrogate-escaped (as keys read from a tar are)."""
+    from urllib.parse import parse_qsl
+
+    for k, v in parse_qsl(request.rel_url.raw_query_string, errors="surrogateescape"):
+        if k == name:
+            return v
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,7 +464,7 @@ def _unsatisfiable(size: int) -> web.HTTPRequestRangeNotSatisfiable:
 async def _media(request: web.Request) -> web.StreamResponse:
     catalog = request.app[CATALOG]
     at = await _locate(request)
-    field = request.match_info["field"]
+    field = _field_of(request)
     span = catalog.field_span(at, field)
     if span is None:
         raise web.HTTPNotFound(text=f"sample {catalog.entry(at).key!r} has no field {field!r}")

@@ -651,3 +651,23 @@ def test_s3_shards_by_range(dataset, moto_endpoint, viewer, tmp_path, monkeypatc
     status, headers, body = v.request("/media/0/10/jpg", {"Range": "bytes=100-199"})
     assert (status, body) == (206, jpg[100:200])
     assert keys(v.json("/api/page?n=100&filter=cls%3D4")) == [k for k in all_keys() if int(k[-4:]) % 5 == 4]
+
+
+def test_names_that_are_not_utf8(tmp_path, viewer):
+    # a key and a field read from the tar as bytes that are not UTF-8 (surrogate-escaped): the page
+    # that holds them answers, and the field's URL (bytes percent-encoded) serves that field
+    key, field = "caf\udce9", "t\udcffxt"
+    path = tmp_path / "latin1.tar"
+    with open(path, "wb") as f, TarWriter(f) as w:
+        w.write_sample({"__key__": "before", "txt": b"first"})
+        w.write_sample({"__key__": key, field: b"hello", "json": b'{"a": "\\ud800"}'})
+    v = viewer([str(path)])
+    page = v.json("/api/page?n=10")
+    assert [s["key"] for s in page["samples"]] == ["before", key]
+    fields = {f["name"]: f for f in page["samples"][1]["fields"]}
+    assert fields[field]["url"] == "/media/0/1/t%FFxt"
+    status, headers, body = v.request(fields[field]["url"])
+    assert status == 200 and body == b"hello"
+    assert v.json("/api/sample/0/1")["key"] == key
+    assert v.json("/api/find?key=caf%E9")["matches"] == [{"shard": 0, "pos": 1, "index": 1}]
+    assert v.log == []
