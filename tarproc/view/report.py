@@ -31,6 +31,7 @@ from typing import Any
 
 from ..content import IMAGE_TYPES, PROBLEMS, Distribution, plural
 from ..errors import MissingDependencyError, OptionError, TarprocError
+from ..samples import is_metadata_name
 from ..show import FieldStats, Summary
 from ..sinks import open_sink
 from ..sniff import sniff_type
@@ -115,7 +116,8 @@ class SampleReservoir:
         current: dict[str, Any] | None = None
         for member in members:
             key, field = member[0], member[1]
-            if key is not None and field[:2] != "__":
+            # samples as ``Summary.add_members`` counts them: no name without a key, no metadata
+            if key is not None and field[:2] != "__" and not (key[0] == "_" and is_metadata_name(f"{key}.{field}")):
                 if key != key_now:
                     key_now = key
                     current = self._start(self.seen, key, url)
@@ -534,30 +536,50 @@ def write_report(
     if sample < 0:
         raise OptionError(f"bad sample size {sample}; must be >= 0")
     urls = list(urls)
+    _refuse_an_input(path, urls)
     acc = Summary(content=content)
     reservoir = SampleReservoir(sample, seed, count)
-    for url in urls:
-
-        def members(items: Iterator[Any], url: str = url) -> Iterable[Any]:
-            return reservoir.watch(wrap(items) if wrap else items, url)
-
-        try:
-            acc.add_shard(url, count=count, wrap=members, **tar)
-        except TarprocError as e:
-            if on_error == "fail":
-                raise
-            if warn is not None:
-                warn(f"{e}; skipping the rest of this shard")
-        if acc.stopped_early:
-            break
-    acc.finish()
-    chosen = reservoir.samples()
-    first = urls[0].rstrip("/").rsplit("/", 1)[-1] if urls else "(no input)"
-    name = first if len(urls) <= 1 else f"{first} and {plural(len(urls) - 1, 'more shard')}"
-    text = render_html(acc, chosen, urls, title or name, thumb, wrap_cards, seed).encode("utf-8")
+    # opened first: a report that can't be written fails before the read, not after it; on any
+    # error (Ctrl-C included) the sink is aborted and nothing is left under the final name
     with open_sink(path, compression=None) as sink:
+        for url in urls:
+
+            def members(items: Iterator[Any], url: str = url) -> Iterable[Any]:
+                return reservoir.watch(wrap(items) if wrap else items, url)
+
+            try:
+                acc.add_shard(url, count=count, wrap=members, **tar)
+            except TarprocError as e:
+                if on_error == "fail":
+                    raise
+                if warn is not None:
+                    warn(f"{e}; skipping the rest of this shard")
+            if acc.stopped_early:
+                break
+        acc.finish()
+        chosen = reservoir.samples()
+        first = urls[0].rstrip("/").rsplit("/", 1)[-1] if urls else "(no input)"
+        name = first if len(urls) <= 1 else f"{first} and {plural(len(urls) - 1, 'more shard')}"
+        # names that are not UTF-8 (surrogate-escaped) are written as \udcNN, as the text summary shows them
+        text = render_html(acc, chosen, urls, title or name, thumb, wrap_cards, seed).encode("utf-8", "backslashreplace")
         sink.write(text)
     return ReportInfo(path, acc.samples, len(chosen), len(text), acc.problems())
+
+
+def _refuse_an_input(path: str, urls: list[str]) -> None:
+    """An ``OptionError`` when the report would replace one of its own inputs."""
+    import os
+
+    from ..sources import local_path
+
+    out = local_path(path) if path != "-" else None
+    if out is None:
+        return
+    out = os.path.realpath(out)
+    for url in urls:
+        shard = local_path(url) if url != "-" else None
+        if shard is not None and os.path.realpath(shard) == out:
+            raise OptionError(f"--report {path}: that is an input ({url}); give the report another name")
 
 
 __all__ = ["DEFAULT_SAMPLE", "ReportInfo", "SampleReservoir", "render_html", "svg_bars", "svg_histogram",

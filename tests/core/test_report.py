@@ -234,3 +234,51 @@ def test_a_field_too_big_to_keep_is_described(tmp_path, monkeypatch):
     write_report([shard], str(out))
     text = "".join(Page(out.read_text()).text)
     assert "bin · 5,000 B" in text and "not shown" in text and "small" in text
+
+
+def test_names_that_are_not_utf8_are_shown_escaped(tmp_path):
+    # keys and field names read from the tar as bytes that are not UTF-8 (surrogate-escaped), and
+    # JSON holding a lone surrogate: the page is valid UTF-8 and shows them escaped, not a failure
+    shard = write_tar(tmp_path / "latin1.tar", [
+        {"__key__": "caf\udce9", "t\udcffxt": b"hello", "json": b'{"k\\ud800": "\\udc80"}', "cls": b"1"},
+        {"__key__": "plain", "txt": b"x", "cls": b"2"},
+    ])
+    out = tmp_path / "r.html"
+    info = write_report([shard], str(out))
+    assert info.cards == 2
+    text = "".join(Page(out.read_bytes().decode("utf-8")).text)  # strict: valid UTF-8
+    assert "caf\\udce9" in text and "t\\udcffxt" in text and "hello" in text
+
+
+def test_metadata_members_are_not_samples(tmp_path):
+    # the chosen samples are counted as the summary counts them: a __meta__/ member is no sample
+    import tarfile
+
+    shard = str(tmp_path / "meta.tar")
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as t:
+        for name, data in [("__meta__/info.json", b"{}")] + [(f"s{i}.txt", f"t{i}".encode()) for i in range(6)]:
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            t.addfile(member, io.BytesIO(data))
+    out = tmp_path / "r.html"
+    info = write_report([shard], str(out), sample=10)
+    assert (info.samples, info.cards) == (6, 6)
+    assert card_keys(out.read_text()) == [f"s{i}" for i in range(6)]
+    info = write_report([shard], str(out), sample=3, count=3)  # -c 3: the first three samples, all chosen
+    assert (info.samples, info.cards) == (3, 3) and card_keys(out.read_text()) == ["s0", "s1", "s2"]
+
+
+def test_the_output_is_checked_before_reading(tmp_path):
+    from tarproc.errors import SinkError
+
+    shard = write_tar(tmp_path / "data.tar", dataset(8))
+    before = open(shard, "rb").read()
+    # a report that can't be written fails at once, before the (maybe long) read of the inputs
+    with pytest.raises(SinkError, match="does not exist"):
+        write_report([str(tmp_path / "not-there.tar")], str(tmp_path / "no" / "r.html"))
+    # a report over one of its inputs (a slip of the hand) is refused: the shard is kept
+    with pytest.raises(OptionError, match="data.tar"):
+        write_report([shard], shard)
+    with pytest.raises(OptionError, match="data.tar"):
+        write_report([shard], str(tmp_path / "." / "data.tar"))
+    assert open(shard, "rb").read() == before and sorted(os.listdir(tmp_path)) == ["data.tar"]
