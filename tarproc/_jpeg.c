@@ -2,14 +2,14 @@
  * tarproc._jpeg: the cpu decode backend's hot path, for training crops (optional; built when
  * libjpeg-turbo's headers are present, else tarproc uses simplejpeg + Pillow for everything).
  *
- * decode_region(data, x0, y0, x1, y1, denom[, num]) decodes only the part of a JPEG that a crop
- * needs: the image is decoded at num/denom size (libjpeg's DCT scaling: any M/8, num defaults to
- * 1; x0..y1 are in the scaled image's pixels), columns outside [x0, x1) are not
+ * decode_region(data, x0, y0, x1, y1, denom[, num[, channels]]) decodes only the part of a JPEG that
+ * a crop needs: the image is decoded at num/denom size (libjpeg's DCT scaling: any M/8, num
+ * defaults to 1; x0..y1 are in the scaled image's pixels), columns outside [x0, x1) are not
  * inverse-transformed (jpeg_crop_scanline widens the range to whole iMCUs), rows above y0 and below
  * y1 are entropy-decoded but not transformed (jpeg_skip_scanlines). The whole stream is still
  * read to its end, and libjpeg's warnings (corrupt data, premature end) are errors, as with
  * simplejpeg's strict mode: a damaged image fails whatever its crop. Returns
- * (bytearray of RGBX rows, width, height, x_origin, y_origin), the origin being the decoded
+ * (bytearray of RGBX rows -- RGB with channels=3 --, width, height, x_origin, y_origin), the origin being the decoded
  * area's top-left corner in the scaled image (it covers the region asked for, and a little more); or None for CMYK/YCCK images (the caller uses Pillow).
  *
  * read_header(data) reads a JPEG's headers with libjpeg: (width, height, components), or a
@@ -72,12 +72,12 @@ static void on_message(j_common_ptr cinfo, int level)
 static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer data;
-    int x0, y0, x1, y1, denom, num = 1;
-    if (!PyArg_ParseTuple(args, "y*iiiii|i", &data, &x0, &y0, &x1, &y1, &denom, &num))
+    int x0, y0, x1, y1, denom, num = 1, channels = 4;
+    if (!PyArg_ParseTuple(args, "y*iiiii|ii", &data, &x0, &y0, &x1, &y1, &denom, &num, &channels))
         return NULL;
-    if (denom < 1 || num < 1 || num > 16 * denom) {
+    if (denom < 1 || num < 1 || num > 16 * denom || (channels != 3 && channels != 4)) {
         PyBuffer_Release(&data);
-        PyErr_SetString(PyExc_ValueError, "bad scale: need 1 <= num <= 16 * denom");
+        PyErr_SetString(PyExc_ValueError, "bad scale or channels: need 1 <= num <= 16 * denom, channels 3 or 4");
         return NULL;
     }
     struct jpeg_decompress_struct cinfo;
@@ -110,7 +110,7 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
         PyBuffer_Release(&data);
         Py_RETURN_NONE;
     }
-    cinfo.out_color_space = JCS_EXT_RGBX;
+    cinfo.out_color_space = channels == 3 ? JCS_RGB : JCS_EXT_RGBX;
     cinfo.scale_num = (unsigned int)num;
     cinfo.scale_denom = (unsigned int)denom;
     cinfo.dct_method = JDCT_ISLOW;
@@ -129,7 +129,7 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
     JDIMENSION xoffset = (JDIMENSION)x0, cropped = (JDIMENSION)(x1 - x0);
     if (x0 > 0 || x1 < width)
         jpeg_crop_scanline(&cinfo, &xoffset, &cropped);
-    int rows = y1 - y0, stride = (int)cinfo.output_width * 4;
+    int rows = y1 - y0, stride = (int)cinfo.output_width * channels;
     out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)stride * rows);
     if (out == NULL) {
         jpeg_destroy_decompress(&cinfo);

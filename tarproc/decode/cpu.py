@@ -165,7 +165,11 @@ def decode_rgb(
     h, w, plan, scale = jpeg
     f = jpeg.factor
     copy = plan.identity and plan.color is None  # pixels as stored: no resampling at all
-    if _jpeg is not None and not copy:
+    if _jpeg is not None and copy:  # the window's rows and columns only, as RGB: no copy after
+        x0, y0, x1, y1 = (int(v) for v in plan.window)
+        array, ox, oy = _decode_region(data, plan, h, w, 8, channels=3)
+        return array[y0 - oy:y1 - oy, x0 - ox:x1 - ox], plan
+    if _jpeg is not None:
         return _decode_region_rgb(data, plan, h, w, scale), plan
     try:
         # strict: libjpeg's "corrupt data" and "premature end" warnings are errors, which Pillow
@@ -201,17 +205,21 @@ def _region(plan: Plan, h: int, w: int, scale: int) -> tuple[int, int, int, int]
     return math.floor(x0) - mx, math.floor(y0) - my, math.ceil(x1) + mx, math.ceil(y1) + my
 
 
-def _decode_region(data: bytes, plan: Plan, h: int, w: int, scale: int) -> tuple[np.ndarray, int, int]:
-    """The RGBX pixels ``plan`` needs, and their origin in the image decoded at scale/8."""
-    x0, y0, x1, y1 = _region(plan, h, w, scale)
+def _decode_region(data: bytes, plan: Plan, h: int, w: int, scale: int, channels: int = 4) -> tuple[np.ndarray, int, int]:
+    """The RGBX pixels ``plan`` needs, and their origin in the image decoded at scale/8; with
+    ``channels=3``, the RGB pixels of an identity plan's window (stored pixels, copied as they are)."""
+    if channels == 3:
+        x0, y0, x1, y1 = (int(v) for v in plan.window)
+    else:
+        x0, y0, x1, y1 = _region(plan, h, w, scale)
     try:
-        got = _jpeg.decode_region(data, x0, y0, x1, y1, 8, scale)
+        got = _jpeg.decode_region(data, x0, y0, x1, y1, 8, scale, channels)
     except ValueError as e:
         raise ImageError(str(e) or "damaged JPEG data") from None
     if got is None:  # CMYK/YCCK: the caller checked the header, so this is a damaged header
         raise ImageError("unsupported JPEG colour space")
     buf, cw, ch, ox, oy = got
-    return np.frombuffer(buf, np.uint8).reshape(ch, cw, 4), ox, oy
+    return np.frombuffer(buf, np.uint8).reshape(ch, cw, channels), ox, oy
 
 
 def _shifted(plan: Plan, ox: int, oy: int, f: float) -> Plan:

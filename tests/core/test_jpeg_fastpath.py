@@ -89,6 +89,20 @@ def test_region_decode_at_any_eighth_equals_a_whole_decode_at_that_scale(name: s
 
 
 @needs_ext
+@pytest.mark.parametrize("name", JPEGS)
+def test_stored_pixels_are_decoded_as_rgb_straight_into_the_array(name: str) -> None:
+    """Plans that copy stored pixels (decode only; a crop without resize) take libjpeg's RGB rows
+    of the window: simplejpeg's full decode, exactly."""
+    data = JPEGS[name]
+    full = simplejpeg.decode_jpeg(data, colorspace="RGB")
+    h, w = full.shape[:2]
+    assert np.array_equal(decode_image(data, AugmentSpec(), "k"), full)
+    got = decode_image(data, AugmentSpec(size=64), "k")
+    x, y = (w - 64) // 2, (h - 64) // 2
+    assert np.array_equal(got, full[y:y + 64, x:x + 64]) and got.flags.c_contiguous
+
+
+@needs_ext
 def test_fused_resample_is_pillows_resize() -> None:
     array = np.ascontiguousarray(np.dstack([photo(230, 170, 5), np.zeros((170, 230), np.uint8)]))
     im = Image.frombuffer("RGBX", (230, 170), array, "raw", "RGBX", 0, 1)
