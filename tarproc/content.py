@@ -65,7 +65,6 @@ PROBLEMS = {
     "invalid_json": "JSON that does not parse",
     "json_missing_keys": "JSON documents missing a key most of them have",
 }
-_JPEG_MODES = {"Gray": ("L", 1), "YCbCr": ("RGB", 3), "RGB": ("RGB", 3), "CMYK": ("CMYK", 4), "YCCK": ("CMYK", 4)}
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null",
                list: "array", dict: "object"}
 
@@ -330,6 +329,7 @@ class FieldContent:
         self.json_types: dict[str, Tally] = {}
         self.json_other_keys = 0
         self.json_missing_examples: dict[str, list[tuple[str, str | None]]] = {}  # key -> (sample, url)
+        self.json_first_docs: list[tuple[str, str | None]] = []  # the first few documents: (sample, url)
         # labels
         self.labels: Tally = Tally(MAX_CLASSES)
 
@@ -469,10 +469,13 @@ class ContentStats:
             return
         fc.json_docs += 1
         keys, types = fc.json_keys, fc.json_types
+        first = fc.json_first_docs
         known = 0
         for name, value in doc.items():
             if name in keys or len(keys) < MAX_JSON_KEYS:
                 known += 1
+                if name not in keys and first:  # a key new here: every document before lacks it
+                    fc.json_missing_examples[name] = first[:EXAMPLES]
                 keys[name] += 1
                 tally = types.get(name)
                 if tally is None:
@@ -480,6 +483,8 @@ class ContentStats:
                 tally.add(_JSON_TYPES.get(type(value), "other"))
             else:
                 fc.json_other_keys += 1
+        if len(first) < EXAMPLES:
+            first.append((key, url))
         if known < len(keys):  # this document lacks a key others have: keep a few examples of that
             missing = fc.json_missing_examples
             for name in keys:
@@ -627,6 +632,13 @@ def _tally(name: str, t: dict[str, Any], shown: int = 8) -> str:
     return f"    {name:<12}{', '.join(parts) or '-'}"
 
 
+def classes(labels: dict[str, Any]) -> str:
+    """``"3 classes"``, or where the tally is full ``"more than 10000 classes (N labels not itemised)"``."""
+    if labels["other"]:
+        return f"more than {labels['distinct']} classes ({plural(labels['other'], 'label')} not itemised)"
+    return plural(labels["distinct"], "class", "classes")
+
+
 def format_content(doc: dict[str, Any], samples: int) -> list[str]:
     """The ``content`` part of the text report: what each field holds."""
     if not doc["fields"]:
@@ -677,11 +689,13 @@ def format_content(doc: dict[str, Any], samples: int) -> list[str]:
                 types = ", ".join(f"{t} {n}" for t, n in info["types"].items())
                 lines.append(f"    {escape_text(key):<20}{info['count']:>8} {share:>6.1f}%  {types}")
             if len(j["keys"]) > 30:
-                lines.append(f"    ... and {len(j['keys']) - 30} more keys (--json lists them all)")
+                lines.append(f"    ... and {len(j['keys']) - 30} more keys (--json lists them)")
+            if j["other_keys"]:
+                lines.append(f"    (more than {len(j['keys'])} distinct keys: {j['other_keys']} uses of further keys "
+                             "not itemised)")
         if "labels" in f:
             lb = f["labels"]
-            lines.append(f"  {name}: {plural(lb['count'], 'label')}, {plural(lb['distinct'], 'class', 'classes')}"
-                         + (f" (over {MAX_CLASSES} classes: {lb['other']} not itemised)" if lb["other"] else ""))
+            lines.append(f"  {name}: {plural(lb['count'], 'label')}, {classes(lb)}")
             lines.append(_tally("most", lb, 10))
     if doc.get("media_note"):
         lines.append(f"  audio and video not probed: {doc['media_note']}")
@@ -701,4 +715,4 @@ def format_problems(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["PROBLEMS", "ContentStats", "Distribution", "FieldContent", "Tally", "plural", "tarfirst_command"]
+__all__ = ["PROBLEMS", "ContentStats", "Distribution", "FieldContent", "Tally", "classes", "plural", "tarfirst_command"]

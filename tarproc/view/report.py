@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..content import IMAGE_TYPES, PROBLEMS, Distribution, plural
+from ..content import IMAGE_TYPES, PROBLEMS, Distribution, classes, plural
 from ..errors import MissingDependencyError, OptionError, TarprocError
 from ..samples import is_metadata_name
 from ..show import FieldStats, Summary
@@ -343,9 +343,15 @@ def _content(page: _Page, content: dict[str, Any]) -> None:
                 [k, v["count"], f"{100 * v['count'] / objects:.1f}%", ", ".join(f"{t} {n}" for t, n in v["types"].items())]
                 for k, v in list(j["keys"].items())[:100]
             ])
+            if len(j["keys"]) > 100 or j["other_keys"]:
+                more = [f"{len(j['keys']) - 100} more keys in tarshow --summary --json"] if len(j["keys"]) > 100 else []
+                if j["other_keys"]:
+                    more.append(f"more than {len(j['keys'])} distinct keys: {j['other_keys']} uses of further keys "
+                                "not itemised")
+                page.add(f"<p class=note>{_esc('; '.join(more))}</p>")
         if "labels" in f:
             lb = f["labels"]
-            page.add(f"<p>{_esc(plural(lb['count'], 'label'))}, {_esc(plural(lb['distinct'], 'class', 'classes'))}</p>")
+            page.add(f"<p>{_esc(plural(lb['count'], 'label'))}, {_esc(classes(lb))}</p>")
             charts.append(svg_bars(_tally_rows(lb), f"{name}: most frequent classes", lb["count"]))
         page.add(*[c for c in charts if c], "</div>")
     if content.get("media_note"):

@@ -282,3 +282,17 @@ def test_the_output_is_checked_before_reading(tmp_path):
     with pytest.raises(OptionError, match="data.tar"):
         write_report([shard], str(tmp_path / "." / "data.tar"))
     assert open(shard, "rb").read() == before and sorted(os.listdir(tmp_path)) == ["data.tar"]
+
+
+def test_capped_tallies_say_so(tmp_path, monkeypatch):
+    from tarproc import content
+
+    monkeypatch.setattr(content, "MAX_CLASSES", 5)
+    monkeypatch.setattr(content, "MAX_JSON_KEYS", 4)
+    shard = write_tar(tmp_path / "many.tar", [
+        {"__key__": f"k{i}", "cls": str(i).encode(), "json": json.dumps({f"key{i}": i}).encode()} for i in range(40)])
+    out = tmp_path / "r.html"
+    write_report([shard], str(out), sample=1)
+    text = "".join(Page(out.read_text()).text)
+    assert "40 labels, more than 5 classes (35 labels not itemised)" in text
+    assert "more than 4 distinct keys: 36 uses of further keys not itemised" in text

@@ -493,3 +493,28 @@ def test_jpeg_and_png_headers_agree_with_pillow():
             found = read(data[:cut])
             assert found is None or found[:2] == (img.width, img.height)
     assert jpeg_header(b"\xff\xd8\xff\xe0broken") is None and png_header(b"\x89PNG\r\n\x1a\n" + bytes(30)) is None
+
+
+def test_a_json_key_first_seen_late_still_names_the_documents_lacking_it():
+    # "caption" is in 5 of 7 documents but not in the first two: those two are the examples
+    docs = [{"url": "a"}, {"url": "b"}] + [{"url": f"u{i}", "caption": "c"} for i in range(5)]
+    samples = [{"__key__": f"j{i}", "json": json.dumps(doc).encode()} for i, doc in enumerate(docs)]
+    s, d = content_of(samples)
+    missing = d["content"]["problems"]["json_missing_keys"]
+    assert missing["count"] == 2 and [e["key"] for e in missing["examples"]] == ["j0", "j1"]
+    assert "tarfirst x.tar --key j0 -f json" in s.format_text()
+
+
+def test_capped_tallies_say_so_in_the_text(monkeypatch):
+    from tarproc import content
+
+    monkeypatch.setattr(content, "MAX_CLASSES", 5)
+    monkeypatch.setattr(content, "MAX_JSON_KEYS", 4)
+    samples = [{"__key__": f"k{i}", "cls": str(i).encode(), "json": json.dumps({f"key{i}": i}).encode()}
+               for i in range(40)]
+    s, d = content_of(samples)
+    assert d["content"]["fields"]["json"]["json"]["other_keys"] == 36
+    text = s.format_text()
+    assert "40 labels, more than 5 classes (35 labels not itemised)" in text
+    assert "more than 4 distinct keys: 36 uses of further keys not itemised" in text
+    assert "lists them all" not in text
