@@ -5,7 +5,8 @@ One consumer (a DataLoader worker of one rank, or the main process) runs this pi
     its parts of the epoch's shards (split.py)   -> read_samples, every sample of its parts, in order
     -> shuffle buffer (seed, epoch, consumer)     -> skip what a resumed run already took
     -> batches of batch_size input samples        -> decode + augment the image (AugmentSpec, plan key = key + epoch)
-    -> field handlers (cls -> int, json, ...)     -> to_tuple selection -> collate (numpy, then torch tensors)
+    -> audio/video fields (AudioSpec, VideoSpec)  -> field handlers (cls -> int, json, ...)
+    -> to_tuple selection                         -> collate ("stack", "pad" or a hook; numpy, then torch tensors)
 
 The module never imports torch: ``tarproc.dataset.loader`` is the thin torch-facing layer (worker
 info, tensors, ``Loader``), and ``Dataset`` becomes a ``torch.utils.data.IterableDataset`` there
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import array
 import collections
-import dataclasses
 import gc
 import itertools
 import json
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..decode.spec import AugmentSpec, plan_key
-from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder, parse_field_list
+from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder
 from ..errors import (
     CompressionError,
     DecodeError,
@@ -49,13 +49,17 @@ from ..stages import ShuffleBuffer, shuffle
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
 from .counts import manifest_digests, shard_counts, stale_index
 from .fields import (
-    DEFAULT_HANDLERS,
     BatchBuffer,
+    Collate,
     Handler,
     Slot,
     apply_handlers,
     as_numpy,
     collate,
+    decode_media,
+    make_collate,
+    merge_handlers,
+    parse_decoding,
     parse_selection,
     pick,
 )
@@ -268,13 +272,15 @@ class Dataset:
         shuffle: int = 0,
         shuffle_shards: bool | None = None,
         seed: int = 0,
-        decode: AugmentSpec | None = None,
+        decode: AugmentSpec | Mapping[str, Any] | None = None,
         device: str = "cpu",
         decode_in: str = "auto",
         image: str = DEFAULT_FIELDS,
         threads: int = 1,
         handlers: Mapping[str, Handler | None] | None = None,
+        default_handlers: bool = True,
         to_tuple: Sequence[str] | None = None,
+        collate: str | Collate | None = None,
         map: Callable[[Sample], Sample | None] | None = None,  # noqa: A002 - the user-facing name
         drop_last: bool = False,
         pad: bool = False,
@@ -325,15 +331,16 @@ class Dataset:
         self.shuffle = shuffle
         self.shuffle_shards = bool(shuffle) if shuffle_shards is None else shuffle_shards
         self.seed = seed
-        self.spec = decode
-        if decode is not None and decode.seed is None:
-            # the dataset's seed makes the augmentations reproducible; the epoch makes them new
-            self.spec = dataclasses.replace(decode, seed=seed)
+        # the dataset's seed makes the augmentations (crops, clips) reproducible; the epoch makes them new
+        decoding = parse_decoding(decode, image, seed)
+        self.spec = decoding.image
+        self.media = decoding.media  # audio and video fields: ([names], AudioSpec | VideoSpec)
         self.device = device
         self.decode_in = "main" if decode_in == "main" or device == "gpu" else "worker"
-        self.image_fields = parse_field_list(image)
+        self.image_fields = decoding.image_fields
         self.threads = threads
-        self.handlers = dict(DEFAULT_HANDLERS if handlers is None else handlers)
+        self.handlers = merge_handlers(handlers, default_handlers)
+        self.collate = make_collate(collate)
         self.selection = parse_selection(to_tuple) if to_tuple is not None else None
         if pad and self.selection is not None and not any("__valid__" in alts for alts in self.selection):
             raise OptionError("pad=True marks the padding in __valid__: add '__valid__' to to_tuple")
@@ -741,9 +748,9 @@ class Dataset:
                             "steps: drop fewer samples, or filter the shards before training", self._reading)
                     continue
                 if self.decodes_in_main:
-                    yield position, _bundle_encoded(rows)  # decoded (and made tensors) by finish()
+                    yield position, _bundle_encoded(rows, self.collate)  # decoded (and made tensors) by finish()
                 else:
-                    yield position, self.to_tensors(collate(rows))
+                    yield position, self.to_tensors(self.collate(rows))
         finally:
             if decoder is not None:
                 decoder.close()
@@ -912,13 +919,16 @@ class Dataset:
         rows = []
         for sample in chunk:
             try:
+                if self.media:
+                    sample = decode_media(sample, self.media, epoch)
                 sample = apply_handlers(sample, self.handlers, skip_fields)
                 rows.append(pick(sample, self.selection) if self.selection is not None else sample)
             except DecodeError as e:
                 reject(e, self._on_bad_sample, stats, self._warn_skipped)
         # decoded: samples that came out with an image decoded here (a sample whose image decoded but
         # whose other field failed is skipped, not both); images left encoded are counted by finish()
-        self._tally.add(decoded=len(rows) if decoder is not None else 0, skipped=stats.skipped)
+        media_only = bool(self.media) and self.spec is None  # else the images count
+        self._tally.add(decoded=len(rows) if decoder is not None or media_only else 0, skipped=stats.skipped)
         if decoder is not None:
             self._backend = decoder.name
         return rows
@@ -988,7 +998,7 @@ class _Encoded(NamedTuple):
     field: str
 
 
-def _bundle_encoded(rows: list[Any]) -> Any:
+def _bundle_encoded(rows: list[Any], collate: Collate = collate) -> Any:
     """Collate rows whose image is ``_Encoded`` into one batch with an ``EncodedImages`` column."""
     def images(values: list[_Encoded], keys: list[str], urls: list[str | None]) -> EncodedImages:
         return EncodedImages([v.data for v in values], [v.plan_key for v in values], keys, urls, [v.field for v in values])
