@@ -63,7 +63,7 @@ PROBLEMS = {
     "undecodable_media": "audio or video that cannot be read",
     "non_utf8_text": "text that is not UTF-8",
     "invalid_json": "JSON that does not parse",
-    "json_missing_keys": "JSON documents missing a key most of them have",
+    "json_missing_keys": "keys most JSON documents have, missing from others",  # one per key and document
 }
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null",
                list: "array", dict: "object"}

@@ -41,6 +41,7 @@ THUMB = 192  # px, the longer side of a thumbnail or poster frame
 THUMB_QUALITY = 80
 MAX_AUDIO_EMBED = 8 << 20  # bigger audio fields are described, not embedded
 MAX_KEEP = 64 << 20  # a chosen sample's field bigger than this is not kept in memory: its card says so
+MAX_KEPT_TOTAL = 512 << 20  # nor one that would take the fields of all the chosen samples past this
 MAX_TEXT = 2000  # characters of a text field shown on a card
 MAX_JSON = 4000
 MAX_CHART_BARS = 20
@@ -64,7 +65,8 @@ class ReportInfo:
 
 
 class TooBig(int):
-    """Stands for a field of a chosen sample too big to keep (``MAX_KEEP``); its value is the size."""
+    """Stands for a field of a chosen sample too big to keep (``MAX_KEEP``, ``MAX_KEPT_TOTAL``); its
+    value is the size."""
 
 
 class SampleReservoir:
@@ -72,6 +74,8 @@ class SampleReservoir:
 
     Algorithm L (Li 1994): draw which later sample replaces one next, so that the samples not
     chosen are never assembled. The same ``seed`` over the same data chooses the same samples.
+    A field over ``MAX_KEEP`` bytes, or one that would take the fields kept past ``MAX_KEPT_TOTAL``
+    (``kept``), is kept as its size only (``TooBig``).
 
     >>> r = SampleReservoir(2, seed=1)
     >>> members = [(f"k{i}", "txt", b"x", 0) for i in range(10)]
@@ -86,6 +90,7 @@ class SampleReservoir:
         self.seen = 0  # samples started
         self.limit = limit  # samples beyond this many (-c) are not chosen
         self.chosen: list[tuple[int, dict[str, Any]]] = []
+        self.kept = 0  # bytes of the fields of the chosen samples
         self._next = k - 1  # the index of the next sample to replace a chosen one, once k are chosen
         self._weight = 1.0
         if k:
@@ -104,7 +109,9 @@ class SampleReservoir:
             self.chosen.append((index, sample))
             return sample
         if index == self._next:
-            self.chosen[self.rng.randrange(self.k)] = (index, sample)
+            slot = self.rng.randrange(self.k)
+            self.kept -= sum(len(v) for v in self.chosen[slot][1].values() if type(v) is bytes)
+            self.chosen[slot] = (index, sample)
             self._weight *= math.exp(math.log(self.rng.random() or 1e-300) / self.k)
             self._skip()
             return sample
@@ -123,8 +130,12 @@ class SampleReservoir:
                     current = self._start(self.seen, key, url)
                     self.seen += 1
                 if current is not None and field not in current:
-                    data = member[2]
-                    current[field] = bytes(data) if len(data) <= MAX_KEEP else TooBig(len(data))
+                    size = len(member[2])
+                    if size <= MAX_KEEP and self.kept + size <= MAX_KEPT_TOTAL:
+                        current[field] = bytes(member[2])
+                        self.kept += size
+                    else:
+                        current[field] = TooBig(size)
             yield member
 
     def samples(self) -> list[dict[str, Any]]:
@@ -399,7 +410,7 @@ def _card(sample: dict[str, Any], thumb: int) -> str:
         data: bytes = sample[name]
         if isinstance(data, TooBig):
             out.append(f'<div class="field"><span class="name">{_esc(name)} · {int(data):,} B</span><br>'
-                       f'<span class="note">(over {MAX_KEEP >> 20} MiB: not shown)</span></div>')
+                       f'<span class="note">(not shown: {_too_big(int(data))})</span></div>')
             continue
         kind = sniff_type(data)
         ext = name.rsplit(".", 1)[-1].lower()
@@ -424,6 +435,12 @@ def _card(sample: dict[str, Any], thumb: int) -> str:
         out.append(f'<div class="field"><span class="name">{_esc(name)} · {len(data):,} B</span><br>{body}</div>')
     out.append("</div>")
     return "".join(out)
+
+
+def _too_big(size: int) -> str:
+    if size > MAX_KEEP:
+        return f"over {MAX_KEEP >> 20} MiB"
+    return f"the chosen samples' fields are kept up to {MAX_KEPT_TOTAL >> 20} MiB in all"
 
 
 def _card_order(name: str, data: bytes) -> int:

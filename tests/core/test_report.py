@@ -296,3 +296,22 @@ def test_capped_tallies_say_so(tmp_path, monkeypatch):
     text = "".join(Page(out.read_text()).text)
     assert "40 labels, more than 5 classes (35 labels not itemised)" in text
     assert "more than 4 distinct keys: 36 uses of further keys not itemised" in text
+
+
+def test_the_chosen_samples_are_kept_within_a_total(tmp_path, monkeypatch):
+    # each field is under MAX_KEEP, but all the chosen samples together may hold at most MAX_KEPT_TOTAL
+    from tarproc.view import report
+
+    monkeypatch.setattr(report, "MAX_KEPT_TOTAL", 10_000)
+    members = [(f"k{i}", "bin", bytes(3000), 0) for i in range(50)]
+    r = report.SampleReservoir(8, seed=3)
+    for _ in r.watch(iter(members), "u"):
+        kept = sum(len(v) for _, s in r.chosen for v in s.values() if type(v) is bytes)
+        assert kept <= 10_000 and kept == r.kept
+    chosen = r.samples()
+    assert len(chosen) == 8 and sum(type(s["bin"]) is bytes for s in chosen) <= 3
+    assert all(isinstance(s["bin"], (bytes, report.TooBig)) for s in chosen)
+    shard = write_tar(tmp_path / "big.tar", [{"__key__": f"k{i}", "bin": bytes(3000)} for i in range(10)])
+    out = tmp_path / "r.html"
+    write_report([shard], str(out), sample=10)
+    assert "not shown" in "".join(Page(out.read_text()).text)

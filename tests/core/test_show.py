@@ -518,3 +518,10 @@ def test_capped_tallies_say_so_in_the_text(monkeypatch):
     assert "40 labels, more than 5 classes (35 labels not itemised)" in text
     assert "more than 4 distinct keys: 36 uses of further keys not itemised" in text
     assert "lists them all" not in text
+
+
+def test_missing_json_keys_are_counted_per_key_and_said_so():
+    docs = [{"a": 1, "b": 2}] * 4 + [{}]  # one document lacks both keys: two misses
+    s, d = content_of([{"__key__": f"j{i}", "json": json.dumps(doc).encode()} for i, doc in enumerate(docs)])
+    assert d["content"]["problems"]["json_missing_keys"]["count"] == 2
+    assert "keys most JSON documents have, missing from others: 2" in s.problems()
