@@ -209,17 +209,15 @@ def size_distribution(fs: FieldStats) -> Distribution:
     if fs.hist is not None:
         for size, n in sorted(fs.hist.items()):
             d.add(size, n)
-    else:
-        scale = fs.samples / max(len(fs.sizes), 1)  # the reservoir stands for all the samples
-        for size in fs.sizes:
-            d.add(size)
-        d.count = fs.samples
-        if d.values is not None:
-            for v in d.values:
-                d.values[v] = round(d.values[v] * scale)
-        else:
-            for b in d.buckets:
-                d.buckets[b] = round(d.buckets[b] * scale)
+    elif fs.sizes:
+        # the reservoir stands for all the samples: each of its sizes for about samples/len of them
+        # (whole counts that add up to the samples), the chart from the field's own min to max
+        n = len(fs.sizes)
+        for i, size in enumerate(sorted(fs.sizes)):
+            weight = (i + 1) * fs.samples // n - i * fs.samples // n
+            if weight:
+                d.add(size, weight)
+        d.min, d.max = min(d.min, fs.min), max(d.max, fs.max)
     return d
 
 

@@ -315,3 +315,21 @@ def test_the_chosen_samples_are_kept_within_a_total(tmp_path, monkeypatch):
     out = tmp_path / "r.html"
     write_report([shard], str(out), sample=10)
     assert "not shown" in "".join(Page(out.read_text()).text)
+
+
+def test_a_size_chart_spans_the_field_from_its_reservoir(monkeypatch):
+    # once a field's sizes are a reservoir sample, its chart still runs from the field's min to max
+    from tarproc import show
+    from tarproc.view.report import size_distribution
+
+    monkeypatch.setattr(show, "RESERVOIR", 10)
+    monkeypatch.setattr(show, "DISTINCT_SIZES", 4)
+    s = show.Summary(content=False)
+    sizes = [100 + i for i in range(1000)]
+    sizes[500] = 5000  # one outlier, almost surely not in a reservoir of 10
+    s.add_members([(f"k{i:05d}", "bin", bytes(n), i) for i, n in enumerate(sizes)], "x")
+    s.finish()
+    fs = s.fields["bin"]
+    assert len(fs.sizes) == 10 and 5000 not in fs.sizes
+    bins = size_distribution(fs).histogram()
+    assert (bins[0][0], bins[-1][1]) == (100, 5000) and sum(n for _, _, n in bins) == 1000
