@@ -336,3 +336,15 @@ def test_decode_audio_matches_the_dataset(speech: str) -> None:
     for row, sample in zip(audio, read_samples(speech), strict=True):
         data = sample.get("flac", sample.get("wav"))
         assert np.array_equal(row, decode_audio(data, spec, plan_key(sample["__key__"], 0)))
+
+
+def test_media_dataset_pickles_for_spawned_workers(speech: str) -> None:
+    import pickle
+
+    ds = Dataset(speech, batch_size=5, decode={"flac;wav": AudioSpec(sample_rate=8000, seconds=0.3, random_crop=True)},
+                 collate="pad", tensors="numpy")
+    copy = pickle.loads(pickle.dumps(ds))
+    (a,), (b,) = list(ds), list(copy)
+    assert np.array_equal(a["flac"] if "flac" in a else a["wav"], b["flac"] if "flac" in b else b["wav"])
+    hooked = pickle.loads(pickle.dumps(Dataset(speech, batch_size=5, collate=_first_key)))
+    assert list(hooked) == ["utt0"]
