@@ -416,12 +416,16 @@ def _pad_column(values: list[Any], name: str, rows: list[Any] | None = None) -> 
     first = values[0]
     if not (isinstance(first, np.ndarray) and first.dtype != object and first.ndim in (1, 2)):
         return collate_column(values), None
+    url = rows[0].get("__url__") if rows and isinstance(rows[0], dict) else None
+    missing = sum(v is None for v in values)
+    if missing:
+        raise SampleError(f"cannot pad field {name!r}: {missing} of the batch's {len(values)} samples have no such "
+                          "field (for alternatives such as 'flac;wav', select them with to_tuple)", url)
     if not all(isinstance(v, np.ndarray) and v.ndim == first.ndim and v.shape[:-1] == first.shape[:-1]
                and v.dtype == first.dtype for v in values):
         other = next(v for v in values if not (isinstance(v, np.ndarray) and v.shape[:-1] == first.shape[:-1]
                                                 and v.dtype == first.dtype))
         shape = getattr(other, "shape", type(other).__name__)
-        url = rows[0].get("__url__") if rows and isinstance(rows[0], dict) else None
         raise SampleError(f"cannot pad column {name!r}: its values differ in more than their last axis "
                           f"({first.dtype} {first.shape} and {getattr(other, 'dtype', '')} {shape}); pad pads the "
                           "last axis only", url)
