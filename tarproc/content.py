@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from .errors import MissingDependencyError, TarprocError
@@ -165,18 +166,7 @@ class Distribution:
         return [(min(max(_bucket_value(b), self.min), self.max), n) for b, n in sorted(self.buckets.items())]
 
     def median(self) -> float | None:
-        if not self.count:
-            return None
-        points = self._points()
-        half = (self.count - 1) / 2
-        seen, lo = 0, None
-        for value, n in points:
-            if lo is None and seen + n > math.floor(half):
-                lo = value
-            if seen + n > math.ceil(half):
-                return (lo + value) / 2 if lo is not None else float(value)
-            seen += n
-        return float(points[-1][0])  # pragma: no cover - the loop always returns
+        return median_of_counts(self._points(), self.count)
 
     def histogram(self, bins: int = CHART_BINS) -> list[tuple[float, float, int]]:
         """``[(low, high, count)]``: equal-width bins from min to max (fewer for few distinct integers)."""
@@ -201,6 +191,24 @@ class Distribution:
             "mean": self.total / self.count, "median_exact": self.exact,
             "histogram": [[lo, hi, n] for lo, hi, n in self.histogram()],
         }
+
+
+def median_of_counts(points: Iterable[tuple[float, int]], n: int) -> float | None:
+    """The median of ``n`` values given as ``(value, count)`` pairs in value order.
+
+    >>> median_of_counts([(1, 1), (2, 2), (7, 1)], 4), median_of_counts([(1, 1), (2, 1)], 2), median_of_counts([], 0)
+    (2.0, 1.5, None)
+    """
+    lo_rank, hi_rank = (n - 1) // 2, n // 2  # 0-based ranks of the middle one or two
+    seen = 0
+    lo: float | None = None
+    for value, count in points:
+        seen += count
+        if lo is None and seen > lo_rank:
+            lo = value
+        if seen > hi_rank:
+            return (lo + value) / 2 if lo is not None else float(value)
+    return None  # no values (or counts that add up to less than n)
 
 
 def _bucket(v: float) -> int:
@@ -715,4 +723,5 @@ def format_problems(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["PROBLEMS", "ContentStats", "Distribution", "FieldContent", "Tally", "classes", "plural", "tarfirst_command"]
+__all__ = ["PROBLEMS", "ContentStats", "Distribution", "FieldContent", "Tally", "classes", "median_of_counts", "plural",
+           "tarfirst_command"]

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .content import plural
+from .content import IMAGE_TYPES, median_of_counts, plural
 from .errors import TarprocError
 from .samples import field_names, is_metadata_name
 from .sniff import escape_surrogates, escape_text, sniff_type
@@ -46,7 +46,6 @@ MAX_SHARD_KEYS = 2_000_000
 EXAMPLES = 3
 _JSON_PARSE_LIMIT = 1 << 16  # bigger JSON is previewed as text rather than parsed
 TEXT_TYPES = ("text", "json", "empty")
-IMAGE_TYPES = ("jpeg", "png", "gif", "bmp", "tiff", "webp", "jpeg2000", "avif", "heic", "heif")
 ELLIPSIS = "…"
 
 
@@ -269,28 +268,12 @@ class FieldStats:
 
     def median(self) -> float | None:
         if self.hist is not None:
-            return _hist_median(self.hist, self.samples)
+            return median_of_counts(sorted(self.hist.items()), self.samples)
         if not self.sizes:
             return None
         s = sorted(self.sizes)
         mid = len(s) // 2
         return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-
-
-def _hist_median(hist: Counter[int], n: int) -> float | None:
-    if not n:
-        return None
-    lo_rank, hi_rank = (n - 1) // 2, n // 2  # 0-based ranks of the middle one or two
-    seen = 0
-    lo = None
-    for size in sorted(hist):
-        seen += hist[size]
-        if lo is None and seen > lo_rank:
-            lo = size
-        if seen > hi_rank:
-            assert lo is not None
-            return (lo + size) / 2
-    return None  # pragma: no cover - n is the sum of the counts
 
 
 # what makes a field surprising (the reason shown, and a test on the field name)

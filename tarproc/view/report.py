@@ -45,8 +45,6 @@ MAX_KEPT_TOTAL = 512 << 20  # nor one that would take the fields of all the chos
 MAX_TEXT = 2000  # characters of a text field shown on a card
 MAX_JSON = 4000
 MAX_CHART_BARS = 20
-_AUDIO_MIME = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "ogg": "audio/ogg", "opus": "audio/ogg",
-               "oga": "audio/ogg", "m4a": "audio/mp4", "aac": "audio/aac", "webm": "audio/webm"}
 
 
 @dataclass
@@ -264,7 +262,7 @@ class _Page:
         self.add("</table>")
 
 
-def _overview(page: _Page, d: dict[str, Any], urls: list[str], seed: int | None) -> None:
+def _overview(page: _Page, d: dict[str, Any], urls: list[str]) -> None:
     problems = (f'<a class="problem" href="#problems">{_esc(plural(len(d["problems"]), "kind"))} of problem</a>'
                 if d["problems"] else '<span class="ok">no problems found</span>')
     page.add(f"<p>{_esc(plural(d['samples'], 'sample'))} in {_esc(plural(d['shards'], 'shard'))} · "
@@ -419,7 +417,7 @@ def _card(sample: dict[str, Any], thumb: int) -> str:
             except TarprocError as e:
                 body = f'<span class="problem">{_esc(e)}</span>'
         elif ext in AUDIO_EXTENSIONS or (kind in ("wav", "flac", "mp3") and ext not in VIDEO_EXTENSIONS):
-            body = _audio(data, kind, ext)
+            body = _audio(data, ext)
         elif ext in VIDEO_EXTENSIONS or kind in ("mp4", "matroska", "avi"):
             body = _video(data, thumb, f"{key}.{name}")
         elif name in LABEL_FIELDS or ext in LABEL_FIELDS:
@@ -473,7 +471,7 @@ def _json(data: bytes) -> str:
     return text if len(text) <= MAX_JSON else text[: MAX_JSON - 1] + "…"
 
 
-def _audio(data: bytes, kind: str, ext: str) -> str:
+def _audio(data: bytes, ext: str) -> str:
     from ..decode.media import probe
 
     try:
@@ -487,8 +485,18 @@ def _audio(data: bytes, kind: str, ext: str) -> str:
     note = f'<span class="note">{_esc(desc)}</span>' if desc else ""
     if len(data) > MAX_AUDIO_EMBED:
         return f'{note} <span class="note">(over {MAX_AUDIO_EMBED >> 20} MiB: not embedded)</span>'
-    mime = _AUDIO_MIME.get(kind) or _AUDIO_MIME.get(ext, "audio/wav")
+    mime = _audio_type(data, ext)
     return f'<audio controls preload="metadata" src="{_data_uri(mime, data)}"></audio>{note}'
+
+
+def _audio_type(data: bytes, ext: str) -> str:
+    """The Content-Type of an audio field, as the viewer serves it: by its bytes, else by its name."""
+    from .catalog import field_type, sniffed_type
+
+    for kind, mime in (sniffed_type(data[:512]), field_type(ext)):
+        if kind == "audio":
+            return mime
+    return "audio/wav"
 
 
 def _video(data: bytes, thumb: int, alt: str) -> str:
@@ -518,7 +526,7 @@ def render_html(acc: Summary, samples: list[dict[str, Any]], urls: list[str], ti
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{_esc(title)}</h1><p class=note>tarshow --report (tarproc {_esc(__version__)})</p>")
-    _overview(page, d, urls, seed)
+    _overview(page, d, urls)
     chosen = "all of them" if len(samples) == d["samples"] else (
         "chosen at random" + (f" (seed {seed})" if seed is not None else ""))
     page.add(f'<h2 id="samples">Samples</h2><p class=note>{len(samples)} of {d["samples"]} samples, {chosen}</p>'

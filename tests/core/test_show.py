@@ -525,3 +525,12 @@ def test_missing_json_keys_are_counted_per_key_and_said_so():
     s, d = content_of([{"__key__": f"j{i}", "json": json.dumps(doc).encode()} for i, doc in enumerate(docs)])
     assert d["content"]["problems"]["json_missing_keys"]["count"] == 2
     assert "keys most JSON documents have, missing from others: 2" in s.problems()
+
+
+def test_content_knows_the_media_extensions_decode_knows():
+    # content.py keeps its own copy (importing tarproc.decode would bring numpy into tarshow --summary)
+    from tarproc import content
+    from tarproc.decode import media
+
+    assert content.AUDIO_EXTENSIONS == media.AUDIO_EXTENSIONS and content.VIDEO_EXTENSIONS == media.VIDEO_EXTENSIONS
+    assert show.IMAGE_TYPES is content.IMAGE_TYPES
