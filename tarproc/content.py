@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .errors import MissingDependencyError, TarprocError
-from .sniff import escape_text, sniff_type
+from .sniff import escape_text, is_text, sniff_type
 
 DISTINCT_VALUES = 1024  # a distribution keeps exact counts up to this many distinct values
 LOG_STEPS = 16  # buckets per doubling once it has more
@@ -410,6 +410,8 @@ class ContentStats:
             sniffed = claimed  # what the name says, as its first bytes confirm
         else:
             sniffed = sniff_type(data)
+            if claimed is None and sniffed in IMAGE_TYPES and is_text(data[:512], complete=len(data) <= 512):
+                sniffed = "text"  # "BMW makes cars" starts like a BMP ("BM"), but no image is all text
         fc.types.add(sniffed)
         if claimed is not None or sniffed in IMAGE_TYPES:  # named an image: whatever it holds is one or broken
             fc.kinds["image"] += 1
@@ -541,7 +543,8 @@ class ContentStats:
 
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                # nothing on stderr: a damaged header is counted and its example says why
+                warnings.simplefilter("ignore")
                 with Image.open(io.BytesIO(bytes(data))) as img:
                     width, height = img.size
                     return width, height, img.mode, len(img.getbands())

@@ -534,3 +534,17 @@ def test_content_knows_the_media_extensions_decode_knows():
 
     assert content.AUDIO_EXTENSIONS == media.AUDIO_EXTENSIONS and content.VIDEO_EXTENSIONS == media.VIDEO_EXTENSIONS
     assert show.IMAGE_TYPES is content.IMAGE_TYPES
+
+
+def test_text_that_starts_like_an_image_is_text_and_header_reads_warn_nothing():
+    import warnings
+
+    samples = [{"__key__": f"k{i}", "desc": b"BMW makes cars", "note": b"MM\x00* not tiff"} for i in range(3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s, d = content_of(samples)
+    assert [str(w.message) for w in caught] == []  # Pillow's complaints about a broken TIFF stay inside
+    desc = d["content"]["fields"]["desc"]
+    assert desc["kinds"] == {"text": 3} and "image" not in desc
+    bad = d["content"]["problems"]["undecodable_images"]
+    assert bad["count"] == 3 and {e["field"] for e in bad["examples"]} == {"note"}
