@@ -70,6 +70,19 @@ _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", 
                list: "array", dict: "object"}
 
 
+def sniff_content(data: bytes | bytearray | memoryview) -> str:
+    """``sniff_type``, but text whose first bytes look like an image's magic is text: "BMW makes
+    cars" starts like a BMP (``BM``), and no image is all printable UTF-8.
+
+    >>> sniff_content(b"BMW makes cars"), sniff_content(b"BM" + bytes(60))
+    ('text', 'bmp')
+    """
+    kind = sniff_type(data)
+    if kind in IMAGE_TYPES and is_text(data[:512], complete=len(data) <= 512):
+        return "text"
+    return kind
+
+
 def plural(n: int, word: str, words: str | None = None) -> str:
     """``"1 sample"``, ``"2 samples"``.
 
@@ -409,9 +422,7 @@ class ContentStats:
         if claimed is not None and data[:_MAGIC_LEN.get(claimed, 0)] == _MAGIC.get(claimed):
             sniffed = claimed  # what the name says, as its first bytes confirm
         else:
-            sniffed = sniff_type(data)
-            if claimed is None and sniffed in IMAGE_TYPES and is_text(data[:512], complete=len(data) <= 512):
-                sniffed = "text"  # "BMW makes cars" starts like a BMP ("BM"), but no image is all text
+            sniffed = sniff_content(data)
         fc.types.add(sniffed)
         if claimed is not None or sniffed in IMAGE_TYPES:  # named an image: whatever it holds is one or broken
             fc.kinds["image"] += 1
@@ -727,4 +738,4 @@ def format_problems(doc: dict[str, Any]) -> list[str]:
 
 
 __all__ = ["PROBLEMS", "ContentStats", "Distribution", "FieldContent", "Tally", "classes", "median_of_counts", "plural",
-           "tarfirst_command"]
+           "sniff_content", "tarfirst_command"]

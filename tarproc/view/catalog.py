@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+from ..content import sniff_content
 from ..errors import IndexFileError, OptionError, SourceError, TarprocError
 from ..index import IndexedShard, IndexEntry, default_index_url
-from ..sniff import sniff_type
 from ..sources import local_path, open_source
 from ..sources.remote import url_to_fs
 
@@ -84,7 +84,7 @@ def field_type(field: str) -> tuple[str, str]:
 
 def sniffed_type(data: bytes) -> tuple[str, str]:
     """``(kind, Content-Type)`` from a field's first bytes (for unknown extensions)."""
-    return _SNIFFED.get(sniff_type(data), BINARY)
+    return _SNIFFED.get(sniff_content(data), BINARY)
 
 
 class Condition(NamedTuple):

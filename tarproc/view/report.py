@@ -29,12 +29,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..content import IMAGE_TYPES, PROBLEMS, Distribution, classes, plural
+from ..content import IMAGE_TYPES, PROBLEMS, Distribution, classes, plural, sniff_content
 from ..errors import MissingDependencyError, OptionError, TarprocError
 from ..samples import is_metadata_name
 from ..show import FieldStats, Summary
 from ..sinks import open_sink
-from ..sniff import sniff_type
 
 DEFAULT_SAMPLE = 48
 THUMB = 192  # px, the longer side of a thumbnail or poster frame
@@ -408,7 +407,7 @@ def _card(sample: dict[str, Any], thumb: int) -> str:
             out.append(f'<div class="field"><span class="name">{_esc(name)} · {int(data):,} B</span><br>'
                        f'<span class="note">(not shown: {_too_big(int(data))})</span></div>')
             continue
-        kind = sniff_type(data)
+        kind = sniff_content(data)
         ext = name.rsplit(".", 1)[-1].lower()
         body: str
         if kind in IMAGE_TYPES:
@@ -446,7 +445,7 @@ def _card_order(name: str, data: bytes) -> int:
     if isinstance(data, TooBig):
         return 6
     ext = name.rsplit(".", 1)[-1].lower()
-    kind = sniff_type(data[:512])
+    kind = sniff_content(data[:512])
     if kind in IMAGE_TYPES or ext in VIDEO_EXTENSIONS:
         return 0
     if name in LABEL_FIELDS or ext in LABEL_FIELDS:

@@ -333,3 +333,11 @@ def test_a_size_chart_spans_the_field_from_its_reservoir(monkeypatch):
     assert len(fs.sizes) == 10 and 5000 not in fs.sizes
     bins = size_distribution(fs).histogram()
     assert (bins[0][0], bins[-1][1]) == (100, 5000) and sum(n for _, _, n in bins) == 1000
+
+
+def test_text_that_starts_like_an_image_is_shown_as_text(tmp_path):
+    shard = write_tar(tmp_path / "bm.tar", [{"__key__": "a", "desc": b"BMW makes cars"}])
+    out = tmp_path / "r.html"
+    write_report([shard], str(out))
+    page = Page(out.read_text())
+    assert "BMW makes cars" in "".join(page.text) and not page.all("img")

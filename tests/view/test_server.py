@@ -671,3 +671,13 @@ def test_names_that_are_not_utf8(tmp_path, viewer):
     assert v.json("/api/sample/0/1")["key"] == key
     assert v.json("/api/find?key=caf%E9")["matches"] == [{"shard": 0, "pos": 1, "index": 1}]
     assert v.log == []
+
+
+def test_text_that_starts_like_an_image_is_shown_as_text(tmp_path, viewer):
+    path = tmp_path / "bm.tar"
+    with open(path, "wb") as f, TarWriter(f) as w:
+        w.write_sample({"__key__": "a", "desc": b"BMW makes cars", "pic": b"BM" + bytes(60)})
+    v = viewer([str(path)])
+    fields = {f["name"]: f for f in v.json("/api/sample/0/0")["fields"]}
+    assert (fields["desc"]["kind"], fields["desc"]["text"]) == ("text", "BMW makes cars")
+    assert fields["pic"]["kind"] == "image"
