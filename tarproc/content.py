@@ -477,11 +477,12 @@ class ContentStats:
             return
         try:
             doc = json.loads(bytes(data))
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
             if direct:
                 fc.types.add(sniff_type(data))
             fc.json_invalid += 1
-            self.problems["invalid_json"].add(key, field, url, " ".join(str(e).split())[:120])
+            reason = "nested too deep to parse" if isinstance(e, RecursionError) else " ".join(str(e).split())[:120]
+            self.problems["invalid_json"].add(key, field, url, reason)
             return
         if direct:
             fc.types.add("json")

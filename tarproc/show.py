@@ -106,7 +106,7 @@ def preview_field(data: bytes | bytearray | memoryview, width: int = DEFAULT_WID
 
         try:
             text = json.dumps(json.loads(bytes(data)), separators=(",", ":"), ensure_ascii=False)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
             text = None
     if text is None:
         # only the start is needed: a few bytes per character shown, and a bit for escapes
@@ -177,7 +177,7 @@ def label_of(sample: dict[str, Any], width: int = 30) -> str | None:
 
         try:
             doc = json.loads(bytes(data))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if isinstance(doc, dict):
             for name in ("label", "cls", "class", "caption", "text"):

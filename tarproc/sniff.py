@@ -139,7 +139,7 @@ def _is_json(data: bytes | bytearray | memoryview) -> bool:
         return True
     try:
         json.loads(bytes(data))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: valid, but nested too deep to parse
         return False
     return True
 

@@ -358,7 +358,7 @@ class Catalog:
 
                 try:
                     value = json.loads(data)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
                     return False
                 for part in rest:
                     if isinstance(value, dict) and part in value:

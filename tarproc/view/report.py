@@ -465,7 +465,7 @@ def _text(data: bytes, limit: int) -> str:
 def _json(data: bytes) -> str:
     try:
         text = json.dumps(json.loads(data), indent=1, ensure_ascii=False)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, or nested too deep
         text = data.decode("utf-8", errors="replace")
     return text if len(text) <= MAX_JSON else text[: MAX_JSON - 1] + "…"
 

@@ -382,7 +382,7 @@ def _text_of(value: bytes, kind: str, full: bool) -> tuple[str, bool]:
     if kind == "json":
         try:
             text = json.dumps(json.loads(value), indent=2 if full else 1, ensure_ascii=False)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep
             pass
     if not full and len(text) > PREVIEW_CHARS:
         return text[: PREVIEW_CHARS - 1] + "…", True

@@ -341,3 +341,11 @@ def test_text_that_starts_like_an_image_is_shown_as_text(tmp_path):
     write_report([shard], str(out))
     page = Page(out.read_text())
     assert "BMW makes cars" in "".join(page.text) and not page.all("img")
+
+
+def test_json_nested_too_deep_is_shown_as_text(tmp_path):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    shard = write_tar(tmp_path / "deep.tar", [{"__key__": "a", "json": deep, "data": deep}])
+    out = tmp_path / "r.html"
+    info = write_report([shard], str(out))
+    assert info.cards == 1 and "JSON that does not parse: 1" in out.read_text()

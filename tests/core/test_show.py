@@ -548,3 +548,16 @@ def test_text_that_starts_like_an_image_is_text_and_header_reads_warn_nothing():
     assert desc["kinds"] == {"text": 3} and "image" not in desc
     bad = d["content"]["problems"]["undecodable_images"]
     assert bad["count"] == 3 and {e["field"] for e in bad["examples"]} == {"note"}
+
+
+DEEP_JSON = b"[" * 100_000 + b"]" * 100_000  # valid JSON that Python's parser can't nest so deep
+
+
+def test_json_nested_too_deep_is_a_problem_not_a_crash():
+    assert preview_field(DEEP_JSON)["type"] == "text"
+    assert label_of({"__key__": "a", "json": b'{"label": ' + DEEP_JSON + b"}"}) is None
+    s, d = content_of([{"__key__": "deep", "json": DEEP_JSON, "txt": b"x"}, {"__key__": "ok", "json": b"{}"}])
+    j = d["content"]["fields"]["json"]["json"]
+    assert (j["count"], j["objects"], j["invalid"]) == (2, 1, 1)
+    example = d["content"]["problems"]["invalid_json"]["examples"][0]
+    assert example["key"] == "deep" and "nested too deep" in example["reason"]

@@ -681,3 +681,17 @@ def test_text_that_starts_like_an_image_is_shown_as_text(tmp_path, viewer):
     fields = {f["name"]: f for f in v.json("/api/sample/0/0")["fields"]}
     assert (fields["desc"]["kind"], fields["desc"]["text"]) == ("text", "BMW makes cars")
     assert fields["pic"]["kind"] == "image"
+
+
+def test_json_nested_too_deep_is_text_and_filters_pass_it_by(tmp_path, viewer):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    path = tmp_path / "deep.tar"
+    with open(path, "wb") as f, TarWriter(f) as w:
+        w.write_sample({"__key__": "a", "json": deep})
+        w.write_sample({"__key__": "b", "json": b'{"x": 1}'})
+    v = viewer([str(path)])
+    assert len(v.json("/api/page")["samples"]) == 2
+    fields = {f["name"]: f for f in v.json("/api/sample/0/0")["fields"]}
+    assert fields["json"]["text"][:3] == "[[[" and len(fields["json"]["text"]) == len(deep)
+    assert keys(v.json("/api/page?filter=json.x=1")) == ["b"]
+    assert v.log == []
