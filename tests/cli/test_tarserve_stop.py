@@ -25,7 +25,7 @@ CONSUMER = """
 import sys, time
 from tarproc.transport import Receiver
 url, log = sys.argv[1], sys.argv[2]
-receiver = Receiver(url, timeout=2, wait=60)  # a pause lasts longer than the timeout: it is waited through
+receiver = Receiver(url, timeout=4, wait=60)  # a pause lasts longer than the timeout: it is waited through
 with open(log, "a") as out:
     for batch in receiver:
         for key in batch["__key__"]:
@@ -73,7 +73,7 @@ def test_a_polite_stop_with_a_checkpoint_is_a_pause(cli, tmp_path, senders, how)
     log = tmp_path / "taken"
     consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, f"zpull+{feed}", str(log)], stderr=subprocess.PIPE)
     args = ("--raw", *paths, "--to", f"zpush+{feed}", "-b", 10, "-q", "--stats", "--checkpoint",
-            tmp_path / "feed.ckpt", "--shuffle", 50, "--heartbeat", 0.2, "-p", senders)
+            tmp_path / "feed.ckpt", "--shuffle", 50, "-p", senders)
     sender = tarserve(*args, group=True)
     wait_for(lambda: len(lines(log)) >= 300)
     if how == "SIGTERM":  # a kill, a pod stop: the parent process only
@@ -85,7 +85,7 @@ def test_a_polite_stop_with_a_checkpoint_is_a_pause(cli, tmp_path, senders, how)
     assert "Traceback" not in err and "error" not in err, err
     taken = len(lines(log))
     assert taken < len(keys), "the stream ended before the stop: make it longer"
-    time.sleep(3)  # past the consumer's --timeout of 2 s
+    time.sleep(5)  # past the consumer's timeout of 4 s
     assert consumer.poll() is None, consumer.stderr.read().decode() if consumer.stderr else ""
     code, err = finish(tarserve(*args))
     assert code == 0 and "(resumed from" in err, err
@@ -108,14 +108,14 @@ def test_tarrecv_writes_one_whole_tar_through_a_pause(cli, tmp_path) -> None:  #
     feed = f"ipc://{tmp_path}/feed"
     out = tmp_path / "y.tar"
     receiver = subprocess.Popen([sys.executable, "-m", "tarproc.cli.tarrecv", f"zpull+{feed}", "-o", out,
-                                 "--timeout", "2"], stderr=subprocess.PIPE)
+                                 "--timeout", "4"], stderr=subprocess.PIPE)
     args = ("--raw", *paths, "--to", f"zpush+{feed}", "-b", 10, "-q", "--checkpoint", tmp_path / "feed.ckpt",
-            "-p", 2, "--heartbeat", 0.2)
+            "-p", 2)
     sender = tarserve(*args)
     wait_for(lambda: (tmp_path / "y.tar.part").exists() and (tmp_path / "y.tar.part").stat().st_size > 200_000)
     sender.send_signal(signal.SIGTERM)
     assert finish(sender)[0] == 143
-    time.sleep(3)
+    time.sleep(5)
     assert receiver.poll() is None, receiver.stderr.read().decode() if receiver.stderr else ""
     code, err = finish(tarserve(*args))
     assert code == 0, err
