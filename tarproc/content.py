@@ -39,6 +39,7 @@ LOG_STEPS = 16  # buckets per doubling once it has more
 MAX_NAMES = 1000  # distinct names kept per tally (codecs, modes, resolutions, JSON value types)
 MAX_CLASSES = 10_000  # distinct labels kept per label field
 MAX_JSON_KEYS = 200  # distinct top-level JSON keys kept per field
+MAX_KEY_CHARS = 200  # a longer JSON key is counted with the keys not itemised
 JSON_PARSE_LIMIT = 1 << 20  # bigger JSON documents are counted, not parsed
 EXAMPLES = 3
 CHART_BINS = 20
@@ -494,7 +495,7 @@ class ContentStats:
         first = fc.json_first_docs
         known = 0
         for name, value in doc.items():
-            if name in keys or len(keys) < MAX_JSON_KEYS:
+            if name in keys or (len(keys) < MAX_JSON_KEYS and len(name) <= MAX_KEY_CHARS):
                 known += 1
                 if name not in keys and first:  # a key new here: every document before lacks it
                     fc.json_missing_examples[name] = first[:EXAMPLES]
@@ -655,6 +656,12 @@ def _tally(name: str, t: dict[str, Any], shown: int = 8) -> str:
     return f"    {name:<12}{', '.join(parts) or '-'}"
 
 
+def other_keys(n: int) -> str:
+    """What a JSON field's ``other_keys`` count is, in words."""
+    return (f"{n} uses of keys not itemised: past the first {MAX_JSON_KEYS} distinct keys, or names over "
+            f"{MAX_KEY_CHARS} characters")
+
+
 def classes(labels: dict[str, Any]) -> str:
     """``"3 classes"``, or where the tally is full ``"more than 10000 classes (N labels not itemised)"``."""
     if labels["other"]:
@@ -714,8 +721,7 @@ def format_content(doc: dict[str, Any], samples: int) -> list[str]:
             if len(j["keys"]) > 30:
                 lines.append(f"    ... and {len(j['keys']) - 30} more keys (--json lists them)")
             if j["other_keys"]:
-                lines.append(f"    (more than {len(j['keys'])} distinct keys: {j['other_keys']} uses of further keys "
-                             "not itemised)")
+                lines.append(f"    ({other_keys(j['other_keys'])})")
         if "labels" in f:
             lb = f["labels"]
             lines.append(f"  {name}: {plural(lb['count'], 'label')}, {classes(lb)}")

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..content import IMAGE_TYPES, PROBLEMS, Distribution, classes, plural, sniff_content
+from ..content import IMAGE_TYPES, PROBLEMS, Distribution, classes, other_keys, plural, sniff_content
 from ..errors import MissingDependencyError, OptionError, TarprocError
 from ..samples import is_metadata_name
 from ..show import FieldStats, Summary
@@ -352,8 +352,7 @@ def _content(page: _Page, content: dict[str, Any]) -> None:
             if len(j["keys"]) > 100 or j["other_keys"]:
                 more = [f"{len(j['keys']) - 100} more keys in tarshow --summary --json"] if len(j["keys"]) > 100 else []
                 if j["other_keys"]:
-                    more.append(f"more than {len(j['keys'])} distinct keys: {j['other_keys']} uses of further keys "
-                                "not itemised")
+                    more.append(other_keys(j["other_keys"]))
                 page.add(f"<p class=note>{_esc('; '.join(more))}</p>")
         if "labels" in f:
             lb = f["labels"]

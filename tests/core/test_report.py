@@ -295,7 +295,7 @@ def test_capped_tallies_say_so(tmp_path, monkeypatch):
     write_report([shard], str(out), sample=1)
     text = "".join(Page(out.read_text()).text)
     assert "40 labels, more than 5 classes (35 labels not itemised)" in text
-    assert "more than 4 distinct keys: 36 uses of further keys not itemised" in text
+    assert "36 uses of keys not itemised: past the first 4 distinct keys" in text
 
 
 def test_the_chosen_samples_are_kept_within_a_total(tmp_path, monkeypatch):

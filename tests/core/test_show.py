@@ -516,7 +516,7 @@ def test_capped_tallies_say_so_in_the_text(monkeypatch):
     assert d["content"]["fields"]["json"]["json"]["other_keys"] == 36
     text = s.format_text()
     assert "40 labels, more than 5 classes (35 labels not itemised)" in text
-    assert "more than 4 distinct keys: 36 uses of further keys not itemised" in text
+    assert "36 uses of keys not itemised: past the first 4 distinct keys" in text
     assert "lists them all" not in text
 
 
@@ -561,3 +561,11 @@ def test_json_nested_too_deep_is_a_problem_not_a_crash():
     assert (j["count"], j["objects"], j["invalid"]) == (2, 1, 1)
     example = d["content"]["problems"]["invalid_json"]["examples"][0]
     assert example["key"] == "deep" and "nested too deep" in example["reason"]
+
+
+def test_a_huge_json_key_is_not_kept():
+    docs = [{"x" * 100_000: 1, "a": 1}, {"a": 2}]
+    s, d = content_of([{"__key__": f"j{i}", "json": json.dumps(doc).encode()} for i, doc in enumerate(docs)])
+    j = d["content"]["fields"]["json"]["json"]
+    assert list(j["keys"]) == ["a"] and j["other_keys"] == 1
+    assert len(s.format_text()) < 5000
