@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import OptionError, SinkError
+from ..errors import OptionError, SinkError, TransportError
 
 SERVER, CLIENT, AUTHORIZED = "server", "client", "authorized_clients"
 
@@ -99,16 +99,24 @@ class Authenticator:
 
 def make_server(socket: Any, keys: tuple[bytes, bytes, Path]) -> None:
     public, secret, _ = keys
-    socket.curve_secretkey = secret
-    socket.curve_publickey = public
-    socket.curve_server = True
+    _set_keys(socket, curve_secretkey=secret, curve_publickey=public, curve_server=True)
 
 
 def make_client(socket: Any, keys: tuple[bytes, bytes, bytes]) -> None:
     public, secret, server_public = keys
-    socket.curve_secretkey = secret
-    socket.curve_publickey = public
-    socket.curve_serverkey = server_public
+    _set_keys(socket, curve_secretkey=secret, curve_publickey=public, curve_serverkey=server_public)
+
+
+def _set_keys(socket: Any, **options: Any) -> None:
+    """Set CURVE options; one ZMQ refuses (a libzmq without CURVE, a malformed key) is a
+    ``TransportError`` (the socket is already in its owner's list, which closes it)."""
+    import zmq
+
+    for name, value in options.items():
+        try:
+            setattr(socket, name, value)
+        except (zmq.ZMQError, TypeError, ValueError) as e:
+            raise TransportError(f"cannot set up CURVE encryption ({name}): {e}") from None
 
 
 # -- failed handshakes ------------------------------------------------------------------------------
