@@ -712,7 +712,7 @@ def format_content(doc: dict[str, Any], samples: int) -> list[str]:
         if "json" in f:
             j = f["json"]
             objects = j["objects"]
-            lines.append(f"  {name}: {plural(j['count'], 'JSON document')}, {objects} objects"
+            lines.append(f"  {name}: {plural(j['count'], 'JSON document')}, {plural(objects, 'object')}"
                          + (f", {j['invalid']} invalid" if j["invalid"] else ""))
             for key, info in list(j["keys"].items())[:30]:
                 share = 100 * info["count"] / max(objects, 1)

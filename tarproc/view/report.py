@@ -343,7 +343,7 @@ def _content(page: _Page, content: dict[str, Any]) -> None:
         if "json" in f:
             j = f["json"]
             objects = max(j["objects"], 1)
-            page.add(f"<p>{_esc(plural(j['count'], 'JSON document'))}, {j['objects']} objects, "
+            page.add(f"<p>{_esc(plural(j['count'], 'JSON document'))}, {_esc(plural(j['objects'], 'object'))}, "
                      f"{j['invalid']} invalid</p>")
             page.table(["key", "documents", "%", "value types"], [
                 [k, v["count"], f"{100 * v['count'] / objects:.1f}%", ", ".join(f"{t} {n}" for t, n in v["types"].items())]

@@ -569,3 +569,8 @@ def test_a_huge_json_key_is_not_kept():
     j = d["content"]["fields"]["json"]["json"]
     assert list(j["keys"]) == ["a"] and j["other_keys"] == 1
     assert len(s.format_text()) < 5000
+
+
+def test_one_json_object_is_singular():
+    s, _ = content_of([{"__key__": "a", "json": b"{}"}])
+    assert "json: 1 JSON document, 1 object" in s.format_text()
