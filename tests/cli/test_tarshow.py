@@ -560,3 +560,28 @@ def test_help_shows_the_new_options_with_examples(cli):
     for said in ("--report PATH", "--sample N", "--seed", "--serve", "--port", "--host", "--bytes-only",
                  "--report report.html --sample 48 --seed 1", "--serve "):
         assert said in r.stdout, said
+
+
+def test_report_ctrl_c_leaves_nothing(content_shard, tmp_path):
+    # the input never ends (pipe: a shard, then a long wait); once the report's temporary file
+    # exists the read is under way: Ctrl-C then ends with 130, one line, and no file of the report
+    import signal
+    import time
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    source = f"pipe:cat {content_shard}; sleep 60"
+    proc = subprocess.Popen([sys.executable, "-m", "tarproc.cli.tarshow", source, "--report", str(out_dir / "r.html"),
+                             "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.listdir(out_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(out_dir), "the report's temporary file never appeared"
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err.decode().count("\n") == 1 and "Traceback" not in err.decode()
+    assert os.listdir(out_dir) == []
