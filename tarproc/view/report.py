@@ -25,6 +25,7 @@ import io
 import json
 import math
 import random
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -529,8 +530,10 @@ def render_html(acc: Summary, samples: list[dict[str, Any]], urls: list[str], ti
         "chosen at random" + (f" (seed {seed})" if seed is not None else ""))
     page.add(f'<h2 id="samples">Samples</h2><p class=note>{len(samples)} of {d["samples"]} samples, {chosen}</p>'
              "<div class=cards>")
-    for sample in (wrap(samples) if wrap else samples):
-        page.add(_card(sample, thumb))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a damaged field is said on its card: nothing from Pillow on stderr
+        for sample in (wrap(samples) if wrap else samples):
+            page.add(_card(sample, thumb))
     page.add("</div>")
     _fields(page, d, acc)
     if d.get("content"):

@@ -349,3 +349,15 @@ def test_json_nested_too_deep_is_shown_as_text(tmp_path):
     out = tmp_path / "r.html"
     info = write_report([shard], str(out))
     assert info.cards == 1 and "JSON that does not parse: 1" in out.read_text()
+
+
+def test_a_damaged_image_on_a_card_warns_nothing(tmp_path):
+    import warnings
+
+    shard = write_tar(tmp_path / "tiff.tar", [{"__key__": f"k{i}", "note": b"MM\x00* not tiff"} for i in range(2)])
+    out = tmp_path / "r.html"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        write_report([shard], str(out))
+    assert [str(w.message) for w in caught] == []  # the card says what is wrong; nothing on stderr
+    assert len(Page(out.read_text()).all("span")) >= 2
