@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .content import IMAGE_TYPES, median_of_counts, plural
+from .content import IMAGE_TYPES, median_of_counts, plural, sniff_content
 from .errors import TarprocError
 from .samples import field_names, is_metadata_name
 from .sniff import escape_surrogates, escape_text, sniff_type
@@ -162,7 +162,7 @@ def image_fields(sample: dict[str, Any], spec: list[tuple[str, list[str]]] | Non
     """Fields holding an image: those sniffed as one, or those a ``parse_fields`` spec names."""
     if spec is not None:
         return pick_fields(sample, spec)
-    return [name for name in pick_fields(sample, None) if sniff_type(sample[name][:512]) in IMAGE_TYPES]
+    return [name for name in pick_fields(sample, None) if sniff_content(sample[name][:512]) in IMAGE_TYPES]
 
 
 def label_of(sample: dict[str, Any], width: int = 30) -> str | None:

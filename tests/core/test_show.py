@@ -574,3 +574,10 @@ def test_a_huge_json_key_is_not_kept():
 def test_one_json_object_is_singular():
     s, _ = content_of([{"__key__": "a", "json": b"{}"}])
     assert "json: 1 JSON document, 1 object" in s.format_text()
+
+
+def test_image_fields_are_not_text_that_starts_like_one():
+    from tarproc.show import image_fields
+
+    sample = {"__key__": "a", "desc": b"BMW makes cars", "jpg": image_bytes(), "bmp": b"BM" + bytes(60)}
+    assert image_fields(sample) == ["bmp", "jpg"]
