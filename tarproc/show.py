@@ -96,7 +96,7 @@ def preview_field(data: bytes | bytearray | memoryview, width: int = DEFAULT_WID
     >>> preview_field(bytes([0, 1, 2, 200]))
     {'size': 4, 'type': 'binary'}
     """
-    kind = sniff_type(data)
+    kind = sniff_content(data)
     out: dict[str, Any] = {"size": len(data), "type": kind}
     if kind not in TEXT_TYPES:
         return out

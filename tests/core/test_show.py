@@ -581,3 +581,8 @@ def test_image_fields_are_not_text_that_starts_like_one():
 
     sample = {"__key__": "a", "desc": b"BMW makes cars", "jpg": image_bytes(), "bmp": b"BM" + bytes(60)}
     assert image_fields(sample) == ["bmp", "jpg"]
+
+
+def test_a_preview_of_text_that_starts_like_an_image_is_text():
+    assert preview_field(b"BMW makes cars") == {"size": 14, "type": "text", "preview": "BMW makes cars"}
+    assert preview_field(b"BM" + bytes(60)) == {"size": 62, "type": "bmp"}
