@@ -183,14 +183,22 @@ class Distribution:
         return median_of_counts(self._points(), self.count)
 
     def histogram(self, bins: int = CHART_BINS) -> list[tuple[float, float, int]]:
-        """``[(low, high, count)]``: equal-width bins from min to max (fewer for few distinct integers)."""
+        """``[(low, high, count)]``: equal-width bins from min to max; where the values are whole
+        numbers spanning at most ``bins``, one bin per number (``low == high``).
+
+        >>> d = Distribution()
+        >>> for v in (1, 2, 2, 4): d.add(v)
+        >>> d.histogram()
+        [(1, 1, 1), (2, 2, 2), (3, 3, 0), (4, 4, 1)]
+        """
         if not self.count:
             return []
         lo, hi = self.min, self.max
         if hi == lo:
             return [(lo, hi, self.count)]
-        if all(float(v).is_integer() for v in (lo, hi)) and hi - lo + 1 < bins:
-            bins = int(hi - lo + 1)
+        values = self.values
+        if values is not None and hi - lo < bins and all(float(v).is_integer() for v in values):
+            return [(v, v, values.get(v, 0)) for v in range(int(lo), int(hi) + 1)]
         width = (hi - lo) / bins
         counts = [0] * bins
         for value, n in self._points():

@@ -586,3 +586,18 @@ def test_image_fields_are_not_text_that_starts_like_one():
 def test_a_preview_of_text_that_starts_like_an_image_is_text():
     assert preview_field(b"BMW makes cars") == {"size": 14, "type": "text", "preview": "BMW makes cars"}
     assert preview_field(b"BM" + bytes(60)) == {"size": 62, "type": "bmp"}
+
+
+def test_histogram_bins_whole_numbers_one_each_and_fractions_evenly():
+    from tarproc import content
+
+    d = content.Distribution()
+    for v in (3, 5, 5, 7):
+        d.add(v)
+    assert d.histogram() == [(3, 3, 1), (4, 4, 0), (5, 5, 2), (6, 6, 0), (7, 7, 1)]
+    d = content.Distribution()
+    for v in (1.0, 1.5, 2.25, 3.0):  # whole numbers at the ends only: durations, not counts
+        d.add(v)
+    bins = d.histogram()
+    assert len(bins) == content.CHART_BINS and sum(n for *_, n in bins) == 4
+    assert [n for lo, hi, n in bins if lo <= 1.5 < hi] == [1]
