@@ -503,17 +503,17 @@ class ContentStats:
         first = fc.json_first_docs
         known = 0
         for name, value in doc.items():
-            if name in keys or (len(keys) < MAX_JSON_KEYS and len(name) <= MAX_KEY_CHARS):
-                known += 1
-                if name not in keys and first:  # a key new here: every document before lacks it
+            tally = types.get(name)
+            if tally is None:
+                if len(keys) >= MAX_JSON_KEYS or len(name) > MAX_KEY_CHARS:
+                    fc.json_other_keys += 1
+                    continue
+                tally = types[name] = Tally()
+                if first:  # a key new here: every document before lacks it
                     fc.json_missing_examples[name] = first[:EXAMPLES]
-                keys[name] += 1
-                tally = types.get(name)
-                if tally is None:
-                    tally = types[name] = Tally()
-                tally.add(_JSON_TYPES.get(type(value), "other"))
-            else:
-                fc.json_other_keys += 1
+            known += 1
+            keys[name] += 1
+            tally.add(_JSON_TYPES.get(type(value), "other"))
         if len(first) < EXAMPLES:
             first.append((key, url))
         if known < len(keys):  # this document lacks a key others have: keep a few examples of that
