@@ -173,8 +173,7 @@ def main(
         _summary(reading, quiet, count, as_json, strict, not bytes_only)
         return
     if report is not None:
-        _report(reading, quiet, count, report, 48 if sample_size is None else sample_size,
-                0 if seed is None else seed, not bytes_only)
+        _report(reading, quiet, count, report, sample_size, 0 if seed is None else seed, not bytes_only)
         return
     if serve:
         if spec is not None or skip or count is not None:
@@ -322,9 +321,9 @@ def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool
         raise LintError([escape_text(problem) for problem in doc["problems"]])
 
 
-def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sample_size: int, seed: int,
+def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sample_size: int | None, seed: int,
             content: bool) -> None:
-    from ..view.report import write_report  # the report's room: only for --report
+    from ..view.report import DEFAULT_SAMPLE, write_report  # the report's room: only for --report
 
     def wrap(members: Any) -> Any:
         return progress(members, quiet, "tarshow", unit="member")
@@ -332,7 +331,8 @@ def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sam
     def wrap_cards(samples: Any) -> Any:
         return progress(samples, quiet, "tarshow: cards")
 
-    info = write_report(reading.urls, path, sample=sample_size, seed=seed, count=count, content=content,
+    sample = DEFAULT_SAMPLE if sample_size is None else sample_size
+    info = write_report(reading.urls, path, sample=sample, seed=seed, count=count, content=content,
                         on_error=reading.on_error, warn=warn, wrap=wrap, wrap_cards=wrap_cards, **reading.tar)
     if not quiet:
         problems = f", {plural(len(info.problems), 'kind')} of problem" if info.problems else ", no problems found"
