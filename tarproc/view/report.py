@@ -415,10 +415,10 @@ def _card(sample: dict[str, Any], thumb: int) -> str:
                 body = _img_tag(decode_image(data, max_size=thumb), f"{key}.{name}")
             except TarprocError as e:
                 body = f'<span class="problem">{_esc(e)}</span>'
-        elif ext in AUDIO_EXTENSIONS or (kind in ("wav", "flac", "mp3") and ext not in VIDEO_EXTENSIONS):
+        elif ext in AUDIO_EXTENSIONS or (kind in ("wav", "flac", "mp3", "ogg") and ext not in VIDEO_EXTENSIONS):
             body = _audio(data, ext)
         elif ext in VIDEO_EXTENSIONS or kind in ("mp4", "matroska", "avi"):
-            body = _video(data, thumb, f"{key}.{name}")
+            body = _video(data, ext, thumb, f"{key}.{name}")
         elif name in LABEL_FIELDS or ext in LABEL_FIELDS:
             body = f'<span class="label">{_esc(_text(data, 200))}</span>'
         elif kind == "json":
@@ -489,20 +489,25 @@ def _audio(data: bytes, ext: str) -> str:
 
 
 def _audio_type(data: bytes, ext: str) -> str:
-    """The Content-Type of an audio field, as the viewer serves it: by its bytes, else by its name."""
+    """The Content-Type of an audio field, as the viewer serves it: by its bytes, else by its name
+    (audio in a video container: ``video/mp4`` -> ``audio/mp4``)."""
     from .catalog import field_type, sniffed_type
 
     for kind, mime in (sniffed_type(data[:512]), field_type(ext)):
         if kind == "audio":
             return mime
+        if kind == "video":
+            return "audio/" + mime.partition("/")[2]
     return "audio/wav"
 
 
-def _video(data: bytes, thumb: int, alt: str) -> str:
+def _video(data: bytes, ext: str, thumb: int, alt: str) -> str:
     from ..decode.media import poster_frame, probe
 
     try:
         info = probe(data)
+        if info.kind == "audio":  # AAC in an .mp4, Opus in a .webm: no picture, a player
+            return _audio(data, ext)
         img = poster_frame(data, thumb)
     except TarprocError as e:  # MediaError, MissingDependencyError
         return f'<span class="problem">{_esc(e)}</span>'

@@ -361,3 +361,17 @@ def test_a_damaged_image_on_a_card_warns_nothing(tmp_path):
         write_report([shard], str(out))
     assert [str(w.message) for w in caught] == []  # the card says what is wrong; nothing on stderr
     assert len(Page(out.read_text()).all("span")) >= 2
+
+
+def test_audio_in_a_video_container_gets_a_player(tmp_path):
+    # AAC in an .mp4 (or Opus in a .webm): the card plays it, rather than saying it has no picture
+    pytest.importorskip("av")
+    from mediahelpers import encode_audio
+
+    shard = write_tar(tmp_path / "a.tar", [{"__key__": "a", "mp4": encode_audio("m4a", seconds=0.5)}])
+    out = tmp_path / "r.html"
+    write_report([shard], str(out))
+    page = Page(out.read_text())
+    audios = page.all("audio")
+    assert len(audios) == 1 and audios[0]["src"].startswith("data:audio/mp4;base64,")
+    assert not page.all("img") and "aac" in "".join(page.text)
