@@ -195,9 +195,10 @@ def _field_value(sample: Sample, key: str) -> Any:
         raw = sample[name]
         try:
             obj = json.loads(raw) if isinstance(raw, (bytes, bytearray, str)) else raw
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
+            reason = "nested too deeply to parse" if isinstance(e, RecursionError) else str(e)
             raise SampleError(
-                f"sample {sample.get('__key__')!r}: field {name!r} is not JSON ({e}), so {key!r} has no value",
+                f"sample {sample.get('__key__')!r}: field {name!r} is not JSON ({reason}), so {key!r} has no value",
                 sample.get("__url__"),
                 sample.get("__key__"),
             ) from None

@@ -118,6 +118,9 @@ def test_json_path_field():
     bad = [{"__key__": "z", "json": b"{not json"}]
     with pytest.raises(SampleError, match="'z': field 'json' is not JSON"):
         list(sort_samples(bad, "json.a"))
+    deep = [{"__key__": "d", "json": b"[" * 100_000 + b"]" * 100_000}]
+    with pytest.raises(SampleError, match=r"'d': field 'json' is not JSON \(nested too deeply to parse\)"):
+        list(sort_samples(deep, "json.a"))
 
 
 def test_bad_values_name_the_sample():
