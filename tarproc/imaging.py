@@ -74,33 +74,45 @@ def decode_image(data: bytes | bytearray | memoryview, max_size: int | None = No
     Raises ``ImageDecodeError`` for data Pillow can't decode, a decompression bomb, or an image
     over the decode stage's pixel limit (``DEFAULT_MAX_PIXELS``, after any draft reduction).
     """
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
-    from .decode.spec import DEFAULT_MAX_PIXELS
+    from .sniff import sniff_type
 
     try:
         with warnings.catch_warnings():
+            # Pillow's other warnings (truncated data, odd metadata) would be lines on stderr naming
+            # no sample: what matters is whether the image decodes
+            warnings.simplefilter("ignore")
             # a "decompression bomb" is an error here, not a warning: a thumbnail isn't worth it
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img: Any = Image.open(io.BytesIO(bytes(data)))
-        if max_size is not None and img.format == "JPEG":
-            img.draft("RGB", (max_size, max_size))
-        width, height = img.size  # from the header: refuse before the pixels are allocated
-        if width * height > DEFAULT_MAX_PIXELS:
-            raise ImageDecodeError(f"cannot decode image: {width}x{height} pixels is over the limit of "
-                                   f"{DEFAULT_MAX_PIXELS:,}", url)
-        img.load()
-        if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
-            # flatten transparency onto a neutral grey rather than black
-            rgba = img.convert("RGBA")
-            background = Image.new("RGBA", rgba.size, (128, 128, 128, 255))
-            img = Image.alpha_composite(background, rgba)
-        img = rgb_image(img)
-        if max_size is not None:
-            img.thumbnail((max_size, max_size))
-        return img
+            return _decoded(Image, data, max_size, url)
+    except UnidentifiedImageError:  # its message names an io.BytesIO object
+        raise ImageDecodeError(f"cannot decode image: not a format Pillow reads ({sniff_type(bytes(data[:64]))} "
+                               f"data, {len(data):,} bytes)", url) from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise ImageDecodeError(f"cannot decode image: {e}", url) from None
+
+
+def _decoded(Image: Any, data: bytes | bytearray | memoryview, max_size: int | None, url: str | None) -> Any:
+    from .decode.spec import DEFAULT_MAX_PIXELS
+
+    img: Any = Image.open(io.BytesIO(bytes(data)))
+    if max_size is not None and img.format == "JPEG":
+        img.draft("RGB", (max_size, max_size))
+    width, height = img.size  # from the header: refuse before the pixels are allocated
+    if width * height > DEFAULT_MAX_PIXELS:
+        raise ImageDecodeError(f"cannot decode image: {width}x{height} pixels is over the limit of "
+                               f"{DEFAULT_MAX_PIXELS:,}", url)
+    img.load()
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        # flatten transparency onto a neutral grey rather than black
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (128, 128, 128, 255))
+        img = Image.alpha_composite(background, rgba)
+    img = rgb_image(img)
+    if max_size is not None:
+        img.thumbnail((max_size, max_size))
+    return img
 
 
 def contact_sheet(

@@ -220,6 +220,9 @@ def test_decode_errors_are_named():
     assert isinstance(e.value, TarprocError) and str(e.value).startswith("x.tar: cannot decode image")
     with pytest.raises(ImageDecodeError):
         encode_for_terminal(b"junk", "kitty")
+    with pytest.raises(ImageDecodeError, match=r"^x\.tar: cannot decode image: not a format Pillow reads \(text data, 11 "
+                       r"bytes\)$"):  # not Pillow's "cannot identify image file <_io.BytesIO object at 0x...>"
+        decode_image(b"hello world", url="x.tar")
 
 
 def test_decode_flattens_transparency_and_reduces_jpeg():
