@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import gzip
-import http.server
 import io
 import json
 import re
 import tarfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -520,58 +518,6 @@ def test_memory_fs_reads_ranges(shard, monkeypatch):
         entry = ds.index.entries[5]
         assert calls == [(entry.offset, entry.offset + entry.size)]
     fs.rm("/idx", recursive=True)
-
-
-class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves files with Range support (206); records each GET's Range header."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:  # noqa: N802
-        rng = self.headers.get("Range")
-        self.server.log.append((self.path, rng))  # type: ignore[attr-defined]
-        path = Path(self.directory) / self.path.lstrip("/")
-        if not path.is_file():
-            self.send_error(404)
-            return
-        data = path.read_bytes()
-        if rng and rng.startswith("bytes=") and not self.server.ignore_ranges:  # type: ignore[attr-defined]
-            lo, hi = rng[len("bytes=") :].split("-")
-            a, b = int(lo), min(int(hi) if hi else len(data) - 1, len(data) - 1)
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {a}-{b}/{len(data)}")
-            body = data[a : b + 1]
-        else:
-            self.send_response(200)
-            body = data
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-@pytest.fixture
-def range_server(tmp_path: Path):  # type: ignore[no-untyped-def]
-    root = tmp_path / "www"
-    root.mkdir()
-
-    def handler(*args: Any, **kw: Any) -> _RangeHandler:
-        return _RangeHandler(*args, directory=str(root), **kw)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    server.log = []  # type: ignore[attr-defined]
-    server.ignore_ranges = False  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield server, root, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 def test_http_range_reads(shard, range_server):

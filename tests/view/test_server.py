@@ -3,14 +3,12 @@ filters, every field, media by byte range, and everything it must refuse."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -412,57 +410,6 @@ def test_index_beside_the_shard_is_used(tmp_path, viewer):
 
 # -------------------------------------------------------------------------------------------
 # remote shards, read by range
-
-
-class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """Files with Range support (206); records each GET's path and Range header."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:  # noqa: N802
-        rng = self.headers.get("Range")
-        self.server.log.append((self.path, rng))  # type: ignore[attr-defined]
-        path = Path(self.directory) / self.path.lstrip("/")
-        if not path.is_file():
-            self.send_error(404)
-            return
-        data = path.read_bytes()
-        if rng and rng.startswith("bytes="):
-            lo, hi = rng[len("bytes=") :].split("-")
-            a, b = int(lo), min(int(hi) if hi else len(data) - 1, len(data) - 1)
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {a}-{b}/{len(data)}")
-            body = data[a : b + 1]
-        else:
-            self.send_response(200)
-            body = data
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-@pytest.fixture
-def range_server(tmp_path: Path):  # type: ignore[no-untyped-def]
-    root = tmp_path / "www"
-    root.mkdir()
-
-    def handler(*args: Any, **kw: Any) -> _RangeHandler:
-        return _RangeHandler(*args, directory=str(root), **kw)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    server.log = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield server, root, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 @pytest.mark.parametrize("with_index", [True, False])
