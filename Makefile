@@ -54,9 +54,11 @@ demo: install
 	@echo "== 4. read the shards back: tarcat --stats over a brace list, first sample listed by GNU tar"
 	$(BIN)/tarcat '$(DEMO)/shards/demo-{000000..000003}.tar' --stats -q -o $(DEMO)/all.tar.gz
 	$(BIN)/tarcat $(DEMO)/all.tar.gz -c 1 | tar -tvf -
-	@echo "== 5. look inside: previews of 2 samples, then a lint of the whole dataset"
+	@echo "== 5. look inside: previews of 2 samples, a lint of the whole dataset, an HTML report"
 	$(BIN)/tarshow $(DEMO)/all.tar.gz -c 2
 	$(BIN)/tarshow '$(DEMO)/shards/demo-{000000..000003}.tar' --summary
+	$(BIN)/tarshow '$(DEMO)/shards/demo-{000000..000003}.tar' --report $(DEMO)/report.html --sample 24 -q \
+	  && echo "report (one self-contained HTML file; open it in a browser): $(DEMO)/report.html"
 	@echo "== 6. a table out (tar2tsv), and a tar back from it (tarcreate): byte-identical"
 	$(BIN)/tar2tsv $(DEMO)/shards/demo-000000.tar -f '__key__ cls json.label jpg:size jpg:sha256' -c 3
 	$(BIN)/tar2tsv $(DEMO)/all.tar.gz -f '__key__ cls json' | $(BIN)/tarcreate -o $(DEMO)/labels.tar
