@@ -252,11 +252,8 @@ def test_sigint_to_tarcat_writing_a_file(scripts, big, tmp_path, procs):
 # a terminal on stdout
 
 
-def _run_on_pty(argv, raw=False):
-    master, slave = pty.openpty()
-    if raw:
-        tty.setraw(slave)  # no newline translation: the bytes arrive as written
-    chunks: list[bytes] = []
+def _drain(master: int, chunks: list[bytes]) -> threading.Thread:
+    """A thread reading a pty's master side into ``chunks`` until the slave side closes."""
 
     def drain():
         while True:
@@ -270,6 +267,15 @@ def _run_on_pty(argv, raw=False):
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
+    return reader
+
+
+def _run_on_pty(argv, raw=False):
+    master, slave = pty.openpty()
+    if raw:
+        tty.setraw(slave)  # no newline translation: the bytes arrive as written
+    chunks: list[bytes] = []
+    reader = _drain(master, chunks)
     try:
         p = subprocess.Popen(argv, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env())
         os.close(slave)
@@ -378,19 +384,7 @@ def test_progress_bar_has_a_total_where_the_shards_can_be_counted(scripts, big, 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a bar needs a width
     chunks: list[bytes] = []
-
-    def drain():
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            chunks.append(chunk)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
+    reader = _drain(master, chunks)
     try:
         p = subprocess.Popen([scripts.tarcat, str(big), str(big), "--rekey", "r%04d", "-c", "150"],
                              stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, env=env())
