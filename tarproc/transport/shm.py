@@ -133,11 +133,12 @@ def open_shared(descriptor: Any, nbytes: int, peer_pid: int | None) -> memoryvie
         raise WireError("a batch in shared memory from a peer whose process is not known")
     path = f"/proc/{peer_pid}/fd/{descriptor['fd']}"
     try:
-        target = os.readlink(path)
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except OSError as e:
         raise WireError(f"shared batch {path}: {e.strerror}") from None
     try:
+        # the file opened, not the name read before (the peer may have put another file there since)
+        target = os.readlink(f"/proc/self/fd/{fd}")
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or not target.startswith(f"/memfd:{MEMFD_NAME}"):
             raise WireError(f"shared batch {path}: not a tarproc batch ({target[:80]})")
@@ -150,13 +151,14 @@ def open_shared(descriptor: Any, nbytes: int, peer_pid: int | None) -> memoryvie
         data = mmap.mmap(fd, HEADER + nbytes)
     finally:
         os.close(fd)
-    weakref.finalize(data, _give_back, lease, descriptor["lease"])
+    weakref.finalize(data, _give_back, lease, descriptor["lease"], os.getpid())
     return memoryview(data)[HEADER:]
 
 
-def _give_back(lease: mmap.mmap, number: int) -> None:
-    """The consumer let go of the batch: its sender may write into the block again."""
+def _give_back(lease: mmap.mmap, number: int, pid: int) -> None:
+    """The consumer let go of the batch: its sender may write into the block again. (Not in a
+    forked child: its copy of the mapping is the same memory, which its parent may still hold.)"""
     with contextlib.suppress(ValueError, OSError):
-        if int.from_bytes(lease[:8], "little") == number:
+        if os.getpid() == pid and int.from_bytes(lease[:8], "little") == number:
             lease[:8] = bytes(8)
         lease.close()

@@ -132,3 +132,42 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def test_a_forked_child_letting_go_of_a_batch_does_not_give_its_block_back() -> None:
+    # the child's copy of the mapping is the parent's memory: only the process that mapped the
+    # batch may clear its lease (else the sender writes the next batch under the parent's arrays)
+    block = SharedBlock((2, 2), "uint8")
+    block.held = False
+    block.lend()
+    array = np.frombuffer(open_shared(block.descriptor(), block.nbytes, os.getpid()), np.uint8)
+    pid = os.fork()
+    if pid == 0:  # the child lets go of its copy, and ends
+        code = 0
+        try:
+            del array
+            gc.collect()
+        except BaseException:  # noqa: BLE001 - report nothing, exit
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert not block.free()  # the parent still holds its arrays over the block
+    del array
+    gc.collect()
+    assert block.free()
+
+
+def test_open_shared_checks_the_file_it_opened_not_the_name_it_read_before(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # a peer can swap its descriptor between the receiver's readlink and open: the file opened
+    # is what must be a tarproc batch (a regular file would be mapped writable, and its bytes cleared)
+    other = open(tmp_path / "f", "wb+")  # noqa: SIM115 - an fd of this process that is no batch
+    other.write((5).to_bytes(8, "little") + bytes(2 * HEADER))
+    other.flush()
+    real = os.readlink
+    peer_path = f"/proc/{os.getpid()}/fd/{other.fileno()}"
+    monkeypatch.setattr(os, "readlink", lambda path: "/memfd:tarproc-batch (deleted)" if path == peer_path else real(path))
+    with pytest.raises(WireError, match="not a tarproc batch"):
+        open_shared({"fd": other.fileno(), "lease": 5}, 8, os.getpid())
+    other.close()
+    assert (tmp_path / "f").read_bytes()[:8] == (5).to_bytes(8, "little")
