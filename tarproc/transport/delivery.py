@@ -33,7 +33,7 @@ from ..errors import TransportError, WireError
 from .curve import Handshakes, handshake_events
 from .sockets import attach, close_sockets, monitor_event, open_socket, set_option
 from .urls import Endpoint
-from .wire import control, decode_ack, encode_batch
+from .wire import control, decode_ack, encode_batch, may_map_from
 
 _CONNECTION_EVENTS = 0x0001 | 0x0020 | 0x0200  # EVENT_CONNECTED | EVENT_ACCEPTED | EVENT_DISCONNECTED
 _DISCONNECTED = 0x0200
@@ -327,7 +327,8 @@ class Delivery:
         peer.credit = min(peer.credit + ack["credit"], self.hwm)  # more would hold batches in memory unbounded
         if "max_frame" in ack and ack["max_frame"] >= MIN_FRAME:
             peer.max_frame = ack["max_frame"]
-            peer.shm = ack.get("shm") is True and self.endpoints[index].address.startswith("ipc://")
+            peer.shm = (ack.get("shm") is True and self.endpoints[index].address.startswith("ipc://")
+                        and may_map_from(frames[0]))  # a receiver of another user can't open our files
         for seq in ack["seqs"]:
             item = peer.unacked.pop(seq, None)
             if item is not None:

@@ -24,6 +24,7 @@ more than about 150 MB (for a moment) or a few hundred milliseconds on its heade
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -302,6 +303,18 @@ def _peer_pid(frame: Any) -> int | None:
     if len(parts) == 4 and parts[0] == "localhost" and parts[3].isdigit():
         return int(parts[3])
     return None
+
+
+def may_map_from(frame: Any) -> bool:
+    """Whether the ipc peer that sent ``frame`` can map this process's shared-memory files: it is
+    known (its socket credentials), and it is this user or root (else ``/proc/PID/fd`` is closed to it)."""
+    try:
+        address = frame.get("Peer-Address")
+    except Exception:  # noqa: BLE001 - not a zmq.Frame, an old libzmq, a transport without one
+        return False
+    parts = address.split(":") if isinstance(address, str) else []
+    return (len(parts) == 4 and parts[0] == "localhost" and parts[1].isdigit() and parts[3].isdigit()
+            and int(parts[1]) in (0, os.geteuid()))
 
 
 class _TooManyContainers(Exception):

@@ -171,3 +171,27 @@ def test_open_shared_checks_the_file_it_opened_not_the_name_it_read_before(tmp_p
         open_shared({"fd": other.fileno(), "lease": 5}, 8, os.getpid())
     other.close()
     assert (tmp_path / "f").read_bytes()[:8] == (5).to_bytes(8, "little")
+
+
+
+class FakeFrame:
+    def __init__(self, address: object) -> None:
+        self.address = address
+
+    def get(self, name: str) -> object:
+        assert name == "Peer-Address"
+        return self.address
+
+
+def test_a_sender_puts_batches_in_shared_memory_only_for_a_receiver_that_can_open_them(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # a receiver of another user can't open /proc/PID/fd of the sender: every batch would be
+    # rejected there and never acknowledged, the stream stuck; one of unknown credentials neither
+    from tarproc.transport import wire
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert wire.may_map_from(FakeFrame("localhost:1000:1000:4242"))
+    assert wire.may_map_from(FakeFrame("localhost:0:0:4242"))  # root opens anything
+    assert not wire.may_map_from(FakeFrame("localhost:1001:1000:4242"))
+    assert not wire.may_map_from(FakeFrame(""))  # libzmq knows no credentials
+    assert not wire.may_map_from(FakeFrame("127.0.0.1:5555"))
+    assert not wire.may_map_from(b"an ack as bytes")
