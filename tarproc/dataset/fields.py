@@ -143,13 +143,19 @@ def gunzip(data: bytes, limit: int = DEFAULT_MAX_MEMBER_SIZE) -> bytes:
     >>> import gzip; gunzip(gzip.compress(b"abc"))
     b'abc'
     """
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = inflater.decompress(bytes(data), limit + 1)
-    if len(out) > limit:
-        raise ValueError(f"decompresses to more than {limit:,} bytes")
-    if not inflater.eof:
-        raise ValueError("gzip data cut short")
-    return out
+    rest, parts, size = bytes(data), [], 0
+    while True:  # every member (pigz, bgzip, cat a.gz b.gz write several)
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        out = inflater.decompress(rest, limit + 1 - size)
+        size += len(out)
+        parts.append(out)
+        if size > limit:
+            raise ValueError(f"decompresses to more than {limit:,} bytes")
+        if not inflater.eof:
+            raise ValueError("gzip data cut short")
+        rest = inflater.unused_data
+        if not rest.strip(b"\0"):  # (zeros after the last member are padding, as gzip -d takes them)
+            return b"".join(parts)
 
 
 def _inner_gz(inner: Handler | None) -> Handler:

@@ -326,6 +326,18 @@ def test_gunzip_limits() -> None:
         gunzip(gzip.compress(b"x" * 100)[:-12])
 
 
+def test_gunzip_reads_every_member() -> None:
+    # pigz, bgzip and `cat a.gz b.gz` write several members: all of them are the data (as gzip -d
+    # says), and the limit is on them together
+    two = gzip.compress(b"x" * 60) + gzip.compress(b"y" * 60)
+    assert gunzip(two) == b"x" * 60 + b"y" * 60
+    assert handler_for("txt.gz", DEFAULT_HANDLERS)(gzip.compress(b"ab") + gzip.compress(b"cd")) == "abcd"
+    with pytest.raises(ValueError, match="more than 100 bytes"):
+        gunzip(two, limit=100)
+    with pytest.raises(ValueError, match="cut short"):
+        gunzip(two[:-12])
+
+
 def test_decode_audio_matches_the_dataset(speech: str) -> None:
     """The dataset's rows are decode_audio of the field with the sample's plan key, nothing more."""
     spec = AudioSpec(sample_rate=8000, seconds=0.3, random_crop=True, seed=0)
