@@ -82,6 +82,9 @@ def _npy(data: bytes) -> np.ndarray:
 
 def _npz(data: bytes) -> dict[str, np.ndarray]:
     with np.load(io.BytesIO(bytes(data)), allow_pickle=False) as arrays:
+        size = sum(info.file_size for info in arrays.zip.infolist())  # (a zip bomb, as gunzip refuses)
+        if size > DEFAULT_MAX_MEMBER_SIZE:
+            raise ValueError(f"decompresses to {size:,} bytes, more than {DEFAULT_MAX_MEMBER_SIZE:,}")
         return {name: arrays[name] for name in arrays.files}
 
 

@@ -338,6 +338,19 @@ def test_gunzip_reads_every_member() -> None:
         gunzip(two[:-12])
 
 
+def test_an_npz_field_that_inflates_past_the_limit_is_refused(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # its arrays are compressed (savez_compressed): a small field can be gigabytes of zeros
+    from tarproc.dataset import fields
+
+    packed = io.BytesIO()
+    np.savez_compressed(packed, a=np.zeros(1 << 16, np.uint8))
+    assert len(packed.getvalue()) < 1000
+    assert fields.DEFAULT_HANDLERS["npz"](packed.getvalue())["a"].shape == (1 << 16,)
+    monkeypatch.setattr(fields, "DEFAULT_MAX_MEMBER_SIZE", 1 << 15)
+    with pytest.raises(ValueError, match="more than 32,768"):
+        fields.DEFAULT_HANDLERS["npz"](packed.getvalue())
+
+
 def test_decode_audio_matches_the_dataset(speech: str) -> None:
     """The dataset's rows are decode_audio of the field with the sample's plan key, nothing more."""
     spec = AudioSpec(sample_rate=8000, seconds=0.3, random_crop=True, seed=0)
