@@ -432,8 +432,8 @@ def _pad_column(values: list[Any], name: str, rows: list[Any] | None = None) -> 
                           "field (for alternatives such as 'flac;wav', select them with to_tuple)", url)
     if not all(isinstance(v, np.ndarray) and v.ndim == first.ndim and v.shape[:-1] == first.shape[:-1]
                and v.dtype == first.dtype for v in values):
-        other = next(v for v in values if not (isinstance(v, np.ndarray) and v.shape[:-1] == first.shape[:-1]
-                                                and v.dtype == first.dtype))
+        other = next(v for v in values if not (isinstance(v, np.ndarray) and v.ndim == first.ndim
+                                                and v.shape[:-1] == first.shape[:-1] and v.dtype == first.dtype))
         shape = getattr(other, "shape", type(other).__name__)
         raise SampleError(f"cannot pad column {name!r}: its values differ in more than their last axis "
                           f"({first.dtype} {first.shape} and {getattr(other, 'dtype', '')} {shape}); pad pads the "

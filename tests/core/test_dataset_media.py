@@ -376,3 +376,10 @@ def test_media_dataset_pickles_for_spawned_workers(speech: str) -> None:
         list(Dataset(speech, batch_size=5, decode={"flac;wav": AudioSpec(sample_rate=8000)}, collate="pad"))
     hooked = pickle.loads(pickle.dumps(Dataset(speech, batch_size=5, collate=_first_key)))
     assert list(hooked) == ["utt0"]
+
+
+def test_pad_collate_names_a_value_of_another_rank() -> None:
+    # a 0-d array among 1-d ones: the error names the column, it is not an internal StopIteration
+    rows = [{"__key__": "a", "x": np.arange(3)}, {"__key__": "b", "x": np.array(7)}]
+    with pytest.raises(SampleError, match=r"cannot pad column 'x'.*int64 \(3,\) and int64 \(\)"):
+        pad_collate(rows)
