@@ -23,6 +23,7 @@ sockets.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import secrets
@@ -52,9 +53,11 @@ class SharedBlock:
     def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
-        self.fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, HEADER + self.nbytes)
+            # its size is final: a receiver maps only a file that can't shrink under it (SIGBUS)
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self._map = mmap.mmap(self.fd, HEADER + self.nbytes)
         except BaseException:
             os.close(self.fd)
@@ -142,6 +145,8 @@ def open_shared(descriptor: Any, nbytes: int, peer_pid: int | None) -> memoryvie
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or not target.startswith(f"/memfd:{MEMFD_NAME}"):
             raise WireError(f"shared batch {path}: not a tarproc batch ({target[:80]})")
+        if not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK:
+            raise WireError(f"shared batch {path}: its file may shrink (it is not sealed)")
         if info.st_size < HEADER + nbytes:
             raise WireError(f"shared batch {path}: {info.st_size - HEADER} bytes, the header says {nbytes}")
         lease = mmap.mmap(fd, HEADER)
@@ -149,6 +154,8 @@ def open_shared(descriptor: Any, nbytes: int, peer_pid: int | None) -> memoryvie
             lease.close()
             raise WireError(f"shared batch {path}: its lease is not this batch's (written to since)")
         data = mmap.mmap(fd, HEADER + nbytes)
+    except OSError as e:  # (a file sealed against writing, no memory left for the mapping)
+        raise WireError(f"shared batch {path}: cannot map it: {e.strerror}") from None
     finally:
         os.close(fd)
     weakref.finalize(data, _give_back, lease, descriptor["lease"], os.getpid())

@@ -195,3 +195,35 @@ def test_a_sender_puts_batches_in_shared_memory_only_for_a_receiver_that_can_ope
     assert not wire.may_map_from(FakeFrame(""))  # libzmq knows no credentials
     assert not wire.may_map_from(FakeFrame("127.0.0.1:5555"))
     assert not wire.may_map_from(b"an ack as bytes")
+
+
+def test_a_batch_that_cannot_be_mapped_is_a_wire_error() -> None:
+    # (a peer's memory file sealed against writing, say): the receiver says so, it does not crash
+    import fcntl
+
+    fd = os.memfd_create("tarproc-batch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.write(fd, (9).to_bytes(8, "little") + bytes(2 * HEADER))
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK)
+        with pytest.raises(WireError, match="cannot map it"):
+            open_shared({"fd": fd, "lease": 9}, 8, os.getpid())
+    finally:
+        os.close(fd)
+
+
+def test_only_a_file_that_cannot_shrink_is_mapped() -> None:
+    # a peer that truncates its file under the receiver's mapping would kill it with SIGBUS
+    import fcntl
+
+    block = SharedBlock((2, 2), "uint8")
+    assert fcntl.fcntl(block.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+    with pytest.raises(PermissionError):
+        os.ftruncate(block.fd, 0)
+    fd = os.memfd_create("tarproc-batch", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, (9).to_bytes(8, "little") + bytes(2 * HEADER))
+        with pytest.raises(WireError, match="may shrink"):
+            open_shared({"fd": fd, "lease": 9}, 8, os.getpid())
+    finally:
+        os.close(fd)
+    block.release()
