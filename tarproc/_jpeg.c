@@ -69,6 +69,18 @@ static void on_message(j_common_ptr cinfo, int level)
     }
 }
 
+/* a decompressor whose errors longjmp to err->jump (set by the caller) and whose warnings count */
+static void new_decompressor(struct jpeg_decompress_struct *cinfo, struct error_manager *err)
+{
+    memset(cinfo, 0, sizeof(*cinfo));
+    cinfo->err = jpeg_std_error(&err->pub);
+    err->pub.error_exit = on_error;
+    err->pub.emit_message = on_message;
+    err->warned = 0;
+    err->message[0] = 0;
+    jpeg_create_decompress(cinfo);
+}
+
 static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer data;
@@ -86,13 +98,7 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
     PyObject *volatile out = NULL;
     PyThreadState *volatile released = NULL; /* the GIL, while libjpeg works */
     unsigned char *volatile saved = NULL;
-    memset(&cinfo, 0, sizeof(cinfo));
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
-    err.warned = 0;
-    err.message[0] = 0;
-    jpeg_create_decompress(&cinfo);
+    new_decompressor(&cinfo, &err);
     if (setjmp(err.jump)) { /* libjpeg failed: take the GIL back before touching Python objects */
         if (released != NULL)
             PyEval_RestoreThread(released);
@@ -184,13 +190,7 @@ static PyObject *read_header(PyObject *Py_UNUSED(self), PyObject *arg)
         return NULL;
     struct jpeg_decompress_struct cinfo;
     struct error_manager err;
-    memset(&cinfo, 0, sizeof(cinfo));
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
-    err.warned = 0;
-    err.message[0] = 0;
-    jpeg_create_decompress(&cinfo);
+    new_decompressor(&cinfo, &err);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
         PyBuffer_Release(&data);

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .errors import MissingDependencyError, TarprocError
-from .sniff import escape_text, is_text, sniff_type
+from .sniff import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS, escape_text, is_text, sniff_type
 
 DISTINCT_VALUES = 1024  # a distribution keeps exact counts up to this many distinct values
 LOG_STEPS = 16  # buckets per doubling once it has more
@@ -52,8 +52,6 @@ IMAGE_EXTENSIONS = {
     "webp": "webp", "jp2": "jpeg2000", "j2k": "jpeg2000", "avif": "avif", "heic": "heic", "heif": "heif",
 }
 IMAGE_TYPES = frozenset(IMAGE_EXTENSIONS.values())
-AUDIO_EXTENSIONS = frozenset({"wav", "flac", "ogg", "oga", "opus", "mp3", "m4a", "aac"})
-VIDEO_EXTENSIONS = frozenset({"mp4", "m4v", "webm", "mkv", "mov", "avi"})
 MEDIA_TYPES = frozenset({"wav", "flac", "ogg", "mp3", "mp4", "matroska", "avi"})
 _MAGIC = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n", "gif": b"GIF89a"}
 _MAGIC_LEN = {name: len(magic) for name, magic in _MAGIC.items()}

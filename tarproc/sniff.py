@@ -51,6 +51,10 @@ _MAGIC: tuple[tuple[int, bytes, str], ...] = (
 _RIFF = {b"WAVE": "wav", b"WEBP": "webp", b"AVI ": "avi"}
 _FTYP_IMAGE = {b"avif": "avif", b"avis": "avif", b"heic": "heic", b"heix": "heic", b"mif1": "heif"}
 
+# the field extensions of audio and video: the summary's statistics and the decoders route by them
+AUDIO_EXTENSIONS: frozenset[str] = frozenset({"wav", "flac", "ogg", "oga", "opus", "mp3", "m4a", "aac"})
+VIDEO_EXTENSIONS: frozenset[str] = frozenset({"mp4", "m4v", "webm", "mkv", "mov", "avi"})
+
 
 def sniff_type(data: bytes | bytearray | memoryview) -> str:
     """The kind of ``data`` by its magic bytes; ``"json"``/``"text"`` for text, else ``"binary"``."""

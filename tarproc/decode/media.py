@@ -28,13 +28,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import DecodeError, MediaError, MissingDependencyError, OptionError
 from ..samples import Sample
-from ..sniff import sniff_type
+from ..sniff import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS, sniff_type
 
 if TYPE_CHECKING:
     from PIL import Image
 
-AUDIO_EXTENSIONS: frozenset[str] = frozenset({"wav", "flac", "ogg", "oga", "opus", "mp3", "m4a", "aac"})
-VIDEO_EXTENSIONS: frozenset[str] = frozenset({"mp4", "m4v", "webm", "mkv", "mov", "avi"})
 MEDIA_EXTENSIONS: frozenset[str] = AUDIO_EXTENSIONS | VIDEO_EXTENSIONS
 INSTALL_HINT = "pip install 'tarproc[media]'"
 MAX_SAMPLE_RATE = 1 << 22  # Hz: a stored rate above this (4 MHz) is damage, not audio

@@ -396,8 +396,9 @@ def _img_tag(img: Any, alt: str) -> str:
 
 
 def _card(sample: dict[str, Any], thumb: int) -> str:
-    from ..content import AUDIO_EXTENSIONS, LABEL_FIELDS, VIDEO_EXTENSIONS
+    from ..content import LABEL_FIELDS
     from ..imaging import decode_image
+    from ..sniff import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
 
     key = str(sample["__key__"])
     out = [f'<div class="card"><div class="key" title="{_esc(sample["__url__"])}">{_esc(key)}</div>']
@@ -440,7 +441,8 @@ def _too_big(size: int) -> str:
 
 def _card_order(name: str, data: bytes) -> int:
     """Pictures first, then labels, text, audio, JSON and the rest."""
-    from ..content import AUDIO_EXTENSIONS, LABEL_FIELDS, VIDEO_EXTENSIONS
+    from ..content import LABEL_FIELDS
+    from ..sniff import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
 
     if isinstance(data, TooBig):
         return 6
