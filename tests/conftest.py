@@ -12,6 +12,7 @@ shared helpers live here and are handed out through fixtures:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.server
 import io
@@ -21,7 +22,7 @@ import shutil
 import socket
 import subprocess
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -282,16 +283,26 @@ def http_server(tmp_path: Path):  # type: ignore[no-untyped-def]
     root = tmp_path / "www"
     root.mkdir()
 
-    def handler(*args: Any, **kw: Any) -> _Handler:
-        return _Handler(*args, directory=str(root), **kw)
+    with _serving(_Handler, root, requests=[]) as server:
+        yield SimpleNamespace(root=root, url=f"http://127.0.0.1:{server.server_address[1]}", requests=server.requests)
+
+
+@contextlib.contextmanager
+def _serving(handler_class: Any, root: Path, **attributes: Any) -> Iterator[http.server.ThreadingHTTPServer]:
+    """A threading HTTP server on 127.0.0.1 serving ``root`` with ``handler_class``, with
+    ``attributes`` set on it (what its handler records or reads), stopped on leaving."""
+
+    def handler(*args: Any, **kw: Any) -> Any:
+        return handler_class(*args, directory=str(root), **kw)
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    server.requests = []  # type: ignore[attr-defined]
+    for name, value in attributes.items():
+        setattr(server, name, value)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield SimpleNamespace(root=root, url=f"http://127.0.0.1:{server.server_address[1]}", requests=server.requests)
+        yield server
     finally:
         server.shutdown()
         server.server_close()
@@ -335,18 +346,5 @@ def range_server(tmp_path: Path):  # type: ignore[no-untyped-def]
     root = tmp_path / "www"
     root.mkdir()
 
-    def handler(*args: Any, **kw: Any) -> _RangeHandler:
-        return _RangeHandler(*args, directory=str(root), **kw)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    server.log = []  # type: ignore[attr-defined]
-    server.ignore_ranges = False  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with _serving(_RangeHandler, root, log=[], ignore_ranges=False) as server:
         yield server, root, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
