@@ -5,7 +5,8 @@ scales in ``DCT_SCALES`` (eighths: 1/8, 1/4, 1/2, or full size) at which the win
 the output size (libjpeg scales by any M/8 in the IDCT, but the other M/8 decode more slowly than
 the full size: see ``DCT_SCALES``). Where tarproc's own extension
 (``tarproc._jpeg``, built against the system's libjpeg-turbo) is present, only the part of the
-image the window needs is transformed (the rest of the stream is still read and checked), and the
+image the window needs is transformed (and nothing below it decoded; a stream cut short is an error
+whatever the crop), and the
 window's resize, colour map, flip and normalization run in one C pass with Pillow's filter
 coefficients; elsewhere simplejpeg decodes the whole image and Pillow and numpy do the rest, to
 within a level of the same pixels. CMYK/YCCK JPEGs go to Pillow, as do PNG, WebP and every other

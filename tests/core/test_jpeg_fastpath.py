@@ -1,6 +1,7 @@
 """tarproc._jpeg, the cpu backend's libjpeg-turbo fast path: region decoding gives exactly the
 pixels of a full decode, the fused resample gives Pillow's resize (to a level: the same filter and
-coefficients, rounded in another order), and damage anywhere in the stream is an error."""
+coefficients, rounded in another order), a stream cut short anywhere is an error, and the rows below a
+crop are not decoded."""
 
 from __future__ import annotations
 
@@ -204,14 +205,48 @@ def test_fast_path_agrees_with_the_simplejpeg_pillow_path(spec: AugmentSpec, mon
 
 
 @needs_ext
+@pytest.mark.parametrize("name", ["420", "progressive"])
 @pytest.mark.parametrize("where", ["inside the crop", "below the crop"])
-def test_damage_anywhere_is_an_error(where: str) -> None:
-    data = bytearray(JPEGS["420"])
+def test_a_stream_cut_short_anywhere_is_an_error(name: str, where: str) -> None:
+    """The rows below a crop are not decoded, but a stream cut short there (no end-of-image marker)
+    is an error all the same: the damage a download or a copy leaves is never let through."""
+    data = bytearray(JPEGS[name])
     cut = len(data) * (3 if where == "below the crop" else 1) // 4
-    damaged = bytes(data[:cut])  # truncated: libjpeg's "premature end of data" is an error here
-    spec = AugmentSpec(size=32, seed=0)  # a centre crop: the top quarter is not in the window
-    with pytest.raises(cpu_backend.ImageError):
+    damaged = bytes(data[:cut])
+    spec = AugmentSpec(size=32, seed=0)  # a centre crop: the bottom quarter is not in the window
+    with pytest.raises(cpu_backend.ImageError, match="Premature end|cut short"):
         decode_image(damaged, spec, "k")
+    with pytest.raises(ValueError, match="Premature end|cut short"):  # a window in the top rows only
+        cpu_backend._jpeg.decode_region(damaged, 0, 0, 16, 16, 1)
+
+
+@needs_ext
+@pytest.mark.parametrize("name", JPEGS)
+def test_bytes_after_the_end_of_image_marker_are_no_damage(name: str) -> None:
+    """Cameras and editors pad files after the EOI marker: a crop of the top rows decodes them."""
+    data = JPEGS[name]
+    for tail in (b"\0" * 100, b"\xff\xd8 trailing metadata", b"\xff"):
+        buf, cw, ch, _, _ = cpu_backend._jpeg.decode_region(data + tail, 0, 0, 24, 16, 1)
+        full = simplejpeg.decode_jpeg(data, colorspace="RGBX")
+        assert np.array_equal(np.frombuffer(buf, np.uint8).reshape(ch, cw, 4)[:16, :24], full[:16, :24])
+
+
+@needs_ext
+def test_damage_below_the_window_is_not_decoded() -> None:
+    """The entropy-coded data below the window is not decoded (that is the saving): garbage there
+    leaves the window's pixels as a full decode of the intact image gives them. Damage inside the
+    rows decoded is libjpeg's error, as before."""
+    data = JPEGS["420"]
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    end = len(data) - 2
+    cut = start + (end - start) * 9 // 10  # the bottom tenth of the scan (rows 168..187 of 187, about)
+    garbled = data[:cut] + bytes(range(0, 255, 3)) * 4 + data[end:]  # garbage: bad codes
+    full = simplejpeg.decode_jpeg(data, colorspace="RGBX")
+    buf, cw, ch, _, _ = cpu_backend._jpeg.decode_region(garbled, 0, 0, 64, 48, 1)
+    assert np.array_equal(np.frombuffer(buf, np.uint8).reshape(ch, cw, 4)[:48, :64], full[:48, :64])
+    with pytest.raises(ValueError):  # the whole image: the damage is decoded, and said
+        cpu_backend._jpeg.decode_region(garbled, 0, 0, 1 << 30, 1 << 30, 1)
 
 
 @pytest.mark.parametrize("where", ["cut in its header", "no frame header"])
