@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .content import IMAGE_TYPES, median_of_counts, plural, sniff_content
+from .content import IMAGE_TYPES, median_of_counts, plural, sniff_content, tarfirst_command
 from .errors import TarprocError
 from .samples import field_names, is_metadata_name
 from .sniff import escape_surrogates, escape_text, sniff_type
@@ -199,7 +199,7 @@ class FieldStats:
     """
 
     __slots__ = ("samples", "duplicates", "bytes", "min", "max", "hist", "sizes", "pending", "missing_examples",
-                 "next_replace", "weight")
+                 "missing_first", "next_replace", "weight")
 
     def __init__(self) -> None:
         self.samples = 0  # samples having this field (flushed)
@@ -211,6 +211,8 @@ class FieldStats:
         self.sizes: list[int] = []  # the reservoir, once hist is None
         self.pending: list[int] = []  # sizes not yet folded in
         self.missing_examples: list[str] = []
+        # (url, key, a field it has) of the first sample lacking this field
+        self.missing_first: tuple[str | None, str, str] | None = None
         self.next_replace = 0  # the sample number whose size goes into the full reservoir next
         self.weight = 1.0
 
@@ -310,7 +312,7 @@ class Summary:
     >>> s.add_members(members, "x.tar")
     >>> s.finish()
     >>> s.samples, s.fields["cls"].samples, s.missing()
-    (3, 3, {'jpg': {'count': 1, 'examples': ['c']}})
+    (3, 3, {'jpg': {'count': 1, 'examples': ['c'], 'command': 'tarfirst x.tar --key c -f cls'}})
     """
 
     def __init__(self, seed: int = 0, content: bool = True) -> None:
@@ -327,6 +329,7 @@ class Summary:
         self.duplicates = 0
         self.duplicate_examples: list[dict[str, Any]] = []
         self.surprising: dict[str, tuple[str, list[str]]] = {}  # field -> (reason, example names)
+        self.surprising_first: dict[str, tuple[str | None, str]] = {}  # field -> (url, key) of its first sample
         self.errors: list[str] = []
         self.key_check_stopped: list[str] = []  # shards with too many keys to check them all
         self.stopped_early = False
@@ -337,6 +340,7 @@ class Summary:
         self._want_names: set[str] = set()  # surprising fields still collecting example names
         # the sample being read
         self._key = ""  # no sample: keys are never empty
+        self._url: str | None = None  # the shard being read
         self._sample_fields: dict[str, int] = {}
 
     # -- reading --
@@ -346,14 +350,17 @@ class Summary:
             return
         self.samples += 1
         if self._want_examples and len(self._sample_fields) < len(self.fields):
-            self._note_missing(self._key, self._sample_fields)
+            self._note_missing(self._key, self._sample_fields, self._url)
         self._key = ""
         self._sample_fields = {}
 
-    def _note_missing(self, key: str, have: dict[str, int]) -> None:
+    def _note_missing(self, key: str, have: dict[str, int], url: str | None) -> None:
         for name in list(self._want_examples):
             if name not in have:
-                examples = self.fields[name].missing_examples
+                fs = self.fields[name]
+                if fs.missing_first is None and have:
+                    fs.missing_first = (url, key, next(iter(have)))
+                examples = fs.missing_examples
                 examples.append(key)
                 if len(examples) >= EXAMPLES:
                     self._want_examples.discard(name)
@@ -370,6 +377,7 @@ class Summary:
         return fs
 
     def _note_name(self, key: str, field: str) -> None:
+        self.surprising_first.setdefault(field, (self._url, key))
         examples = self.surprising[field][1]
         examples.append(f"{key}.{field}")
         if len(examples) >= EXAMPLES:
@@ -389,6 +397,7 @@ class Summary:
         """
         stats = self.stats
         fields = self.fields
+        self._url = url
         want_examples = self._want_examples
         want_names = self._want_names
         seen_keys: set[str] = set()  # keys of this shard already finished
@@ -414,7 +423,7 @@ class Summary:
                     if cur_key:  # the end of a sample
                         samples += 1
                         if want_examples and len(have) < len(fields):
-                            self._note_missing(cur_key, have)
+                            self._note_missing(cur_key, have, url)
                         if not samples % FLUSH_EVERY:
                             self._flush()
                         cur_key, have = "", {}
@@ -511,7 +520,8 @@ class Summary:
         out = {}
         for name, fs in sorted(self.fields.items()):
             if 2 * fs.samples > self.samples and fs.samples < self.samples:
-                out[name] = {"count": self.samples - fs.samples, "examples": fs.missing_examples[:EXAMPLES]}
+                out[name] = {"count": self.samples - fs.samples, "examples": fs.missing_examples[:EXAMPLES],
+                             "command": None if fs.missing_first is None else tarfirst_command(*fs.missing_first)}
         return out
 
     def rare_fields(self) -> dict[str, int]:
@@ -552,7 +562,9 @@ class Summary:
             "skipped_entries": dict(sorted(st.skipped_entries.items())),
             "surprising_names": sorted(
                 (
-                    {"field": field, "reason": reason, "count": self.fields[field].samples, "examples": examples}
+                    {"field": field, "reason": reason, "count": self.fields[field].samples, "examples": examples,
+                     "command": tarfirst_command(*self.surprising_first[field], field)
+                     if field in self.surprising_first else None}
                     for field, (reason, examples) in self.surprising.items()
                 ),
                 key=lambda x: (-x["count"], x["field"]),
@@ -602,10 +614,16 @@ class Summary:
             lines.append(heading)
             lines.extend(details)
 
+        def pull(command: str | None) -> list[str]:
+            """The tarfirst command that pulls an example out (a field it has), under its line."""
+            return [] if command is None else [f"    {escape_text(command)}"]
+
         missing = d["missing"]
         if missing:
             problem("samples missing a field most samples have:", (
-                f"  {escape_text(name)}: {plural(m['count'], 'sample')}{examples(m['examples'])}" for name, m in missing.items()
+                line for name, m in missing.items()
+                for line in [f"  {escape_text(name)}: {plural(m['count'], 'sample')}{examples(m['examples'])}",
+                             *pull(m.get("command"))]
             ))
         if d["rare_fields"]:
             problem("fields in under 10% of samples:", (
@@ -634,8 +652,9 @@ class Summary:
         surprising = [s for s in d["surprising_names"] if s["count"]]
         if surprising:
             problem("dotted names that split surprisingly (key = basename up to its first dot):", (
-                f"  field {escape_text(repr(s['field']))}: {plural(s['count'], 'sample')}, {s['reason']}{examples(s['examples'])}"
-                for s in surprising
+                line for s in surprising
+                for line in [f"  field {escape_text(repr(s['field']))}: {plural(s['count'], 'sample')}, "
+                             f"{s['reason']}{examples(s['examples'])}", *pull(s.get("command"))]
             ))
         other = []
         if d["metadata_members"]:

@@ -496,6 +496,36 @@ def test_the_tarfirst_command_of_a_problem_pulls_the_sample_out(cli, content_sha
     assert proc.stdout == png_named_jpg()
 
 
+def test_the_byte_level_problems_name_a_tarfirst_command_too(cli, tmp_path):
+    """A sample missing a field most have, and a dotted name that splits surprisingly, each come
+    with the command that pulls a member of the first such sample out (a field it does have)."""
+    import shlex
+
+    path = tmp_path / "names dir" / "lint.tar"
+    path.parent.mkdir()
+    members = [("a.jpg", b"A"), ("a.cls", b"1"), ("b.jpg", b"B"), ("b.cls", b"2"), ("bird.v2_0001.jpg", b"V"),
+               ("bird.v2_0001.cls", b"3")]
+    with open(path, "wb") as f, TarWriter(f) as w:
+        for name, data in members:
+            w.add(name, data)
+    r = cli.run(tarshow, [path, "--summary", "--bytes-only"])
+    assert r.exit_code == 0, r.stderr
+    quoted = shlex.quote(str(path))
+    lines = r.stdout.splitlines()
+    at = lines.index("  cls: 1 sample (e.g. 'bird')")
+    assert lines[at + 1] == f"    tarfirst {quoted} --key bird -f v2_0001.jpg"
+    assert f"    tarfirst {quoted} --key bird -f v2_0001.cls" in lines
+    doc = json.loads(cli.run(tarshow, [path, "--summary", "--json", "--bytes-only"]).stdout)
+    commands = [doc["missing"]["cls"]["command"]] + [s["command"] for s in doc["surprising_names"]]
+    got = []
+    for command in commands:
+        argv = shlex.split(command)
+        proc = subprocess.run([sys.executable, "-m", "tarproc.cli.tarfirst", *argv[1:]], capture_output=True)
+        assert proc.returncode == 0, proc.stderr
+        got.append(proc.stdout)
+    assert sorted(got) == [b"3", b"V", b"V"]
+
+
 def test_report_writes_one_html_file(cli, content_shard, tmp_path):
     out = tmp_path / "r.html"
     r = cli.run(tarshow, [content_shard, "--report", out, "--sample", "4", "--seed", "7"])

@@ -117,7 +117,7 @@ def test_summary_reports_samples_missing_a_common_field():
     samples = [{"__key__": f"s{i}", "jpg": b"\xff\xd8\xff", "cls": b"1"} for i in range(5)]
     del samples[3]["jpg"]
     s = summary_of(tar(samples))
-    assert s.missing() == {"jpg": {"count": 1, "examples": ["s3"]}}
+    assert s.missing() == {"jpg": {"count": 1, "examples": ["s3"], "command": "tarfirst x.tar --key s3 -f cls"}}
     assert "jpg: 1 sample (e.g. 's3')" in s.format_text()
 
 
