@@ -350,16 +350,16 @@ class Summary:
             return
         self.samples += 1
         if self._want_examples and len(self._sample_fields) < len(self.fields):
-            self._note_missing(self._key, self._sample_fields, self._url)
+            self._note_missing(self._key, self._sample_fields)
         self._key = ""
         self._sample_fields = {}
 
-    def _note_missing(self, key: str, have: dict[str, int], url: str | None) -> None:
+    def _note_missing(self, key: str, have: dict[str, int]) -> None:
         for name in list(self._want_examples):
             if name not in have:
                 fs = self.fields[name]
                 if fs.missing_first is None and have:
-                    fs.missing_first = (url, key, next(iter(have)))
+                    fs.missing_first = (self._url, key, next(iter(have)))
                 examples = fs.missing_examples
                 examples.append(key)
                 if len(examples) >= EXAMPLES:
@@ -423,7 +423,7 @@ class Summary:
                     if cur_key:  # the end of a sample
                         samples += 1
                         if want_examples and len(have) < len(fields):
-                            self._note_missing(cur_key, have, url)
+                            self._note_missing(cur_key, have)
                         if not samples % FLUSH_EVERY:
                             self._flush()
                         cur_key, have = "", {}
@@ -615,7 +615,7 @@ class Summary:
             lines.extend(details)
 
         def pull(command: str | None) -> list[str]:
-            """The tarfirst command that pulls an example out (a field it has), under its line."""
+            """The tarfirst command that pulls the first example out, under its line."""
             return [] if command is None else [f"    {escape_text(command)}"]
 
         missing = d["missing"]
@@ -623,7 +623,7 @@ class Summary:
             problem("samples missing a field most samples have:", (
                 line for name, m in missing.items()
                 for line in [f"  {escape_text(name)}: {plural(m['count'], 'sample')}{examples(m['examples'])}",
-                             *pull(m.get("command"))]
+                             *pull(m["command"])]
             ))
         if d["rare_fields"]:
             problem("fields in under 10% of samples:", (
@@ -654,7 +654,7 @@ class Summary:
             problem("dotted names that split surprisingly (key = basename up to its first dot):", (
                 line for s in surprising
                 for line in [f"  field {escape_text(repr(s['field']))}: {plural(s['count'], 'sample')}, "
-                             f"{s['reason']}{examples(s['examples'])}", *pull(s.get("command"))]
+                             f"{s['reason']}{examples(s['examples'])}", *pull(s["command"])]
             ))
         other = []
         if d["metadata_members"]:
