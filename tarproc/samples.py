@@ -272,7 +272,7 @@ def read_samples(
     >>> [(s["__key__"], s["cls"]) for s in read_samples(path)]
     [('a', b'1')]
     """
-    from .sources import Prefetcher, expand_urls, open_remote, settings
+    from .sources import Prefetcher, expand_urls, finish_fills, open_remote, settings
 
     check_read_policies(on_error, dup)
     if stats is None:
@@ -286,11 +286,13 @@ def read_samples(
     if prefetcher is not None:
         yield from _read_shards(url_list, prefetcher, network, on_error, dup, max_member_size, stats, warn, links,
                                 ignore_zeros, views, refs)
+        finish_fills(network)
         return
     with Prefetcher(lambda url, offset, budget, end: open_remote(url, offset, network, budget, end),
                     network.prefetch) as ahead:
         yield from _read_shards(url_list, ahead, network, on_error, dup, max_member_size, stats, warn, links,
                                 ignore_zeros, views, refs)
+    finish_fills(network)
 
 
 def _read_shards(

@@ -42,7 +42,9 @@ from ..errors import (
 )
 from ..index import COMPRESSED_SUFFIXES
 from ..samples import Sample, read_samples, read_samples_from
-from ..sources import Network, Prefetcher, expand_urls, is_fsspec_url, local_path, open_remote, shard_cache
+from ..sources import (
+    Network, Prefetcher, expand_urls, finish_fills, is_fsspec_url, local_path, open_remote, shard_cache,
+)
 from ..sources.prefetch import DEPTH, Budget
 from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT, Identity, identify
 from ..stages import ShuffleBuffer, shuffle
@@ -788,6 +790,7 @@ class Dataset:
                         yield from self._read_part(piece, ahead)
                 else:
                     yield from self._read_part(part, ahead, parts[i + 1 : i + 1 + DEPTH] if network.prefetch else [])
+        finish_fills(network)  # what this reader started filling is published before its process may end
 
     def _read_part(self, part: Part, ahead: Prefetcher, following: Sequence[Part] = ()) -> Iterator[Sample]:
         """The samples of a part; with on_error="skip-shard", those before a read that failed (said,

@@ -242,22 +242,16 @@ class Source:
             return head
         return self._raw_read(n)
 
-    def close(self, completed: bool = False) -> None:
-        """Close the stream; reap a ``pipe:`` child and check its exit status. ``completed``: the
-        reader came to the end of what it wanted (a remote shard's cache entry may then be published)."""
+    def close(self) -> None:
+        """Close the stream; reap a ``pipe:`` child and check its exit status."""
         if self._closed:
             return
         self._closed = True
-        finish = getattr(self.raw, "finish", None)
         early = not self._eof
         try:
-            if completed and finish is not None:
-                finish()
-        finally:
-            try:
-                self.raw.close()
-            except Exception:
-                pass
+            self.raw.close()
+        except Exception:
+            pass
         if self.proc is not None:
             _reap(self.proc, self.url, early)
 
@@ -266,7 +260,7 @@ class Source:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            self.close(completed=True)
+            self.close()
             return
         if exc_type is GeneratorExit or not self._eof:
             # we stopped reading early: a pipe's exit status means nothing then
@@ -415,36 +409,24 @@ def open_source(
 
 def open_remote(url: str, offset: int = 0, network: Network | None = None, budget: Budget | None = None,
                 end: int | None = None) -> Any:
-    """The raw stream of a remote URL from byte ``offset`` on, for a ``Source``: the shard cache's
-    copy when it has this version, else the store's bytes (retried, reconnected at the byte reached,
-    read ahead by a thread within ``budget``, a ``Prefetcher``'s, shared with the shards opened
-    ahead, else ``network.prefetch`` bytes, and copied into the cache when read from the start).
-    ``end``: where the reader expects to stop (``RemoteReader``: nothing further is asked for)."""
+    """The raw stream of a remote URL from byte ``offset`` on, for a ``Source``. With a shard
+    cache (``network.cache_dir``): read from the cache, the entry, or the copy being filled (by
+    this process, started now if nobody fills it, or by another one: ``sources.cache``). Else,
+    or when the shard can't have an entry: the store's bytes (retried, reconnected at the byte
+    reached, read ahead by a thread within ``budget``, a ``Prefetcher``'s, shared with the shards
+    opened ahead, else ``network.prefetch`` bytes). ``end``: where the reader expects to stop
+    (``RemoteReader``: nothing further is asked for)."""
     network = network if network is not None else remote.settings()
     cache = shard_cache(network)
     if cache is not None:
         # its version: learned before (the Dataset asks for all at once, at its start), else a HEAD request
-        hit = cache.lookup(url, cache.known.get(url) or remote.identify(url, network.timeout))
-        if hit is not None:
-            try:
-                return _open_at(hit, offset)
-            except OSError:  # evicted since: read the store
-                pass
+        identity = cache.known.get(url) or remote.identify(url, network.timeout)
+        if identity is not None and cache.cacheable(identity):
+            return cache.open(url, identity, network, offset)
     raw: Any = remote.RemoteReader(url, offset, network, end=end)
     if network.prefetch:
         raw = Ahead(raw, network.prefetch, budget)
-    if cache is not None and offset == 0 and raw.identity is not None:
-        from .cache import Tee
-
-        raw = Tee(raw, cache, url, raw.identity)
     return raw
-
-
-def _open_at(path: str, offset: int) -> io.FileIO:
-    f = open(path, "rb", buffering=0)
-    if offset:
-        f.seek(offset)
-    return f
 
 
 _caches: dict[tuple[str, int | None], ShardCache] = {}
@@ -461,6 +443,14 @@ def shard_cache(network: Network) -> ShardCache | None:
 
         cache = _caches[key] = ShardCache(network.cache_dir, network.cache_size, warn=remote.warn_stderr)
     return cache
+
+
+def finish_fills(network: Network) -> None:
+    """Wait for the shard cache's fills this process started (a reader that came to its end:
+    what it started is published before the process may exit). Nothing without a cache."""
+    cache = shard_cache(network)
+    if cache is not None:
+        cache.wait()
 
 
 class _Unclosable:
@@ -483,6 +473,6 @@ class _Unclosable:
 
 
 __all__ = [
-    "Identity", "Network", "Prefetcher", "Source", "configure", "expand_braces", "expand_urls",
+    "Identity", "Network", "Prefetcher", "Source", "configure", "expand_braces", "expand_urls", "finish_fills",
     "is_fsspec_url", "local_path", "open_remote", "open_source", "read_list_file", "settings", "shard_cache",
 ]

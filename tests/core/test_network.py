@@ -16,7 +16,7 @@ from tarproc.cli.tarcat import main as tarcat_main
 from tarproc.dataset import Dataset
 from tarproc.errors import OptionError, SourceError
 from tarproc.sources import Network
-from tarproc.sources.cache import DRAIN_MAX, ShardCache, Tee
+from tarproc.sources.cache import ShardCache
 from tarproc.sources.prefetch import Ahead, Budget, Prefetcher
 from tarproc.sources.remote import Identity
 
@@ -92,57 +92,125 @@ def test_prefetcher_opens_in_the_background_and_closes_what_is_not_taken() -> No
     assert sorted(opened) == [("a", 0), ("b", 7)]
 
 
-def identity(data: bytes) -> Identity:
-    return Identity(len(data), '"etag"')
+def identity(data: bytes, stamp: str | None = '"etag"') -> Identity:
+    return Identity(len(data), stamp)
 
 
-def fill(cache: ShardCache, url: str, data: bytes, finish: bool = True) -> None:
-    tee = Tee(Pieces([data[: len(data) // 2], data[len(data) // 2 :]]), cache, url, identity(data))
-    assert tee.read(len(data)) == data[: len(data) // 2]
-    if finish:
-        tee.finish()  # reads the rest (< DRAIN_MAX), then publishes
-    tee.close()
+def store(url: str, data: bytes) -> None:
+    """Put an object in fsspec's in-process memory store (the cache reads it as any remote URL)."""
+    import fsspec
+
+    with fsspec.open(url, "wb") as f:
+        f.write(data)
+
+
+def fill(cache: ShardCache, url: str, data: bytes, stamp: str | None = '"etag"') -> str | None:
+    store(url, data)
+    return cache.ensure(url, identity(data, stamp), Network())
 
 
 def test_cache_entries_are_published_whole_and_looked_up_by_version(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path))
     data = os.urandom(5000)
-    fill(cache, "http://h/a.tar", data)
-    path = cache.lookup("http://h/a.tar", identity(data))
+    path = fill(cache, "memory://h/a.tar", data)
+    assert path == cache.lookup("memory://h/a.tar", identity(data))
     assert path is not None and Path(path).read_bytes() == data
-    assert cache.lookup("http://h/a.tar", Identity(5000, '"other"')) is None  # changed on the server
-    assert cache.lookup("http://h/a.tar") is None  # the version unknown: no guess
+    assert cache.lookup("memory://h/a.tar", Identity(5000, '"other"')) is None  # changed on the server
+    assert cache.lookup("memory://h/a.tar") is None  # the version unknown: no guess
+    assert os.listdir(tmp_path / "shards" / ".tmp") == []
 
 
-def test_a_reader_that_stops_early_publishes_nothing(tmp_path: Path) -> None:
+def hold(cache_dir: Path, cache: ShardCache, url: str, data: bytes) -> tuple[int, Path]:
+    """Play another process filling ``url``'s entry: its lock taken, its part file started."""
+    import fcntl
+
+    name = cache.name(url, identity(data))
+    for sub in ("locks", ".tmp"):
+        (cache_dir / "shards" / sub).mkdir(parents=True, exist_ok=True)
+    lock = os.open(cache_dir / "shards" / "locks" / name, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock, cache_dir / "shards" / ".tmp" / (name + ".part")
+
+
+def read_all(raw: Any, into: list[bytes]) -> None:
+    while chunk := raw.read(1000):
+        into.append(chunk)
+
+
+def test_a_reader_reads_the_copy_another_process_fills_as_it_grows(tmp_path: Path) -> None:
+    from tarproc.sources.cache import Growing
+
     cache = ShardCache(str(tmp_path))
-    fill(cache, "http://h/a.tar", os.urandom(DRAIN_MAX + 10_000), finish=False)
-    assert cache.entries() == [] and os.listdir(tmp_path / "shards" / ".tmp") == []
+    url, data = "memory://h/grow.tar", os.urandom(3000)
+    store(url, b"not what the other process fills: the store is not asked")
+    lock, part = hold(tmp_path, cache, url, data)
+    part.write_bytes(data[:1000])
+    got: list[bytes] = []
+    reader = threading.Thread(target=read_all, args=(Growing(cache, url, identity(data), Network(), 500), got))
+    reader.start()
+    with open(part, "ab") as f:  # the rest arrives, then the entry is published
+        f.write(data[1000:])
+    os.replace(part, tmp_path / "shards" / cache.name(url, identity(data)))
+    os.close(lock)
+    reader.join(30)
+    assert b"".join(got) == data[500:]
+
+
+def test_when_the_filler_dies_a_reader_fills_it_itself(tmp_path: Path) -> None:
+    from tarproc.sources.cache import Growing
+
+    cache = ShardCache(str(tmp_path))
+    url, data = "memory://h/dies.tar", os.urandom(3000)
+    store(url, data)
+    lock, part = hold(tmp_path, cache, url, data)
+    part.write_bytes(data[:700])  # what the dead process had written, never published
+    got: list[bytes] = []
+    reader = threading.Thread(target=read_all, args=(Growing(cache, url, identity(data), Network()), got))
+    reader.start()
+    os.close(lock)  # the filler is gone
+    reader.join(30)
+    cache.wait()
+    assert b"".join(got) == data
+    assert Path(cache.lookup(url, identity(data)) or "").read_bytes() == data
+    assert os.listdir(tmp_path / "shards" / ".tmp") == []
+
+
+def test_a_store_that_names_no_version_has_its_copy_checked_before_use(tmp_path: Path) -> None:
+    said: list[str] = []
+    url, data = "memory://h/noetag.tar", os.urandom(20_000)
+    assert fill(ShardCache(str(tmp_path)), url, data, stamp=None) is not None
+    later = ShardCache(str(tmp_path), warn=said.append)  # another process: checks before its first use
+    assert later.lookup(url, identity(data, None), Network()) is not None and said == []
+    store(url, bytes(reversed(data)))  # rewritten at the same size
+    again = ShardCache(str(tmp_path), warn=said.append)
+    assert again.lookup(url, identity(data, None), Network()) is None
+    assert len(said) == 1 and "changed on the server since it was cached" in said[0]
+    assert Path(fill(again, url, bytes(reversed(data)), stamp=None) or "").read_bytes() == bytes(reversed(data))
 
 
 def test_one_filler_at_a_time_and_a_damaged_entry_is_a_miss(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path))
     data = os.urandom(3000)
-    first = cache.fill("http://h/a.tar", identity(data))
-    assert first is not None and cache.fill("http://h/a.tar", identity(data)) is None
-    first.write(data)
-    assert first.finish()
-    path = cache.lookup("http://h/a.tar", identity(data))
+    lock, _ = hold(tmp_path, cache, "memory://h/a.tar", data)
+    store("memory://h/a.tar", data)
+    assert cache.ensure("memory://h/a.tar", identity(data), Network(), wait=False) is None  # another one fills it
+    os.close(lock)
+    path = cache.ensure("memory://h/a.tar", identity(data), Network())
     assert path is not None
     Path(path).write_bytes(data[:100])  # cut short on disk
-    assert cache.lookup("http://h/a.tar", identity(data)) is None
+    assert cache.lookup("memory://h/a.tar", identity(data)) is None
 
 
 def test_eviction_removes_the_least_recently_used(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path), max_bytes=2500)
     blobs = {name: os.urandom(1000) for name in "abc"}
-    fill(cache, "http://h/a", blobs["a"])
+    fill(cache, "memory://h/a", blobs["a"])
     os.utime(tmp_path / "shards" / os.listdir(tmp_path / "shards")[0], (1, 1))
-    fill(cache, "http://h/b", blobs["b"])
-    assert cache.lookup("http://h/a", identity(blobs["a"])) is not None  # a used again: b is the oldest now
-    os.utime(cache.lookup("http://h/b", identity(blobs["b"])) or "", (2, 2))
-    fill(cache, "http://h/c", blobs["c"])
-    assert [cache.lookup(f"http://h/{n}", identity(blobs[n])) is not None for n in "abc"] == [True, False, True]
+    fill(cache, "memory://h/b", blobs["b"])
+    assert cache.lookup("memory://h/a", identity(blobs["a"])) is not None  # a used again: b is the oldest now
+    os.utime(cache.lookup("memory://h/b", identity(blobs["b"])) or "", (2, 2))
+    fill(cache, "memory://h/c", blobs["c"])
+    assert [cache.lookup(f"memory://h/{n}", identity(blobs[n])) is not None for n in "abc"] == [True, False, True]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
@@ -151,8 +219,10 @@ def test_a_cache_that_cannot_be_written_is_said_once_and_reading_goes_on(tmp_pat
     (tmp_path / "ro").mkdir()
     os.chmod(tmp_path / "ro", stat.S_IRUSR | stat.S_IXUSR)
     cache = ShardCache(str(tmp_path / "ro"), warn=said.append)
-    assert cache.fill("http://h/a", identity(b"x")) is None
-    assert cache.fill("http://h/b", identity(b"x")) is None
+    store("memory://h/ro-a", b"x")
+    store("memory://h/ro-b", b"y")
+    assert cache.ensure("memory://h/ro-a", identity(b"x"), Network()) is None
+    assert cache.open("memory://h/ro-b", identity(b"y"), Network()).read() == b"y"  # from the store
     assert len(said) == 1 and "reading without the cache" in said[0]
 
 
@@ -177,9 +247,7 @@ def test_read_ahead_closed_mid_read_gives_its_budget_back() -> None:
 def test_a_damaged_entry_is_filled_again(tmp_path: Path) -> None:
     cache = ShardCache(str(tmp_path))
     data = os.urandom(3000)
-    fill(cache, "http://h/a.tar", data)
-    path = cache.lookup("http://h/a.tar", identity(data))
+    path = fill(cache, "memory://h/d.tar", data)
     assert path is not None
     Path(path).write_bytes(data[:10])
-    fill(cache, "http://h/a.tar", data)
-    assert Path(cache.lookup("http://h/a.tar", identity(data)) or "").read_bytes() == data
+    assert Path(fill(cache, "memory://h/d.tar", data) or "").read_bytes() == data
