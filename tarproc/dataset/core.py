@@ -88,8 +88,8 @@ _FROZEN: list[bool] = []  # gc.freeze() done in this (worker) process
 DEVICES = ("cpu", "dali-cpu", "gpu")
 STATE_VERSION = 2
 MAX_READERS = 1 << 20  # ranks x workers a state may describe
-COUNT_HINT = ("write index files beside the shards with 'tarindex SHARDS' (for remote shards, upload the .idx files "
-              "too), pass lengths='count' to count them by reading each once, or lengths=MANIFEST")
+COUNT_HINT = ("for equal steps with every sample once, give counts: lengths='auto' (the default) counts every shard "
+              "but pipe: commands; or lengths=MANIFEST, or index files beside the shards (tarindex SHARDS)")
 DEFAULT_PART_SIZE = 256  # samples: shuffled shards are read in parts this long, in one order for all readers
 _GAP = 64  # samples: a longer gap in what a reader wants of a shard is skipped by starting a new read past it
 _PASS_STRIDE = 1_000_000  # repeat=True: pass p of nominal epoch e draws its randomness as epoch e * stride + p
@@ -362,7 +362,8 @@ class Dataset:
                                cache_size if remote else None)
         self._identities = _identities(remote, self.network) if self.network.cache_dir is not None else {}
         self._digests = manifest_digests(lengths, remote) if self.network.cache_dir is not None else {}
-        found = shard_counts(self.urls, lengths, cache_dir=cache_dir, warn=_warn)
+        found = shard_counts(self.urls, lengths, cache_dir=cache_dir, warn=_warn, network=self.network,
+                             identities=self._identities, rank=self.rank_world()[0], world=self.rank_world()[1])
         self.lengths: dict[str, int] | None = found.counts
         self.count_sources = found.sources
         self.uncounted = found.missing

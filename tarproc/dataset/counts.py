@@ -8,10 +8,14 @@
   for a local file, the shard itself, counted once and remembered in a cache. A local sidecar made
   for another size of shard, or older than the shard (a shard rewritten after it was indexed: tar
   pads to 10 KiB records, so the size often stays), is stale: one warning, and the shard is
-  counted instead. Remote
-  shards (``http://``, ``s3://``, any fsspec URL) without a sidecar, and ``pipe:`` commands, are
-  left without a count.
-- ``"count"``: as ``"auto"``, and a remote shard without a sidecar is read once and counted.
+  counted instead. A remote shard (``http://``, ``s3://``, any fsspec URL) without a sidecar:
+  the count remembered for its URL and version (size and ETag or last-modified time), else the
+  shard read once and counted, into the shard cache when the Dataset has one (``cache_dir``: the
+  same download the epochs then read from the cache), several at a time, the ranks of a node
+  sharing the work (file locks). ``pipe:`` commands and stdin are left without a count.
+- ``"count"``: the same as ``"auto"`` (the name older releases needed to count remote shards).
+- ``None`` or ``False``: no counts (the readers then split the shards among themselves, and an
+  epoch ends when the first rank runs dry: ``split.split_by_shard``).
 - ``None`` or ``False``: no counts.
 - a path: a tarsplit manifest (JSON lines with ``shard`` and ``samples``) or a wids descriptor
   (``"__kind__": "wids-shard-index-v1"``); an entry matches a URL exactly or by its base name.
@@ -19,33 +23,38 @@
 
 The cache holds one small JSON file per shard in ``CACHE_DIR/counts/``, named by the sha256 of
 the shard's identity: ``(realpath, size, mtime_ns)`` of a local file, ``(url, size, etag or
-modification time)`` of a remote one. Files are written whole and renamed into place, so
+modification time)`` of a remote one (none for a store that names no version: such a shard is
+counted again in each run, from the shard cache when it holds a checked copy). Files are written whole and renamed into place, so
 processes counting the same shard at once never read half a file; a damaged cache file is
 ignored (and rewritten), and a cache directory that can't be written means no cache, not an error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import operator
 import os
 import posixpath
+import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import CompressedShardError, IndexFileError, LinkError, OptionError, SourceError
 from ..index import INDEX_FORMAT, INDEX_VERSION, build_index, default_index_url
 from ..samples import _warn_stderr, read_samples
-from ..sources import is_fsspec_url, local_path, open_source
-from ..sources.remote import identify
+from ..sources import is_fsspec_url, local_path, open_source, settings, shard_cache
+from ..sources.remote import Identity, Network, identify
 
 WIDS_KIND = "wids-shard-index-v1"
 DALI_VERSIONS = ("v1.1", "v1.2")
 CACHE_VERSION = 1
 _MAX_HEADER = 1 << 20  # a tarproc index's first line is short; more than this is not a header
 _MAX_COUNT = (1 << 63) - 1
+REMOTE_THREADS = 8  # remote shards looked up or counted at once
 
 
 class ShardCounts(NamedTuple):
@@ -74,8 +83,18 @@ def shard_counts(
     *,
     cache_dir: str | None = None,
     warn: Callable[[str], None] | None = None,
+    network: Network | None = None,
+    identities: Mapping[str, Identity] | None = None,
+    rank: int = 0,
+    world: int = 1,
 ) -> ShardCounts:
     """The sample count of every URL from ``lengths`` (see the module docstring).
+
+    Remote shards without an index are counted in threads (``network``: how they are read; with
+    its ``cache_dir``, into the shard cache, which the epochs then read). ``identities``: their
+    versions, when known already (else a HEAD request each). ``rank`` of ``world``: the ranks of
+    a node start at different shards and wait for each other's downloads; rank 0 says what
+    happens on stderr, with a progress bar.
 
     >>> shard_counts(["a.tar", "b.tar"], [3, 4])
     ShardCounts(counts={'a.tar': 3, 'b.tar': 4}, sources={'a.tar': 'given', 'b.tar': 'given'}, missing=[])
@@ -86,21 +105,25 @@ def shard_counts(
     if lengths is None or lengths is False:
         return ShardCounts(None, {}, urls)
     if isinstance(lengths, str) and lengths in ("auto", "count"):
-        counter = _Counter(cache_dir, warn if warn is not None else _warn_stderr, count_remote=lengths == "count")
+        counter = _Counter(cache_dir, warn if warn is not None else _warn_stderr, network, identities or {})
         found: dict[str, int] = {}
         sources: dict[str, str] = {}
         missing: list[str] = []
-        for url in urls:
-            if url in found or url in missing:
-                continue  # a URL listed twice is looked up once
+        remote: list[str] = []
+        for url in dict.fromkeys(urls):  # a URL listed twice is looked up once
+            if is_fsspec_url(url):
+                remote.append(url)
+                continue
             got = counter.count(url)
             if got is None:
                 missing.append(url)
             else:
                 found[url], sources[url] = got
+        for url, (n, source) in counter.count_remote(remote, rank, world).items():
+            found[url], sources[url] = n, source
         if missing:
             return ShardCounts(None, sources, missing)
-        return ShardCounts(found, sources, [])
+        return ShardCounts({url: found[url] for url in dict.fromkeys(urls)}, sources, [])
     if isinstance(lengths, (str, os.PathLike)):
         return _from_file(os.fspath(lengths), urls)
     if isinstance(lengths, Mapping):
@@ -271,29 +294,118 @@ def stale_index(url: str, shard: os.stat_result, index_path: str, size: int | No
 
 
 class _Counter:
-    def __init__(self, cache_dir: str | None, warn: Callable[[str], None], count_remote: bool) -> None:
+    def __init__(self, cache_dir: str | None, warn: Callable[[str], None], network: Network | None,
+                 identities: Mapping[str, Identity]) -> None:
         self.cache = _Cache(cache_dir if cache_dir is not None else default_cache_dir())
         self.warn = warn
-        self.count_remote = count_remote
+        self.network = network if network is not None else settings()
+        self.identities = dict(identities)
         self.warned: set[str] = set()
 
     def count(self, url: str) -> tuple[int, str] | None:
+        """A local shard's count (its index, the counts' cache, or counted now); None for stdin and pipe:."""
         if url == "-" or url.startswith("pipe:"):
             return None
         path = local_path(url)
-        if path is not None:
-            return self._local(url, path)
-        if not is_fsspec_url(url):  # pragma: no cover - local_path covers all else
+        if path is None:  # pragma: no cover - remote URLs go to count_remote
             return None
+        return self._local(url, path)
+
+    def count_remote(self, urls: list[str], rank: int, world: int) -> dict[str, tuple[int, str]]:
+        """The counts of remote shards: from their index files, the counts' cache (by URL and
+        version), else by reading each once, into the shard cache when there is one. Several at
+        a time; a shard another process of the node is counting is left for later, then waited for."""
+        if not urls:
+            return {}
+        from concurrent.futures import ThreadPoolExecutor
+
+        turn = rank * len(urls) // max(1, world)  # the ranks of a node start at different shards
+        order = urls[turn:] + urls[:turn]
+        found: dict[str, tuple[int, str]] = {}
+        with ThreadPoolExecutor(min(REMOTE_THREADS, len(order))) as pool:
+            for url, got in zip(order, pool.map(self._sidecar_or_known, order), strict=True):
+                if got is not None:
+                    found[url] = got
+            todo = [url for url in order if url not in found]
+            if not todo:
+                return found
+            bar = self._progress(todo, rank)
+            try:
+                later = []
+                for url, got in zip(todo, pool.map(lambda u: self._read_count(u, wait=False), todo), strict=True):
+                    if got is None:
+                        later.append(url)  # another process reads it now
+                    else:
+                        found[url] = got
+                        bar.update()
+                for url, got in zip(later, pool.map(lambda u: self._read_count(u, wait=True), later), strict=True):
+                    assert got is not None
+                    found[url] = got
+                    bar.update()
+            finally:
+                bar.close()
+        return found
+
+    def _progress(self, todo: list[str], rank: int) -> Any:
+        from tqdm import tqdm
+
+        shown = rank == 0
+        if shown:
+            cache = self.network.cache_dir
+            how = (f"into the shard cache {cache}, which the epochs then read" if cache is not None else
+                   "without cache_dir the first epoch reads them again: give cache_dir to read each once")
+            self.warn(f"{len(todo):,} remote shards have no index file and no count remembered: reading each once to "
+                      f"count its samples ({how}); the counts are kept in {self.cache.dir} for later runs")
+        return tqdm(total=len(todo), desc="tarproc: counting", unit="shard", file=sys.stderr, disable=not shown,
+                    mininterval=1.0 if sys.stderr.isatty() else 30.0, leave=False)
+
+    def _version(self, url: str) -> Identity | None:
+        identity = self.identities.get(url)
+        if identity is None:
+            identity = self.identities[url] = identify(url, self.network.timeout)  # type: ignore[assignment]
+        return identity
+
+    def _key(self, url: str) -> list[Any] | None:
+        """The counts' cache key of a remote shard: its URL and version (None: the store names no
+        version, so a count can't be trusted in a later run)."""
+        identity = self._version(url)
+        if identity is None or identity.stamp is None:
+            return None
+        return ["remote", url, identity.size, identity.stamp]
+
+    def _sidecar_or_known(self, url: str) -> tuple[int, str] | None:
         for index_url in _sidecar_urls(url):
             try:
                 found = _read_sidecar(index_url)
             except SourceError:
                 continue  # not there (404, no such key), or not readable: no sidecar
             return found.samples, found.source
-        if not self.count_remote:
-            return None
-        return self._count_remote(url)
+        key = self._key(url)
+        cached = self.cache.get(key) if key is not None else None
+        return (cached, "counted (cache)") if cached is not None else None
+
+    def _read_count(self, url: str, wait: bool) -> tuple[int, str] | None:
+        """Read a remote shard once and count it (into the shard cache when there is one); None
+        when another process of the node does it now and ``wait`` is False."""
+        key = self._key(url)
+        with self.cache.claim(key, wait) as mine:
+            if not mine:
+                return None
+            cached = self.cache.get(key) if key is not None else None  # counted while we waited
+            if cached is not None:
+                return cached, "counted (cache)"
+            shards = shard_cache(self.network)
+            identity = self._version(url)
+            path = None
+            if shards is not None and shards.cacheable(identity):
+                assert identity is not None
+                path = shards.ensure(url, identity, self.network, wait=wait)
+                if path is None and not wait and not shards.broken:
+                    return None  # another process fills it now
+            n = _count_file(path if path is not None else url, self.network)
+            if key is not None:
+                self.cache.put(key, n)
+        return n, "counted"
 
     def _local(self, url: str, path: str) -> tuple[int, str]:
         try:
@@ -322,11 +434,7 @@ class _Counter:
         cached = self.cache.get(key)
         if cached is not None:
             return cached, "counted (cache)"
-        try:
-            n = len(build_index(url))
-        except (CompressedShardError, LinkError):
-            # compressed, or links: not indexable for random access, but read as a stream all the same
-            n = sum(1 for _ in read_samples(url))
+        n = _count_file(url)
         try:
             after = os.stat(path)
         except OSError:
@@ -335,16 +443,15 @@ class _Counter:
             self.cache.put(key, n)  # not a file that changed while it was read
         return n, "counted"
 
-    def _count_remote(self, url: str) -> tuple[int, str]:
-        key = _remote_key(url)
-        if key is not None:
-            cached = self.cache.get(key)
-            if cached is not None:
-                return cached, "counted (cache)"
-        n = sum(1 for _ in read_samples(url))
-        if key is not None:
-            self.cache.put(key, n)
-        return n, "counted"
+
+def _count_file(url: str, network: Network | None = None) -> int:
+    """The samples of a shard, read once: a local file's headers only (its index), else the stream."""
+    if local_path(url) is not None:
+        try:
+            return len(build_index(url))
+        except (CompressedShardError, LinkError):
+            pass  # compressed, or links: not indexable for random access, but read as a stream all the same
+    return sum(1 for _ in read_samples(url, network=network))
 
 
 def _sidecar_urls(url: str) -> list[str]:
@@ -449,12 +556,6 @@ def _dali_end(version: str, line: bytes) -> int | None:
     return end
 
 
-def _remote_key(url: str) -> list[Any] | None:
-    """``[url, size, etag or modification time]`` as the store gives them, or None when it gives no size."""
-    identity = identify(url)
-    return None if identity is None else ["remote", url, identity.size, identity.stamp]
-
-
 class _Cache:
     """Counts by shard identity, one JSON file each; every failure is a miss, never an error."""
 
@@ -475,6 +576,30 @@ class _Cache:
             return None
         n = record.get("samples")
         return n if type(n) is int and n >= 0 else None
+
+    @contextlib.contextmanager
+    def claim(self, key: list[Any] | None, wait: bool) -> Iterator[bool]:
+        """Hold the right to count ``key``'s shard on this node (a file lock): True when held, False
+        when another process holds it and ``wait`` is False. No key, or no lock to be had: True."""
+        if key is None:
+            yield True
+            return
+        try:
+            locks = os.path.join(os.path.dirname(self.dir), "locks", "counts")
+            os.makedirs(locks, exist_ok=True)
+            fd = os.open(os.path.join(locks, os.path.basename(self._path(key))), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield True
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except OSError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
 
     def put(self, key: list[Any], n: int) -> None:
         record = json.dumps({"version": CACHE_VERSION, "key": key, "samples": n}).encode("utf-8", "surrogatepass")

@@ -9,6 +9,7 @@ DataLoader worker. ``Loader`` is a DataLoader over it that records what the trai
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -140,7 +141,7 @@ class Loader:
         reading: dict[int, str | None] = {}  # worker -> the shard it was reading at its last batch
         batches: Iterator[Any] = _reraise_clean(loader, reading)
         if ds.agrees_on_the_end:
-            batches = _together(batches, ds)
+            batches = _together(batches, ds, tagged=True)
         try:
             for position, batch in batches:
                 position = Position(*position)
@@ -176,36 +177,50 @@ class Loader:
         return len(self.dataset)
 
 
-def _together(batches: Iterator[Any], ds: _Core) -> Iterator[Any]:
-    """End the epoch on every rank at once, without sample counts: before each step the ranks
-    all-reduce "I have a batch"; the first rank that runs dry ends the epoch for all."""
+def _together(batches: Iterator[Any], ds: _Core, tagged: bool = False) -> Iterator[Any]:
+    """End the epoch on every rank at once, without sample counts (``lengths=None``): before each
+    step the ranks all-reduce "I have a batch"; the first rank that runs dry ends the epoch for
+    all. The batches the others still had are read to the end and counted (``ds.lost``); the job
+    says so once, from rank 0. ``tagged``: the items are a Loader's ``(position, batch)``."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         if not ds._warned_uncounted:
             ds._warned_uncounted = True
-            warn(f"{ds.rank_world()[1]} ranks, no sample counts for {_few(ds.uncounted)} and torch.distributed not "
-                 "initialized: the ranks can't agree on the end of each epoch and may take unequal numbers of steps; "
-                 f"for equal steps, {COUNT_HINT}")
+            warn(f"{ds.rank_world()[1]} ranks without sample counts and torch.distributed not initialized: the ranks "
+                 f"may take unequal numbers of steps ({COUNT_HINT})")
         yield from batches
         return
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     flag = torch.zeros(1, dtype=torch.int32, device=device)
-    if not ds._warned_uncounted:
-        ds._warned_uncounted = True
-        warn(f"no sample counts for {_few(ds.uncounted)}: each step, the ranks all-reduce whether they have a batch "
-             "(one small collective per step), and each epoch ends when the first rank runs dry, leaving out the "
-             f"samples the other ranks still hold; for equal steps with every sample once, {COUNT_HINT}")
     while True:
         item = next(batches, None)
         flag.fill_(0 if item is None else 1)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        if not flag.item():
-            if item is not None:
-                ds._say(f"rank {dist.get_rank()}: another rank ran out of samples first, so this epoch ended before the "
-                        f"batches this rank had left (no sample counts: {COUNT_HINT})", "epoch ended early")
-            return
-        yield item
+        if flag.item():
+            yield item
+            continue
+        left = 0 if item is None else sum(_samples(b[1] if tagged else b) for b in itertools.chain([item], batches))
+        lost = torch.tensor([left], dtype=torch.int64, device=device)
+        dist.all_reduce(lost)
+        ds._tally.add(lost=int(lost.item()) if dist.get_rank() == 0 else 0)  # the job's loss, counted once
+        if not ds._warned_uncounted and dist.get_rank() == 0:
+            ds._warned_uncounted = True
+            warn(f"lengths=None: the epoch ended when the first rank ran out, leaving out {int(lost.item()):,} samples "
+                 "the other ranks held (said once; ds.lost counts every epoch's)")
+        return
+
+
+def _samples(batch: Any) -> int:
+    """The samples in a batch: the length of its first column."""
+    if isinstance(batch, Mapping):
+        batch = next(iter(batch.values()), ())
+    elif isinstance(batch, (tuple, list)) and batch and not isinstance(batch[0], (str, bytes)):
+        batch = batch[0]
+    try:
+        return len(batch)
+    except TypeError:
+        return 1
 
 
 def _reraise_clean(loader: Any, reading: Mapping[int, str | None]) -> Iterator[Any]:

@@ -20,6 +20,7 @@ import tarproc.dataset.counts as counts_mod
 from tarproc.dataset.counts import ShardCounts, default_cache_dir, shard_counts
 from tarproc.errors import IndexFileError, OptionError, SourceError, TarFormatError, TarprocError
 from tarproc.index import build_index, default_index_url, wids_descriptor
+from tarproc.sources import Network
 
 
 def make_samples(n: int, prefix: str = "k", size: int = 100) -> list[dict[str, Any]]:
@@ -537,32 +538,22 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
 
 
-def test_http_sidecars_and_missing(web, cache, no_build):
+def test_http_sidecars_then_the_rest_read_once_and_remembered(web, cache, monkeypatch):
     a = shard(web.root / "a.tar", 3)
     Path(default_index_url(a)).write_bytes(build_index(a).jsonl_bytes())
     b = shard(web.root / "b.tar", 4)
     Path(default_index_url(b, "dali")).write_text(build_index(b).dali_text())
-    shard(web.root / "c.tar", 5)  # no sidecar
+    shard(web.root / "c.tar", 5)  # no sidecar: read once and counted, by default
     ua, ub, uc = (f"{web.url}/{n}.tar" for n in "abc")
     got = shard_counts([ua, ub, uc], cache_dir=str(cache))
-    assert got.counts is None and got.missing == [uc]
-    assert got.sources == {ua: f"index {ua}.idx", ub: f"DALI index {web.url}/b.idx"}
-    assert "/c.tar" not in web.requests  # auto never reads a remote shard
-    assert cache_files(cache) == []
-
-
-def test_http_count_reads_once_then_cache(web, cache, monkeypatch):
-    a = shard(web.root / "a.tar", 3)
-    Path(default_index_url(a)).write_bytes(build_index(a).jsonl_bytes())
-    shard(web.root / "c.tar", 5)
-    ua, uc = f"{web.url}/a.tar", f"{web.url}/c.tar"
-    got = shard_counts([ua, uc], "count", cache_dir=str(cache))
-    assert got == ShardCounts({ua: 3, uc: 5}, {ua: f"index {ua}.idx", uc: "counted"}, [])
-    assert web.requests.count("/c.tar") == 1 and "/a.tar" not in web.requests
+    assert got == ShardCounts({ua: 3, ub: 4, uc: 5},
+                              {ua: f"index {ua}.idx", ub: f"DALI index {web.url}/b.idx", uc: "counted"}, [])
+    assert web.requests.count("/c.tar") == 1 and "/a.tar" not in web.requests and "/b.tar" not in web.requests
     assert len(cache_files(cache)) == 1
     monkeypatch.setattr(counts_mod, "read_samples", lambda *a, **kw: pytest.fail("read again"))
-    again = shard_counts([ua, uc], "count", cache_dir=str(cache))
+    again = shard_counts([ua, ub, uc], "count", cache_dir=str(cache))  # "count": the older name of the same
     assert again.counts == got.counts and again.sources[uc] == "counted (cache)"
+    assert shard_counts([uc], None).missing == [uc]  # None: no counts, asked for
 
 
 def test_http_rewritten_shard_is_counted_again(web, cache):
@@ -580,7 +571,9 @@ def test_http_rewritten_shard_is_counted_again(web, cache):
 def test_http_server_error_on_sidecar_is_no_sidecar(web, cache):
     shard(web.root / "error" / "e.tar", 2)
     url = f"{web.url}/error/e.tar"
-    assert shard_counts([url], cache_dir=str(cache)).missing == [url]
+    with pytest.raises(SourceError) as e:  # no sidecar, so the shard is read: and it can't be
+        shard_counts([url], cache_dir=str(cache), network=Network(retries=0))
+    assert str(e.value).startswith(url) and "/error/e.tar.idx" not in str(e.value)
 
 
 def test_http_malformed_sidecar_is_an_error(web, cache):
@@ -603,7 +596,7 @@ def test_http_damaged_shard_when_counting(web, cache):
 
 def test_http_missing_shard_when_counting(web, cache):
     url = f"{web.url}/nope.tar"
-    assert shard_counts([url], cache_dir=str(cache)).missing == [url]
+    assert shard_counts([url], None).missing == [url]
     with pytest.raises(SourceError) as e:
         shard_counts([url], "count", cache_dir=str(cache))
     assert url in str(e.value)
