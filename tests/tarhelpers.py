@@ -181,3 +181,31 @@ def c_or_python(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
     else:
         monkeypatch.setattr(module, name, None)
     return str(request.param)
+
+
+TORCHRUN_JOB = Path(__file__).parent / "interop" / "torchrun_job.py"
+
+
+def torchrun(directory: Path, shards: list[str], ranks: int, runs: list[dict[str, Any]], base: dict[str, Any],
+             timeout: int = 60, env: dict[str, str] | None = None) -> tuple[int, list[dict[str, Any]], str]:
+    """Start ``torchrun`` (gloo, on 127.0.0.1) with ``ranks`` ranks on tests/interop/torchrun_job.py,
+    for ``runs`` (each a name, the Dataset's keyword arguments over ``base``, workers...): its exit
+    status, each rank's results, its stderr."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    out = directory / f"out-{len(list(directory.iterdir()))}"
+    out.mkdir()
+    spec = {"shards": shards, "out": str(out), "timeout": timeout,
+            "runs": [{"dataset": base, "workers": 1, **r} for r in runs]}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
+               "--master-addr", "127.0.0.1", "--master-port", str(port), str(TORCHRUN_JOB), json.dumps(spec)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    results = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(ranks)] if proc.returncode == 0 else []
+    return proc.returncode, results, proc.stderr

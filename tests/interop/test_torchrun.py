@@ -11,23 +11,19 @@ depend on each other's states, plus one that fails on purpose."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tarhelpers
 from tarhelpers import write_tar
 
 import tarproc
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="torchrun on Linux"), pytest.mark.timeout(300)]
-JOB = Path(__file__).with_name("torchrun_job.py")
 SIZES = [100, 100, 100, 73]  # the new user's ImageFolder in 4 shards
 BASE = {"batch_size": 16, "shuffle": 50, "seed": 7, "to_tuple": ["__key__"]}
 REPEAT = {**BASE, "repeat": True, "batches_per_epoch": 20}
@@ -35,24 +31,9 @@ UNCOUNTED = {**BASE, "lengths": None, "shuffle": 0}
 PADDED = {**BASE, "pad": True, "to_tuple": ["__key__", "__valid__"]}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def torchrun(directory: Path, shards: list[str], ranks: int, runs: list[dict[str, Any]],
              timeout: int = 60) -> tuple[int, list[dict[str, Any]], str]:
-    out = directory / f"out-{len(list(directory.iterdir()))}"
-    out.mkdir()
-    spec = {"shards": shards, "out": str(out), "timeout": timeout,
-            "runs": [{"dataset": BASE, "workers": 1, **r} for r in runs]}
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(JOB), json.dumps(spec)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
-    results = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(ranks)] if proc.returncode == 0 else []
-    return proc.returncode, results, proc.stderr
+    return tarhelpers.torchrun(directory, shards, ranks, runs, BASE, timeout)
 
 
 @pytest.fixture(scope="module")

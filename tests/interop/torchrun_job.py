@@ -24,12 +24,24 @@ import tarproc
 
 
 def run(shards: list[str], spec: dict[str, Any]) -> dict[str, Any]:
+    mark(spec, "start")
     ds = tarproc.Dataset(shards, **spec["dataset"])
     loader = ds.loader(num_workers=spec["workers"])
     if spec.get("state") is not None:
         loader.load_state_dict(spec["state"])
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    epochs = []
+    for epoch in range(spec.get("epochs", 1)):
+        mark(spec, f"epoch-{epoch}")
+        if epoch:
+            ds.set_epoch(epoch)
+        epochs.append(one_epoch(ds, loader, model, optimizer, spec))
+    mark(spec, "end")
+    return {**epochs[0], "epochs": epochs, "lost": ds.lost}
+
+
+def one_epoch(ds: Any, loader: Any, model: Any, optimizer: Any, spec: dict[str, Any]) -> dict[str, Any]:
     batches, valid, state = [], [], None
     length = len(loader) if ds.lengths is not None else None
     for batch in loader:
@@ -47,13 +59,30 @@ def run(shards: list[str], spec: dict[str, Any]) -> dict[str, Any]:
     return {"batches": batches, "valid": valid, "steps": len(batches), "state": state, "len": length}
 
 
+def mark(spec: dict[str, Any], what: str) -> None:
+    """With ``"mark": URL``: every rank waits here, and rank 0 asks for ``URL/RUN/WHAT`` (a line in the
+    test server's request log between the requests of one stage and those of the next)."""
+    if not spec.get("mark"):
+        return
+    import urllib.error
+    import urllib.request
+
+    dist.barrier()
+    if dist.get_rank() == 0:
+        try:
+            urllib.request.urlopen(f"{spec['mark']}/{spec['name']}/{what}", timeout=30).close()
+        except urllib.error.HTTPError:
+            pass  # a 404: it is the request that counts
+    dist.barrier()
+
+
 def main() -> None:
     job = json.loads(sys.argv[1])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=job.get("timeout", 60)))
     rank = dist.get_rank()
     out = {}
     for spec in job["runs"]:
-        out[spec["name"]] = run(job["shards"], spec)
+        out[spec["name"]] = run(spec.get("shards", job["shards"]), spec)
         dist.barrier()
     with open(os.path.join(job["out"], f"rank-{rank}.json"), "w") as f:
         json.dump(out, f)
