@@ -41,7 +41,7 @@ from common import (
 )
 
 # in the order they run; a section is bench/bench_<name>.py
-SECTIONS = ["core", "index", "tables", "show", "process", "pcat", "sort", "decode", "train", "scale", "network", "zmq", "jobs", "view"]
+SECTIONS = ["core", "index", "tables", "show", "process", "pcat", "sort", "decode", "train", "scale", "network", "remote", "streaming", "zmq", "jobs", "view"]
 
 
 def run(args: argparse.Namespace) -> int:

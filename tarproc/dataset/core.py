@@ -43,7 +43,14 @@ from ..errors import (
 from ..index import COMPRESSED_SUFFIXES
 from ..samples import Sample, read_samples, read_samples_from
 from ..sources import (
-    Network, Prefetcher, expand_urls, finish_fills, is_fsspec_url, local_path, open_remote, shard_cache,
+    Network,
+    Prefetcher,
+    expand_urls,
+    finish_fills,
+    is_fsspec_url,
+    local_path,
+    open_remote,
+    shard_cache,
 )
 from ..sources.prefetch import DEPTH, Budget
 from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT, Identity, identify
@@ -860,6 +867,25 @@ class Dataset:
         if found is None:  # 16 bytes a sample, kept for the reader's life: a shard is indexed once
             found = self._offsets[url] = _sample_offsets(url, self.count_sources.get(url, ""))
         return found
+
+    def load_offsets(self, workers: int) -> None:
+        """Read now, in this process, the indexes of the remote shards this rank's ``workers``
+        readers start or stop in the middle of in the next epoch, so that DataLoader workers forked
+        after it inherit them: else each worker of each epoch asks the store for them again."""
+        if self.lengths is None or self.repeat:
+            return
+        rank, world = self.rank_world()
+        epoch = self.epoch
+        try:
+            resume = self._resume_for(epoch, world * workers)
+            assignments = [self.assignment(epoch, rank, world, worker, workers, resume) for worker in range(workers)]
+        except TarprocError:
+            return  # a state that doesn't fit: the workers say so
+        for assignment in assignments:
+            for part in assignment.parts:
+                if is_fsspec_url(part.url) and self.count_sources.get(part.url, "").startswith("index ") and (
+                        part.first or (part.stop is not None and part.stop != part.holds)):
+                    self._offsets_of(part.url)
 
     def _start_byte(self, part: Part) -> int:
         """Where reading ``part`` begins: its first sample's byte where an index gives it, else 0."""

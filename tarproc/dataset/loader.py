@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .core import COUNT_HINT, Position, Taken, _few
+from .core import COUNT_HINT, Position, Taken
 from .core import Dataset as _Core
 from .core import _warn as warn
 from .fields import BatchBuffer, as_numpy
@@ -136,6 +136,8 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
         ds._tagged = True  # before the workers start: they inherit it
+        if self.num_workers:
+            ds.load_offsets(self.workers)  # read once here, inherited by the workers
         loader = torch.utils.data.DataLoader(ds, num_workers=self.num_workers, **self.kwargs)
         first = True
         reading: dict[int, str | None] = {}  # worker -> the shard it was reading at its last batch
