@@ -57,7 +57,7 @@ from .errors import (
     TarprocError,
 )
 from .samples import Sample, _warn_stderr, group_keyed
-from .sources import is_fsspec_url, local_path, open_source
+from .sources import Network, is_fsspec_url, local_path, open_source
 from .sources.remote import url_to_fs
 from .tario import (
     BLOCK,
@@ -569,9 +569,10 @@ def _names_problem(key: str, fields: Iterable[str], names: dict[str, str] | None
     return ""
 
 
-def load_index(url: str) -> ShardIndex:
-    """Read an index file (a path or any URL ``open_source`` takes) in the ``tarproc`` format."""
-    with open_source(url) as source:
+def load_index(url: str, network: Network | None = None) -> ShardIndex:
+    """Read an index file (a path or any URL ``open_source`` takes) in the ``tarproc`` format;
+    a remote one as ``network`` says (its retries, its shard cache)."""
+    with open_source(url, network=network) as source:
         chunks = []
         while chunk := source.read(1 << 20):
             chunks.append(chunk)

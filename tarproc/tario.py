@@ -976,37 +976,21 @@ def _read_members(
         if padded_end <= len(buf):
             data = buf[start:end]
             pos = padded_end
-        else:
-            # the member runs past what is buffered: read the rest in bounded pieces
-            stream_pos = base + len(buf)
-            if end <= len(buf):
-                data = buf[start:end]
-                stream_pos = _read_padding(read, stream_pos, padded_end - len(buf), url, name or last)
-            elif ref is not None and size >= ref_size and is_reg and sparse is None and not pax_sparse:
-                assert skip is not None
-                stream_pos = _skip_member(skip, stream_pos, base + start, size, url, name or last)
-                data = ref(base + start, size)
-                if fetch and type(data) is FileRange:
-                    data = _fetch(data, base + start, url, name or last)
-                chunk = _SKIP_CHUNK
-            else:
-                parts = [buf[start:]]
-                need = end - len(buf)
-                while need > 0:
-                    piece = read(min(need, _PIECE))
-                    if not piece:
-                        got = size - need
-                        raise TarFormatError(
-                            url, stream_pos, f"truncated member data (expected {size} bytes, got {got})", name or last
-                        )
-                    parts.append(piece)
-                    stream_pos += len(piece)
-                    need -= len(piece)
-                data = b"".join(parts)
-                stream_pos = _read_padding(read, stream_pos, padded_end - end, url, name or last)
+        elif end > len(buf) and ref is not None and size >= ref_size and is_reg and sparse is None and not pax_sparse:
+            # the member runs past what is buffered, in a file: leave its data there
+            assert skip is not None
+            stream_pos = _skip_member(skip, base + len(buf), base + start, size, url, name or last)
+            data = ref(base + start, size)
+            if fetch and type(data) is FileRange:
+                data = _fetch(data, base + start, url, name or last)
+            chunk = _SKIP_CHUNK
             buf = b""
             pos = 0
             base = stream_pos
+        else:
+            # the member (or its padding) runs past what is buffered: read on (a stream in whole chunks)
+            data, buf, pos, base = _read_on(read, buf, base, start, end, padded_end, url, name or last,
+                                            0 if skip is not None else _CHUNK)
 
         # -- dispatch on type --
         linked = reread = False
@@ -1122,15 +1106,37 @@ def _skip_member(skip: Callable[[int], int], stream_pos: int, start: int, size: 
     return stream_pos
 
 
-def _read_padding(read: Any, stream_pos: int, need: int, url: str | None, name: str | None) -> int:
-    """Read the ``need`` bytes of padding after member data; returns the stream position after it."""
-    while need > 0:
-        piece = read(need)
-        if not piece:
+def _read_on(read: Any, buf: bytes, base: int, start: int, end: int, padded_end: int, url: str | None,
+             name: str | None, whole: int) -> tuple[bytes, bytes, int, int]:
+    """Member data at ``buf[start:end]`` and its padding (to ``padded_end``), of which ``buf``
+    holds only the start; the rest is read. Returns the data (bytes of its own), the next buffer,
+    the position in it and its stream offset.
+
+    ``whole``: read at least this many bytes at a time (a stream: what follows must be read anyway).
+    What comes after the padding is then the next buffer as it was read. A stream that hands out
+    chunks hands them on whole, where cutting one at the member's end would copy it."""
+    data_end, pad_end = base + end, base + padded_end
+    stream_pos = base + len(buf)
+    parts: list[bytes | memoryview] | None = None
+    if end <= len(buf):
+        data = buf[start:end]
+    else:
+        parts = [memoryview(buf)[start:]]  # joined below: a copy, not two
+    more = b""
+    while stream_pos < pad_end:
+        more = read(min(max(pad_end - stream_pos, whole), _PIECE))
+        if not more:
+            if stream_pos < data_end:
+                raise TarFormatError(url, stream_pos, f"truncated member data (expected {end - start} bytes, "
+                                     f"got {stream_pos - base - start})", name)
             raise TarFormatError(url, stream_pos, "truncated member padding", name)
-        stream_pos += len(piece)
-        need -= len(piece)
-    return stream_pos
+        take = data_end - stream_pos  # member data in this piece
+        if parts is not None and take > 0:
+            parts.append(more if take >= len(more) else memoryview(more)[:take])
+        stream_pos += len(more)
+    if parts is not None:
+        data = b"".join(parts)
+    return data, more, len(more) - (stream_pos - pad_end), stream_pos - len(more)
 
 
 def _check_end(read: Any, buf: bytes, pos: int, base: int, url: str | None, last: str | None) -> None:

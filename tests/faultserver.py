@@ -1,9 +1,10 @@
 """Test servers on 127.0.0.1 that misbehave on purpose, standard library only.
 
 ``FaultServer`` serves the files of a directory over HTTP/1.1 (keep-alive, ranges, ETag) and can be
-told to cut, fail or stall given requests. ``CuttingProxy`` is a TCP proxy that resets a connection
-after a number of server-to-client bytes (put it in front of any server, e.g. moto's S3).
-Used by the tests and by the remote-reading benchmark.
+told to cut, fail, stall or drip given requests, to stop listening for a while (connections refused),
+and answers every path under ``/loop/`` with a redirect to itself. ``CuttingProxy`` is a TCP proxy
+that resets a connection after a number of server-to-client bytes (put it in front of any server,
+e.g. moto's S3). Used by the tests and by the remote-reading benchmark.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class Request:
 
 @dataclass
 class _Fault:
-    kind: str  # "cut", "fail" or "stall"
+    kind: str  # "cut", "fail", "stall", "drip" or "refuse"
     path: str
     times: int
     after: int = 0
@@ -114,6 +115,11 @@ class _Handler(BaseHTTPRequestHandler):
             fs.requests.append(self._rec)
         if fs.latency > 0:
             time.sleep(fs.latency)
+        if fs._take(method, path, ("refuse",)) is not None:
+            fs.refuse()  # this connection is served; the next ones are refused
+        if path.startswith("/loop/"):
+            self._simple(method, 302, b"see there\n", {"Location": self.path})
+            return
         fault = fs._take(method, path, ("fail",))
         if fault is not None:
             body = f"injected {fault.status}\n".encode()
@@ -158,11 +164,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
         if not fs.ignore_range:
             self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", f'"{size:x}-{st.st_mtime_ns:x}"')
-        self.send_header("Last-Modified", formatdate(st.st_mtime, usegmt=True))
+        if fs.etag:
+            self.send_header("ETag", f'"{size:x}-{st.st_mtime_ns:x}"')
+            self.send_header("Last-Modified", formatdate(st.st_mtime, usegmt=True))
         self.end_headers()
         if method == "GET":
-            self._body(f, first, last - first + 1, fs._take(method, path, ("cut", "stall")))
+            self._body(f, first, last - first + 1, fs._take(method, path, ("cut", "stall", "drip")))
 
     def _body(self, f: BinaryIO, offset: int, length: int, fault: _Fault | None) -> None:
         try:
@@ -170,6 +177,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._pump(f, offset, upto)
             if fault is not None and fault.kind == "cut":
                 self._cut(fault.reset)
+                return
+            if fault is not None and fault.kind == "drip":
+                while self._rec.sent < length:
+                    if not self._wait(fault.seconds):
+                        self.close_connection = True
+                        return
+                    self._pump(f, offset + self._rec.sent, 1)
                 return
             if fault is not None and not self._wait(fault.seconds):
                 self.close_connection = True
@@ -226,12 +240,18 @@ class FaultServer:
     """Serves the files under `root` on 127.0.0.1:<free port>; context manager, also start()/stop()."""
 
     def __init__(
-        self, root: str | Path, *, latency: float = 0.0, ignore_range: bool = False, rate: float | None = None
+        self, root: str | Path, *, latency: float = 0.0, ignore_range: bool = False, rate: float | None = None,
+        etag: bool = True,
     ) -> None:
         self.root = Path(root).resolve()
         self.latency = latency
         self.ignore_range = ignore_range
         self.rate = rate
+        self.etag = etag  # False: answers say neither an ETag nor a Last-Modified time
+        self.refusing = threading.Event()  # set while nothing listens (connections are refused)
+        self._listening = threading.Lock()  # held while the listening socket is closed or opened
+        self._resume_timer: threading.Timer | None = None
+        self._stopped = False
         self.requests: list[Request] = []
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
@@ -251,9 +271,11 @@ class FaultServer:
 
     def stop(self) -> None:
         """Stop serving, drop open connections, close the socket."""
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(10)
+        with self._listening:
+            self._stopped = True
+            if self._resume_timer is not None:
+                self._resume_timer.cancel()
+            self._stop_listening()
         for sock in list(self._conns):
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -266,6 +288,46 @@ class FaultServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def _stop_listening(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(10)
+            self._thread = None
+
+    def refuse(self, after: str | None = None) -> None:
+        """Stop listening: connections are refused until ``resume()`` (those open are served on).
+        With ``after``: when the next GET of that path comes (it is served; the next connection is
+        refused). ``refusing`` is set while it lasts."""
+        if after is not None:
+            self._add(_Fault("refuse", after, 1))
+            return
+        with self._listening:
+            if self.refusing.is_set():
+                return
+            self._stop_listening()
+            self._server.socket.close()
+            self.refusing.set()
+
+    def resume(self) -> None:
+        """Listen again, on the same port."""
+        with self._listening:
+            if not self.refusing.is_set() or self._stopped:
+                return
+            server = self._server
+            server.socket = socket.socket(server.address_family, server.socket_type)
+            server.server_bind()  # SO_REUSEADDR: the port is free again at once
+            server.server_activate()
+            self.refusing.clear()
+            self.start()
+
+    def refuse_for(self, seconds: float) -> None:
+        """Refuse connections now, and listen again after ``seconds``."""
+        self.refuse()
+        with self._listening:
+            self._resume_timer = threading.Timer(seconds, self.resume)
+            self._resume_timer.daemon = True
+            self._resume_timer.start()
 
     def _file(self, path: str) -> BinaryIO | None:
         file = (self.root / unquote(path).lstrip("/")).resolve()
@@ -292,6 +354,11 @@ class FaultServer:
     def stall(self, path: str, after: int, seconds: float, times: int = 1) -> None:
         """The next `times` GETs of `path` send `after` body bytes, pause `seconds`, then go on."""
         self._add(_Fault("stall", path, times, after=after, seconds=seconds))
+
+    def drip(self, path: str, after: int, every: float, times: int = 1) -> None:
+        """The next `times` GETs of `path` send `after` body bytes, then one byte every `every`
+        seconds (until the body is sent or the client goes away)."""
+        self._add(_Fault("drip", path, times, after=after, seconds=every))
 
     def clear(self) -> None:
         """Drop the faults not yet used."""

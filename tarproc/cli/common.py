@@ -27,7 +27,7 @@ from ..shards import parse_size
 from ..sinks import open_sink, remove_live_temporaries
 from ..sniff import escape_text
 from ..sources import Network, configure, expand_urls, local_path
-from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT
+from ..sources.remote import DEFAULT_MIN_SPEED, DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_SPEED_TIME, DEFAULT_TIMEOUT
 from ..tario import DEFAULT_MAX_MEMBER_SIZE, LINK_POLICIES, ReadStats, TarWriter
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -369,14 +369,20 @@ def _input_params(
 
 def network_params(read_ahead: bool = True, timeout_flag: str = "--timeout") -> list[Callable[[Any], Any]]:
     """How remote inputs are read: retries, timeout (``timeout_flag``: tarproc's --timeout is about
-    its commands), read-ahead (``read_ahead``: a --prefetch, for the commands that read one shard
-    at a time), the shard cache (``sources.Network``)."""
+    its commands), the speed floor, read-ahead (``read_ahead``: a --prefetch, for the commands that
+    read one shard at a time), the shard cache (``sources.Network``)."""
     options = [
         click.option("--retries", type=number(0), default=DEFAULT_RETRIES, show_default=True,
                      help="Remote inputs: attempts after a failed read (a reset, a timeout, a 5xx); each goes on at "
                           "the byte reached (a range request), after a growing wait."),
         click.option(timeout_flag, "read_timeout", type=Finite(min=0, min_open=True), default=DEFAULT_TIMEOUT,
                      show_default=True, metavar="SECONDS", help="Remote inputs: longest wait for a connect or a read."),
+        click.option("--min-speed", type=SIZE, default=DEFAULT_MIN_SPEED, show_default="1KiB", metavar="BYTES",
+                     help="Remote inputs: reads slower than BYTES a second over --speed-time are retried as a cut "
+                          "connection is (0: no floor)."),
+        click.option("--speed-time", type=Finite(min=0, min_open=True), default=DEFAULT_SPEED_TIME,
+                     show_default=True, metavar="SECONDS", help="Remote inputs: how long reads may stay under "
+                                                                "--min-speed."),
         click.option("--cache", "cache_dir", metavar="DIR", default=None,
                      help="Keep verified copies of remote shards in DIR/shards (written as they are read first) and "
                           "read them from there next time."),
@@ -384,7 +390,7 @@ def network_params(read_ahead: bool = True, timeout_flag: str = "--timeout") -> 
                      help="Bound the --cache: least recently used shards are removed past SIZE."),
     ]
     if read_ahead:
-        options.insert(2, click.option(
+        options.insert(4, click.option(
             "--prefetch", type=SIZE, default=DEFAULT_PREFETCH, show_default="32MiB",
             help="Remote inputs: bytes read ahead by threads, of the shard being read and of the next ones (up to "
                  "4, opened meanwhile), together (0: no read-ahead)."))
@@ -397,7 +403,8 @@ def network_settings(v: dict[str, Any]) -> Network:
         raise click.UsageError("--cache-size bounds the --cache: give --cache DIR too")
     # a command without --prefetch reads ahead its own way (tarpcat's lanes)
     return configure(retries=v["retries"], timeout=v["read_timeout"], prefetch=v.get("prefetch", 0),
-                     cache_dir=v["cache_dir"], cache_size=v["cache_size"])
+                     cache_dir=v["cache_dir"], cache_size=v["cache_size"], min_speed=v["min_speed"],
+                     speed_time=v["speed_time"])
 
 
 def _read_options(v: dict[str, Any], on_error: str) -> ReadOptions:

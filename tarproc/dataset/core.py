@@ -40,7 +40,7 @@ from ..errors import (
     TarFormatError,
     TarprocError,
 )
-from ..index import COMPRESSED_SUFFIXES
+from ..index import COMPRESSED_SUFFIXES, default_index_url
 from ..samples import Sample, read_samples, read_samples_from
 from ..sources import (
     Network,
@@ -53,7 +53,7 @@ from ..sources import (
     shard_cache,
 )
 from ..sources.prefetch import DEPTH, Budget
-from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT, Identity, identify
+from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT, Identity, identify, mark_reached
 from ..stages import ShuffleBuffer, shuffle
 from ..tario import DEFAULT_MAX_MEMBER_SIZE
 from .counts import manifest_digests, shard_counts, stale_index
@@ -373,6 +373,10 @@ class Dataset:
                              identities=self._identities, rank=self.rank_world()[0], world=self.rank_world()[1])
         self.lengths: dict[str, int] | None = found.counts
         self.count_sources = found.sources
+        if self.network.cache_dir is not None:  # the indexes readers seek with are read from the cache too
+            indexes = [default_index_url(u) for u in remote if self.count_sources.get(u, "").startswith("index ")]
+            self._identities.update(_identities(indexes, self.network))
+            shard_cache(self.network).learn(self._identities, self._digests)  # type: ignore[union-attr]
         self.uncounted = found.missing
         for url, n in (self.lengths or {}).items():
             if not n and not self.count_sources.get(url, "").startswith("counted"):
@@ -787,6 +791,10 @@ class Dataset:
         if self._identities:  # no request for those; copies checked against a manifest's sha256
             shard_cache(self.network).learn(self._identities, self._digests)  # type: ignore[union-attr]
         network = self.network
+        for url in {p.url for p in parts if is_fsspec_url(p.url)}:
+            # a reader's opens are all during a run: a refusal is a store restarting, retried (a wrong
+            # address failed when the Dataset was made, asking the versions or the counts)
+            mark_reached(url)
         def open_raw(url: str, offset: int, budget: Budget, end: int | None) -> Any:
             return open_remote(url, offset, network, budget, end)
 
@@ -865,7 +873,7 @@ class Dataset:
     def _offsets_of(self, url: str) -> _Offsets:
         found = self._offsets.get(url)
         if found is None:  # 16 bytes a sample, kept for the reader's life: a shard is indexed once
-            found = self._offsets[url] = _sample_offsets(url, self.count_sources.get(url, ""))
+            found = self._offsets[url] = _sample_offsets(url, self.count_sources.get(url, ""), self.network)
         return found
 
     def load_offsets(self, workers: int) -> None:
@@ -1104,7 +1112,7 @@ def _identities(urls: list[str], network: Network) -> dict[str, Identity]:
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(16) as pool:
-        found = pool.map(lambda u: identify(u, network.timeout), urls)
+        found = pool.map(lambda u: identify(u, network.timeout, network), urls)
         return {url: identity for url, identity in zip(urls, found, strict=True) if identity is not None}
 
 
@@ -1120,9 +1128,10 @@ class _Offsets(NamedTuple):
     keys: Sequence[int]
 
 
-def _sample_offsets(url: str, count_source: str) -> _Offsets:
-    """The samples' offsets of a shard, from an index; empty when there is none to be had."""
-    from ..index import build_index, default_index_url, load_index
+def _sample_offsets(url: str, count_source: str, network: Network) -> _Offsets:
+    """The samples' offsets of a shard, from an index (a remote one read as ``network`` says: from
+    the shard cache, when there is one); empty when there is none to be had."""
+    from ..index import build_index, load_index
 
     path = local_path(url)
     index = None
@@ -1136,7 +1145,7 @@ def _sample_offsets(url: str, count_source: str) -> _Offsets:
             if index is None:
                 index = build_index(url)
         elif count_source.startswith("index "):
-            index = load_index(default_index_url(url))
+            index = load_index(default_index_url(url), network)
     except TarprocError:  # compressed, links, damage: the part is read from the start, which says what is wrong
         index = None
     if index is None:

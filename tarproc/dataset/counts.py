@@ -362,7 +362,7 @@ class _Counter:
     def _version(self, url: str) -> Identity | None:
         identity = self.identities.get(url)
         if identity is None:
-            identity = self.identities[url] = identify(url, self.network.timeout)  # type: ignore[assignment]
+            identity = self.identities[url] = identify(url, self.network.timeout, self.network)  # type: ignore[assignment]
         return identity
 
     def _key(self, url: str) -> list[Any] | None:

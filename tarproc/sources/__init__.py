@@ -420,7 +420,7 @@ def open_remote(url: str, offset: int = 0, network: Network | None = None, budge
     cache = shard_cache(network)
     if cache is not None:
         # its version: learned before (the Dataset asks for all at once, at its start), else a HEAD request
-        identity = cache.known.get(url) or remote.identify(url, network.timeout)
+        identity = cache.known.get(url) or remote.identify(url, network.timeout, network)
         if identity is not None and cache.cacheable(identity):
             return cache.open(url, identity, network, offset)
     raw: Any = remote.RemoteReader(url, offset, network, end=end)

@@ -3,7 +3,10 @@
 A ``RemoteReader`` reads an object from a byte on. When a read fails in a way that may pass (a
 reset, a timeout, a body shorter than announced, a 5xx or 429 answer), it waits (exponential
 backoff with jitter), reopens the object **at the byte reached** with a range request and goes on;
-one warning line per retry names the URL and the byte. The tar reader above checks the stitched
+one warning line per retry names the URL and the byte. A read slower than a floor (``min_speed``
+bytes/s over ``speed_time`` seconds, as curl's ``--speed-limit``) is such a failure too, and so is a
+refused connection to a host this process has reached before (a store or proxy restarting); a refusal
+from a host never reached is a wrong address, said at once. The tar reader above checks the stitched
 stream as it checks any other (headers, checksums, the end-of-archive blocks). When the retries are
 used up, the failure is the one-line ``SourceError`` naming the URL and byte.
 
@@ -17,21 +20,26 @@ reached skipped, said once.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
-from ..errors import OptionError, SourceError, TarprocError, warn_stderr
+from ..errors import OptionError, SourceError, TarprocError
 
 DEFAULT_RETRIES = 5
 DEFAULT_TIMEOUT = 60.0  # seconds a connect or a single read may take
 DEFAULT_PREFETCH = 32 << 20  # bytes read ahead of each reader, for remote shards
+DEFAULT_MIN_SPEED = 1024  # bytes/s: a read slower than this over DEFAULT_SPEED_TIME is retried
+DEFAULT_SPEED_TIME = 30.0
 BACKOFF_FIRST = 0.5  # seconds before the first retry; doubled each time, with jitter
 BACKOFF_MAX = 30.0
 _CHUNK = 1 << 20
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +50,9 @@ class Network:
     a single read may wait (None: no limit); ``prefetch``: bytes read ahead of a reader, of the
     shard it reads and of its next ones (up to ``prefetch.DEPTH``, opened meanwhile), together (0:
     none); ``cache_dir``: keep verified copies of remote
-    shards there (``sources.cache``), at most ``cache_size`` bytes of them (None: no bound).
+    shards there (``sources.cache``), at most ``cache_size`` bytes of them (None: no bound);
+    ``min_speed``: bytes/s under which a read is a failure when it lasts ``speed_time`` seconds (the
+    time spent waiting in reads, averaged; 0: no floor), retried as a cut connection is.
     """
 
     retries: int = DEFAULT_RETRIES
@@ -51,6 +61,8 @@ class Network:
     cache_dir: str | None = None
     cache_size: int | None = None
     backoff: float = BACKOFF_FIRST
+    min_speed: int = DEFAULT_MIN_SPEED
+    speed_time: float = DEFAULT_SPEED_TIME
 
     def __post_init__(self) -> None:
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
@@ -63,6 +75,12 @@ class Network:
             raise OptionError(f"bad cache_size {self.cache_size!r}; must be a number of bytes > 0 (or None)")
         if self.cache_size is not None and self.cache_dir is None:
             raise OptionError("cache_size bounds the shard cache: give cache_dir too")
+        if isinstance(self.min_speed, bool) or not isinstance(self.min_speed, int) or self.min_speed < 0:
+            raise OptionError(f"bad min_speed {self.min_speed!r}; must be a number of bytes per second >= 0 "
+                              "(0: no floor)")
+        if (isinstance(self.speed_time, bool) or not isinstance(self.speed_time, (int, float))
+                or not (self.speed_time > 0 and math.isfinite(self.speed_time))):
+            raise OptionError(f"bad speed_time {self.speed_time!r}; must be > 0 seconds")
 
 
 _settings = Network()
@@ -70,7 +88,8 @@ _settings = Network()
 
 def configure(**changes: Any) -> Network:
     """Change this process's default ``Network`` (what ``open_source`` uses when given none); the
-    commands call it with their ``--retries``, ``--timeout``, ``--prefetch`` and ``--cache``."""
+    commands call it with their ``--retries``, ``--timeout``, ``--prefetch``, ``--cache`` and
+    ``--min-speed``."""
     global _settings
     _settings = dataclasses.replace(_settings, **changes)
     return _settings
@@ -79,6 +98,38 @@ def configure(**changes: Any) -> Network:
 def settings() -> Network:
     """This process's default ``Network``."""
     return _settings
+
+
+def warn_stderr(message: str) -> None:
+    """Where a reader's warnings go when the caller gives no ``warn``: one line on stderr, named
+    after the program as the commands name theirs (``tarcat: warning: URL: ...``)."""
+    path = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else ""
+    prog = os.path.basename(path)
+    if prog == "__main__.py":  # python -m PACKAGE
+        prog = os.path.basename(os.path.dirname(path))
+    print(f"{prog}: warning: {message}" if prog else f"warning: {message}", file=sys.stderr, flush=True)
+
+
+_reached: set[str] = set()  # hosts (netloc) that answered a request of this process
+_reached_lock = threading.Lock()
+
+
+def _netloc(url: str) -> str:
+    return url.split("/", 3)[2] if "//" in url else url
+
+
+def mark_reached(url: str) -> None:
+    """Note that ``url``'s host has answered this process. From then on a refused connection to it
+    is a server restarting, retried, not a wrong address (said at once). A process that reads for
+    another (a Dataset's worker) calls it for the hosts its parent reached."""
+    netloc = _netloc(url)
+    with _reached_lock:
+        _reached.add(netloc)
+
+
+def _was_reached(url: str) -> bool:
+    with _reached_lock:
+        return _netloc(url) in _reached
 
 
 class Identity(NamedTuple):
@@ -99,12 +150,19 @@ class _Transient(Exception):
 def describe(e: BaseException) -> str:
     """One short line about an exception from a library (some put whole responses in there)."""
     text = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    line = str(text).splitlines()[0] if text else type(e).__name__
+    return _one_line(str(text)) or type(e).__name__
+
+
+def _one_line(text: str, last: bool = False) -> str:
+    """The first (or ``last``) line of ``text`` that says something, at most 200 characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = (lines[-1] if last else lines[0]) if lines else ""
     return line if len(line) <= 200 else line[:197] + "..."
 
 
 def _transient(e: BaseException) -> bool:
-    """Whether a failure may pass: not a missing object, a refusal or a bad URL."""
+    """Whether a failure may pass: not a missing object, a bad certificate or a bad URL (a refusal
+    may: from a host that answered before, ``RemoteReader`` retries it)."""
     if isinstance(e, _Transient):
         return True
     if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotImplementedError, ValueError,
@@ -112,6 +170,9 @@ def _transient(e: BaseException) -> bool:
         return False
     import socket
 
+    ssl = sys.modules.get("ssl")  # loaded where it failed
+    if ssl is not None and isinstance(e, ssl.SSLCertVerificationError):  # a certificate won't change
+        return False
     if isinstance(e, socket.gaierror):  # a name that doesn't resolve won't start to; a busy resolver may
         return e.errno == socket.EAI_AGAIN
     return isinstance(e, Exception)
@@ -128,6 +189,7 @@ class _Opened(NamedTuple):
 
 def _open_http(url: str, offset: int, timeout: float | None, window: int | None = None) -> _Opened:
     """``url``'s bytes from ``offset`` on, up to ``window`` (exclusive) when given."""
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -139,19 +201,14 @@ def _open_http(url: str, offset: int, timeout: float | None, window: int | None 
         response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - the user's URL
     except urllib.error.HTTPError as e:
         e.close()
-        if e.code == 416:
-            raise SourceError(f"can't start reading at byte {offset}: past the end (HTTP 416)", url) from None
-        if e.code in _RETRY_STATUS:
-            retry_after = e.headers.get("Retry-After") if e.headers else None
-            raise _Transient(f"HTTP {e.code} {e.reason}", _seconds(retry_after)) from None
-        if e.code == 404:
-            raise SourceError("not found (HTTP 404)", url) from None
-        raise SourceError(f"cannot open: HTTP {e.code} {e.reason}", url) from None
+        raise _http_error(e, url, offset) from None
     except urllib.error.URLError as e:
         reason = e.reason
         if isinstance(reason, BaseException):
             raise reason from None  # the OSError underneath: a timeout, a reset, a refusal
-        raise SourceError(f"cannot open: {reason}", url) from None
+        raise SourceError(f"cannot open: {_one_line(str(reason))}", url) from None
+    except http.client.InvalidURL as e:
+        raise SourceError(f"cannot open: {describe(e)}", url) from None
     length = response.headers.get("Content-Length")
     total: int | None = None
     start = 0
@@ -161,22 +218,80 @@ def _open_http(url: str, offset: int, timeout: float | None, window: int | None 
         start = int(first.partition("-")[0]) if first.partition("-")[0].isdigit() else -1
         if start != offset:
             response.close()
-            raise SourceError(f"asked for the bytes from {offset} on, the server sent {content_range!r}", url)
+            raise SourceError(f"asked for the bytes from {offset} on, the server sent {content_range[:100]!r}", url)
         total = int(size) if size.isdigit() else None
     elif length is not None and length.isdigit():
         total = int(length)
     stamp = response.headers.get("ETag") or response.headers.get("Last-Modified")
-    stream: Any = response
+    stream: Any = _Response(response, timeout)
     if response.geturl().startswith("http://") and not response.chunked and response.length:  # not after a
         stream = _SocketBody(response, timeout)  # redirect to https: the socket holds TLS records there
     return _Opened(stream, start, Identity(total, stamp) if total is not None else None)
+
+
+def _http_error(e: Any, url: str, offset: int) -> Exception:
+    """What an HTTP error answer means here: a failure to retry (``_Transient``) or a one-line
+    ``SourceError``."""
+    reason = str(e.reason or "")
+    last = _one_line(reason, last=True)
+    if e.code == 416:
+        return SourceError(f"can't start reading at byte {offset}: past the end (HTTP 416)", url)
+    if e.code in _RETRY_STATUS:
+        retry_after = e.headers.get("Retry-After") if e.headers else None
+        return _Transient(f"HTTP {e.code} {last}".rstrip(), _seconds(retry_after))
+    if e.code == 404:
+        return SourceError("not found (HTTP 404)", url)
+    if 300 <= e.code < 400 and "\n" in reason.strip():  # urllib's words for a loop: lines, the last the answer's
+        return SourceError(f"cannot open: a redirect loop or too many redirects (last answer: HTTP {e.code} {last})",
+                           url)
+    return SourceError(f"cannot open: HTTP {e.code} {last}".rstrip(), url)
+
+
+class _Response:
+    """An ``http.client`` answer (chunked, TLS, no length) read one receive at a time (``read1``),
+    each bounded by the timeout, and no more receives once a read has lasted the timeout: a server
+    that sends a byte now and then can't hold a read forever."""
+
+    def __init__(self, response: Any, timeout: float | None) -> None:
+        self.response = response
+        self.timeout = timeout
+
+    def read(self, n: int) -> bytes:
+        parts = []
+        began = time.monotonic()
+        while n > 0:
+            data = self.response.read1(n)
+            if not data:
+                break
+            parts.append(data)
+            n -= len(data)
+            if self.timeout is not None and time.monotonic() - began >= self.timeout:
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def readinto(self, b: memoryview) -> int:
+        got = 0
+        began = time.monotonic()
+        while got < len(b):
+            data = self.response.read1(len(b) - got)
+            if not data:
+                break
+            b[got : got + len(data)] = data
+            got += len(data)
+            if self.timeout is not None and time.monotonic() - began >= self.timeout:
+                break
+        return got
+
+    def close(self) -> None:
+        self.response.close()
 
 
 class _SocketBody:
     """A plain-HTTP response body of known length, read from the socket with one system call a
     read (``MSG_WAITALL``: the GIL is let go once for 512 KiB, not once for each 64 KiB that came
     in; a read-ahead thread then keeps up with the tar reader). The timeout is the kernel's
-    (``SO_RCVTIMEO``); a read that has some bytes when it expires returns them."""
+    (``SO_RCVTIMEO``): on Linux it bounds the whole call, and a read that has some bytes when it
+    expires returns them, so a server that sends a byte now and then can't hold a read forever."""
 
     def __init__(self, response: Any, timeout: float | None) -> None:
         import socket
@@ -208,6 +323,23 @@ class _SocketBody:
             raise TimeoutError("timed out") from None
         self.left -= len(data)
         return data
+
+    def readinto(self, b: memoryview) -> int:
+        if self.prefix:
+            k = min(len(b), len(self.prefix))
+            b[:k] = self.prefix[:k]
+            self.prefix = self.prefix[k:]
+            return k
+        if self.left <= 0:
+            return 0
+        import socket
+
+        try:
+            k = self.sock.recv_into(b, min(len(b), self.left), socket.MSG_WAITALL)
+        except BlockingIOError:
+            raise TimeoutError("timed out") from None
+        self.left -= k
+        return k
 
     def close(self) -> None:
         self.sock.close()
@@ -264,25 +396,64 @@ def _open_fsspec(url: str, offset: int, timeout: float | None, window: int | Non
     return _Opened(f, offset, identity)
 
 
-def identify(url: str, timeout: float | None = DEFAULT_TIMEOUT) -> Identity | None:
-    """A remote object's size and ETag (or modification time), asking the store once (a HEAD
-    request); None when it can't be had. For the cache, which must know a version before reading."""
-    try:
-        if url.startswith(("http://", "https://")):
-            import urllib.request
+def identify(url: str, timeout: float | None = DEFAULT_TIMEOUT, network: Network | None = None,
+             warn: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> Identity | None:
+    """A remote object's size and ETag (or modification time), asking the store (a HEAD request);
+    None when it can't be had (no size given, or a failure the read that follows will name). For
+    the cache, which must know a version before reading. A failure that may pass (a 5xx answer, a
+    reset, a refusal from a host that answered before) is retried as a read is (``network``'s
+    retries and backoff, default ``settings()``), one warning line each."""
+    network = network if network is not None else _settings
+    attempt = 0
+    while True:
+        try:
+            return _identify_once(url, timeout)
+        except Exception as e:  # noqa: BLE001 - None, or a retry: the read that follows says what failed
+            refused = isinstance(e, ConnectionRefusedError) and not _was_reached(url)
+            if not _transient(e) or refused or attempt >= network.retries:
+                return None
+            import random
 
-            request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": "tarproc",
-                                                                          "Accept-Encoding": "identity"})
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-                length = response.headers.get("Content-Length")
-                if length is None or not length.isdigit():
-                    return None
-                return Identity(int(length), response.headers.get("ETag") or response.headers.get("Last-Modified"))
+            attempt += 1
+            wait = min(BACKOFF_MAX, max(network.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5),
+                                        getattr(e, "wait", None) or 0.0))
+            (warn or warn_stderr)(f"{url}: asking its size failed ({describe(e)}); retry {attempt} of "
+                                  f"{network.retries} in {wait:.1f} s")
+            sleep(wait)
+
+
+def _identify_once(url: str, timeout: float | None) -> Identity | None:
+    if url.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": "tarproc",
+                                                                      "Accept-Encoding": "identity"})
+        try:
+            response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310
+        except urllib.error.HTTPError as e:
+            e.close()
+            if e.code in _RETRY_STATUS:
+                raise _Transient(f"HTTP {e.code} {e.reason}", _seconds(e.headers.get("Retry-After") if e.headers
+                                                                       else None)) from None
+            return None
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, BaseException):
+                raise e.reason from None
+            return None
+        with response:
+            mark_reached(url)
+            length = response.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                return None
+            return Identity(int(length), response.headers.get("ETag") or response.headers.get("Last-Modified"))
+    try:
         opened = _open_fsspec(url, 0, timeout)
-        opened.stream.close()
-        return opened.identity
-    except Exception:
+    except SourceError:
         return None
+    opened.stream.close()
+    mark_reached(url)
+    return opened.identity
 
 
 # -- the reader -------------------------------------------------------------------------------------
@@ -294,10 +465,11 @@ _said_lock = threading.Lock()
 class RemoteReader:
     """A remote object's bytes from ``offset`` on, reopened at the byte reached after a failure.
 
-    ``read(n)`` returns at most ``n`` bytes, ``b""`` at the end; ``pos`` is the next byte's place in
-    the object. ``identity`` (size and ETag) is what the first answer said, None if it said no size.
-    ``end``: where the reader expects to stop (exclusive): an HTTP server is asked for the bytes up
-    to there only, and asked again for the rest if the reader goes on past it.
+    ``read(n)`` returns at most ``n`` bytes, ``b""`` at the end; ``readinto(b)`` puts them in
+    ``b`` (a buffer the caller reuses) and returns how many, 0 at the end. ``pos`` is the next
+    byte's place in the object. ``identity`` (size and ETag) is what the first answer said, None if
+    it said no size. ``end``: where the reader expects to stop (exclusive): an HTTP server is asked
+    for the bytes up to there only, and asked again for the rest if the reader goes on past it.
     """
 
     def __init__(self, url: str, offset: int = 0, network: Network | None = None,
@@ -314,13 +486,20 @@ class RemoteReader:
         self._http = url.startswith(("http://", "https://"))
         self._stream: Any = None
         self._since_open = 0  # bytes read since the last (re)open
+        self._failures = 0  # failed attempts in a row: since the last open that gave enough bytes
+        # the bytes after a reopen that end a run of failures: a server that gives a few bytes at
+        # each attempt, then drips, isn't read from forever
+        self._enough = max(1, int(self.network.min_speed * self.network.speed_time))
+        self._waited = 0.0  # seconds spent in reads since the speed was last checked
+        self._got = 0  # bytes they returned
         self.identity: Identity | None = None
-        self._with_retries(lambda: b"", opening=True)
+        self._with_retries(lambda: 0, opening=True)
 
     def _open(self) -> None:
         opener = _open_http if self._http else _open_fsspec
         window = self.end if self._http and self.end is not None and self.pos < self.end else None
         opened = opener(self.url, self.pos, self.network.timeout, window)
+        mark_reached(self.url)
         stream = opened.stream
         self._window = window if opened.start == self.pos else None  # a server ignoring ranges sends all
         if self.identity is None:
@@ -330,7 +509,7 @@ class RemoteReader:
             raise SourceError(f"changed on the server while it was read (at byte {self.pos}: was {self.identity}, "
                               f"now {opened.identity}); read it again", self.url)
         if opened.start < self.pos:  # a server that ignores range requests: skip to the byte reached
-            netloc = self.url.split("/", 3)[2] if "//" in self.url else self.url
+            netloc = _netloc(self.url)
             with _said_lock:
                 first = netloc not in _ignoring_range
                 _ignoring_range.add(netloc)
@@ -345,10 +524,9 @@ class RemoteReader:
                 left -= len(data)
         self._stream = stream
         self._since_open = 0
+        self._waited, self._got = 0.0, 0
 
-    def _with_retries(self, action: Callable[[], bytes], opening: bool = False) -> bytes:
-        attempt = 0
-        first_open = opening and self.pos == 0
+    def _with_retries(self, action: Callable[[], _T], opening: bool = False) -> _T:
         while True:
             try:
                 if self._stream is None:
@@ -363,15 +541,17 @@ class RemoteReader:
                 if self._cancelled:  # closed by a read-ahead's reader: no more attempts
                     raise SourceError(f"closed while reading byte {self.pos}", self.url) from None
                 doing = "open failed" if opening else "read failed"
-                if not _transient(e) or (first_open and isinstance(e, ConnectionRefusedError)):
-                    # nothing listens there (yet a refusal later, mid-shard, is a server restarting)
+                if not _transient(e) or (isinstance(e, ConnectionRefusedError) and not _was_reached(self.url)):
+                    # nothing listens there; a refusal from a host that answered before is a server restarting
                     raise SourceError(f"{doing} at byte {self.pos}: {describe(e)}", self.url) from None
+                attempt = self._failures
                 if attempt >= self.network.retries:
+                    self._failures = 0  # said: a later read (the reader's, after its read-ahead's) tries anew
                     tries = f" ({attempt + 1} attempts)" if attempt else ""
                     raise SourceError(f"{doing} at byte {self.pos}{tries}: {describe(e)}", self.url) from None
                 import random
 
-                attempt += 1
+                attempt = self._failures = attempt + 1
                 wait = self.network.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
                 if attempt == 1 and self._since_open:  # a connection that had been giving: reopen at once
                     wait = 0.0
@@ -385,11 +565,23 @@ class RemoteReader:
         if n < 0:
             n = _CHUNK
         data = self._with_retries(lambda: self._read_some(n))
-        self.pos += len(data)
-        self._since_open += len(data)
+        self._advance(len(data))
         return data
 
-    def _read_some(self, n: int) -> bytes:
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        got = self._with_retries(lambda: self._read_some_into(view))
+        self._advance(got)
+        return got
+
+    def _advance(self, got: int) -> None:
+        self.pos += got
+        self._since_open += got
+        if self._failures and self._since_open >= self._enough:
+            self._failures = 0
+
+    def _limit(self, n: int) -> int:
+        """``n``, or fewer where the window asked of the server ends (past it: ask for the rest)."""
         if self._window is not None:
             if self.pos >= self._window:  # the reader goes on past the end it gave: ask for the rest
                 self.end = self._window = None
@@ -397,10 +589,44 @@ class RemoteReader:
                 self._open()
             else:
                 n = min(n, self._window - self.pos)
+        return n
+
+    def _read_some(self, n: int) -> bytes:
+        n = self._limit(n)
+        began = time.monotonic()
         data = self._stream.read(n)
-        if not data and self.identity is not None and self.pos < self.identity.size:
-            raise _Transient(f"the connection ended at byte {self.pos} of {self.identity.size:,}")
+        self._check(len(data), began, n)
         return bytes(data)
+
+    def _read_some_into(self, view: memoryview) -> int:
+        n = self._limit(len(view))
+        began = time.monotonic()
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is not None:
+            got = readinto(view[:n]) or 0
+        else:
+            data = self._stream.read(n)
+            got = len(data)
+            view[:got] = data
+        self._check(got, began, n)
+        return got  # type: ignore[no-any-return]
+
+    def _check(self, got: int, began: float, asked: int) -> None:
+        """After a read of ``got`` bytes begun at ``began``: a failure to retry where the stream ended
+        short, or where reads have been slower than the floor for ``speed_time`` seconds."""
+        if not got and asked and self.identity is not None and self.pos < self.identity.size:
+            raise _Transient(f"the connection ended at byte {self.pos} of {self.identity.size:,}")
+        floor = self.network.min_speed
+        if not floor:
+            return
+        # only the time spent waiting in reads counts: a reader that is slow to ask isn't a slow server
+        self._waited += time.monotonic() - began
+        self._got += got
+        if self._waited >= self.network.speed_time:
+            slow = self._got < floor * self._waited
+            self._waited, self._got = 0.0, 0
+            if slow:
+                raise _Transient(f"slower than {floor:,} bytes/s for {self.network.speed_time:g} s")
 
     def cancel(self) -> None:
         """No more attempts: a failed read raises at once (another thread is closing this stream)."""
@@ -418,4 +644,4 @@ class RemoteReader:
         self._drop()
 
 
-__all__ = ["Identity", "Network", "RemoteReader", "configure", "identify", "settings"]
+__all__ = ["Identity", "Network", "RemoteReader", "configure", "identify", "mark_reached", "settings"]

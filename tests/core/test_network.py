@@ -22,7 +22,8 @@ from tarproc.sources.remote import Identity
 
 
 @pytest.mark.parametrize("bad", [{"retries": -1}, {"retries": True}, {"timeout": 0}, {"prefetch": -5},
-                                 {"cache_size": 10}, {"cache_dir": "c", "cache_size": 0}])
+                                 {"cache_size": 10}, {"cache_dir": "c", "cache_size": 0},
+                                 {"min_speed": -1}, {"speed_time": 0}])
 def test_bad_settings_are_named(bad: dict[str, Any]) -> None:
     with pytest.raises(OptionError, match=list(bad)[-1]):
         Network(**bad)

@@ -89,15 +89,16 @@ def fetched(requests: list[Request]) -> int:
 @pytest.fixture(scope="module")
 def over_http(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("www")
-    bare, idx = make(root / "bare", False), make(root / "idx", True)
+    bare = make(root / "bare", False)
+    make(root / "idx", True)
     total = sum(p.stat().st_size for p in bare)
     with FaultServer(root) as server:
         server.cut("*", after=300_000, times=3)  # connections cut mid-shard
         server.fail("*", 503, times=4)  # a store that is busy for a moment
         refused = threading.Event()
 
-        def refuse_mid_run() -> None:  # once the first shards are being read: a restart, 2 s without a listener
-            while len([r for r in server.requests if r.path.endswith(".tar")]) < 3:
+        def refuse_mid_run() -> None:  # as the idx run's first epoch starts: a restart, 2 s without a listener
+            while not any(r.path == "/__mark__/idx/epoch-0" for r in server.requests):
                 if done.wait(0.05):
                     return
             server.refuse_for(2.0)
@@ -130,7 +131,8 @@ def test_a_second_run_over_the_same_cache_counts_and_downloads_nothing(over_http
     by_stage = stages(over_http["requests"], "bare-again")
     assert fetched(by_stage.get("start", []) + by_stage.get("epoch-0", [])) == 0  # HEADs only: the versions
     assert by_stage.get("epoch-1", []) == []
-    assert over_http["stderr"].count("no index file and no count remembered") == 2  # bare, count: rank 0 only
+    # why the first batch waits: said by rank 0 (when it had shards left to count), never once per rank
+    assert 1 <= over_http["stderr"].count("no index file and no count remembered") <= 2  # runs bare, count
 
 
 def test_the_faults_happened_and_cost_warnings_only(over_http: dict[str, Any]) -> None:
