@@ -286,6 +286,38 @@ def jpeg_header(data: bytes | bytearray | memoryview) -> tuple[int, int, str, in
     return None
 
 
+def jpeg_ends(data: bytes) -> bool:
+    """Whether a JPEG's end-of-image marker follows its first scan (a file cut short has none). The
+    markers are walked to the scan, so that an EXIF thumbnail's own end marker (inside APP1) is not
+    taken for the image's; inside a scan an ``FF`` byte is followed by ``00`` or a restart marker,
+    never by ``D9``. GPU decoders decode a cut stream without a word: this is checked before.
+
+    >>> import io; from PIL import Image; buf = io.BytesIO(); Image.new("L", (7, 5)).save(buf, "JPEG")
+    >>> jpeg_ends(buf.getvalue()), jpeg_ends(buf.getvalue()[:-40])
+    (True, False)
+    """
+    pos, end = 2, len(data)
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return False
+        marker = data[pos + 1]
+        if marker == 0xFF:
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        if marker == 0xD9:
+            return False  # an end before any scan
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        if marker == 0xDA:
+            return data.find(b"\xff\xd9", pos + 2 + length) != -1
+        if length < 2:
+            return False
+        pos += 2 + length
+    return False
+
+
 def png_header(data: bytes | bytearray | memoryview) -> tuple[int, int, str, int] | None:
     """``(width, height, mode, channels)`` from a PNG's IHDR chunk, or None without one."""
     if len(data) < 29 or bytes(data[12:16]) != b"IHDR":

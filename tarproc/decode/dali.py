@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..content import jpeg_ends
 from .cpu import CpuDecoder, ImageError, Job, Result, image_size
 from .spec import AugmentSpec, Plan, rotation_steps
 
@@ -175,6 +176,10 @@ class DaliDecoder:
         plans: list[Plan] = []
         sizes: list[tuple[int, int]] = []
         for i, (data, key) in enumerate(batch):
+            if self.gpu and data[:3] == b"\xff\xd8\xff" and not jpeg_ends(data):
+                # GPU decoders decode a cut stream without a word: the cpu path's rule, checked here
+                results[i] = ImageError("damaged JPEG data: cut short (no end-of-image marker after its scan)")
+                continue
             try:
                 h, w = image_size(data)
                 plan = self.spec.plan(key, h, w)

@@ -418,3 +418,24 @@ def test_output_sizes_over_max_pixels_are_refused_up_front(bad):
     with pytest.raises(OptionError, match="over the 67,108,864 of max_pixels"):
         AugmentSpec(**bad)
     assert AugmentSpec(**bad, max_pixels=10**23).max_pixels == 10**23  # raised on purpose: allowed
+
+
+def test_a_jpeg_cut_short_has_no_end_marker_after_its_scan_even_with_a_thumbnail() -> None:
+    """The check the gpu backend makes before DALI (GPU decoders decode a cut stream silently)."""
+    import io
+
+    from PIL import Image
+
+    from tarproc.content import jpeg_ends
+
+    thumb = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 10, 10)).save(thumb, "JPEG")
+    exif = Image.Exif()
+    exif[0x010E] = "with a thumbnail"
+    buf = io.BytesIO()
+    Image.effect_noise((64, 48), 40).convert("RGB").save(buf, "JPEG", exif=exif.tobytes() + thumb.getvalue())
+    whole = buf.getvalue()
+    assert whole.count(b"\xff\xd9") >= 2  # the thumbnail's own end marker comes first
+    assert jpeg_ends(whole)
+    assert not jpeg_ends(whole[: len(whole) - 100])
+    assert not jpeg_ends(whole[: whole.index(b"\xff\xda") + 20])

