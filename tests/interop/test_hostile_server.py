@@ -178,3 +178,24 @@ def test_a_server_without_etag_is_read_again_at_the_byte_reached(ix, data, tmp_p
         assert r.exit_code == 0, r.stderr
         assert r.stdout_bytes == local(ix, data)
         assert [g.range for g in server.gets("/train-2.tar")] == [None, "bytes=20000-"]
+
+
+def test_a_cached_copy_of_a_shard_rewritten_at_the_same_size_is_never_served(ix, data, tmp_path, monkeypatch):
+    """A store that names no version (no ETag, no Last-Modified): the cache key is the URL and the
+    size only, so a rewrite at the same size would be served stale; the copy is checked first."""
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    cache = tmp_path / "cache"
+    with FaultServer(data, etag=False) as server:
+        url = urls(server)[0]
+        first = subprocess.run([ix.scripts.tarcat, "-q", "--cache", str(cache), url], capture_output=True)
+        assert first.returncode == 0 and first.stdout == (data / "train-0.tar").read_bytes()
+        size = (data / "train-0.tar").stat().st_size
+        write_tar(data / "train-0.tar", [{"__key__": f"new-{i:03d}", "bin": os.urandom(4000)} for i in range(PER_SHARD)])
+        assert (data / "train-0.tar").stat().st_size == size  # rewritten at the same size
+        again = subprocess.run([ix.scripts.tarcat, "-q", "--cache", str(cache), url], capture_output=True, text=False)
+        assert again.returncode == 0, again.stderr
+        assert again.stdout == (data / "train-0.tar").read_bytes()  # the store's bytes, not the copy's
+        (line,) = warnings(again.stderr.decode())
+        assert line.startswith("tarcat: warning: ") and "changed on the server since it was cached" in line
+        third = subprocess.run([ix.scripts.tarcat, "-q", "--cache", str(cache), url], capture_output=True)
+        assert third.stdout == (data / "train-0.tar").read_bytes() and warnings(third.stderr.decode()) == []
