@@ -91,10 +91,11 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
     work = ctx.directory / SECTION
     work.mkdir(parents=True, exist_ok=True)
     reps = max(1, ctx.slow_reps)
-    local_url = str(paths[0].parent / f"train-{{{0:06d}..{len(paths) - 1:06d}}}.tar")
+    pattern = f"small-{{{0:06d}..{len(paths) - 1:06d}}}.tar"  # small_shards' names
+    local_url = str(paths[0].parent / pattern)
     first_local, second_local, first_remote, second_remote, fetched, later = [], [], [], [], [], []
     with fault_server(paths[0].parent, latency=LATENCY) as server:
-        remote_url = f"{server.url}/train-{{{0:06d}..{len(paths) - 1:06d}}}.tar"
+        remote_url = f"{server.url}/{pattern}"
         for rep in range(reps):
             local = job(local_url, "-", work / "local.json", "-")
             check(local, n, "local files")

@@ -479,7 +479,7 @@ def compare(ctx: Context, scratch: Path, paths: list[Path], n: int, decode: bool
 
     def check_tarproc_cache(rep: int) -> None:
         entries = [p for p in (scratch / f"{tag}-tarproc-{rep}" / "shards").iterdir()
-                   if p.is_file() and not p.name.endswith(".json")]
+                   if p.is_file() and p.name.endswith(".tar")]  # the shards (their .idx files are cached too)
         if sorted(p.stat().st_size for p in entries) != sorted(p.stat().st_size for p in paths):
             raise RuntimeError(f"tarproc's cache holds {len(entries)} entries, not a copy of each of the "
                                f"{SHARDS} shards")

@@ -373,10 +373,12 @@ class Dataset:
                              identities=self._identities, rank=self.rank_world()[0], world=self.rank_world()[1])
         self.lengths: dict[str, int] | None = found.counts
         self.count_sources = found.sources
-        if self.network.cache_dir is not None:  # the indexes readers seek with are read from the cache too
+        cache = shard_cache(self.network)
+        if cache is not None:  # the indexes counted were copied into the cache: readers seek with those copies
             indexes = [default_index_url(u) for u in remote if self.count_sources.get(u, "").startswith("index ")]
             self._identities.update(_identities(indexes, self.network))
-            shard_cache(self.network).learn(self._identities, self._digests)  # type: ignore[union-attr]
+            cache.learn(self._identities, self._digests)
+            finish_fills(self.network)  # published before DataLoader workers fork
         self.uncounted = found.missing
         for url, n in (self.lengths or {}).items():
             if not n and not self.count_sources.get(url, "").startswith("counted"):

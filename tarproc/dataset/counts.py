@@ -376,7 +376,7 @@ class _Counter:
     def _sidecar_or_known(self, url: str) -> tuple[int, str] | None:
         for index_url in _sidecar_urls(url):
             try:
-                found = _read_sidecar(index_url)
+                found = _read_sidecar(index_url, self.network)
             except SourceError:
                 continue  # not there (404, no such key), or not readable: no sidecar
             return found.samples, found.source
@@ -459,10 +459,12 @@ def _sidecar_urls(url: str) -> list[str]:
     return [ours] if dali == ours else [ours, dali]
 
 
-def _read_sidecar(index_url: str) -> _Sidecar:
+def _read_sidecar(index_url: str, network: Network | None = None) -> _Sidecar:
     """The count a sidecar index records (either format); SourceError when it can't be opened,
-    IndexFileError naming it and the line when it is not a good index."""
-    with open_source(index_url) as source:
+    IndexFileError naming it and the line when it is not a good index. A remote one is read as
+    ``network`` says: with a shard cache, it is copied there whole (the readers that seek with it
+    read it from there)."""
+    with open_source(index_url, network=network) as source:
         head = b""
         while b"\n" not in head and len(head) <= _MAX_HEADER:
             chunk = source.read(1 << 16)

@@ -35,6 +35,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +61,7 @@ class ShardCache:
         self._checked: set[tuple[str, int]] = set()  # entries of version-less URLs checked here (path, inode)
         self._fills: dict[str, Fill] = {}  # this process's fills, by entry name
         self._lock = threading.Lock()
+        _instances.add(self)
 
     def _failed(self, what: str, e: OSError) -> None:
         if not self.broken and self.warn is not None:
@@ -292,6 +294,26 @@ class ShardCache:
                     os.unlink(path + ".json")
         finally:
             os.close(lock)
+
+
+_instances: weakref.WeakSet[ShardCache] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) inherits the parent's fills as objects, without their
+    threads: forget them (their done events would never be set here) and close its copies of their
+    files (else the child would hold an entry's lock after the parent's fill failed)."""
+    for cache in list(_instances):
+        cache._lock = threading.Lock()
+        for fill in cache._fills.values():
+            for fd in (fill.fd, fill.lock):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+        cache._fills.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _CacheFailed(Exception):

@@ -252,3 +252,37 @@ def test_a_damaged_entry_is_filled_again(tmp_path: Path) -> None:
     assert path is not None
     Path(path).write_bytes(data[:10])
     assert Path(fill(cache, "memory://h/d.tar", data) or "").read_bytes() == data
+
+
+def test_a_forked_child_forgets_the_parents_fills(tmp_path: Path) -> None:
+    """A DataLoader worker forked while the parent fills an entry inherits the fill as an object,
+    without its thread: it must not wait for it (it never ends there), nor keep its lock."""
+    import fcntl
+    import multiprocessing
+
+    from tarproc.sources.cache import Fill
+
+    cache = ShardCache(str(tmp_path))
+    data = os.urandom(1000)
+    lock, part = hold(tmp_path, cache, "memory://h/f.tar", data)
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT)
+    cache._fills["f"] = Fill(cache, "memory://h/f.tar", identity(data), "f", fd, lock, Network())  # never started
+
+    def child(done: Any) -> None:
+        cache.wait()  # returns: nothing of this process's to wait for
+        lock_path = tmp_path / "shards" / "locks" / cache.name("memory://h/f.tar", identity(data))
+        done.put((cache._fills == {}, os.path.exists(lock_path)))
+
+    done = multiprocessing.get_context("fork").Queue()
+    proc = multiprocessing.get_context("fork").Process(target=child, args=(done,))
+    proc.start()
+    assert done.get(timeout=30) == (True, True)
+    proc.join(30)
+    # the parent still holds its lock: another open of the lock file can't take it
+    other = os.open(tmp_path / "shards" / "locks" / cache.name("memory://h/f.tar", identity(data)), os.O_RDWR)
+    with pytest.raises(OSError):
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(other)
+    cache._fills.clear()
+    os.close(fd)
+    os.close(lock)

@@ -264,12 +264,31 @@ def test_the_second_epoch_reads_the_cache_and_not_the_server(data, server, tmp_p
                  cache_dir=str(cache))
     assert ds.part_size is None  # whole shards: what a reader reads whole becomes an entry
     assert keys_of(ds) == all_keys()
-    assert entries(cache) == {u: Path(p).read_bytes() for u, p in zip(urls(server), paths(data), strict=True)}
+    kept = {u: v for u, v in entries(cache).items() if u.endswith(".tar")}  # the .idx files are kept too
+    assert kept == {u: Path(p).read_bytes() for u, p in zip(urls(server), paths(data), strict=True)}
     requests = len(server.requests)
     ds.set_epoch(1)
     assert keys_of(ds) == all_keys()
     assert len(server.requests) == requests  # not even a HEAD
     assert leftovers(cache) == []
+
+
+@pytest.mark.timeout(180)
+def test_dataloader_workers_with_indexes_and_a_cache_make_no_request_after_the_first_epoch(data, server, tmp_path):
+    """Readers start mid-shard with the remote .idx files; the Loader reads the indexes in the main
+    process, through the cache, just before its workers fork: a fill running then must not be
+    inherited as one to wait for (that hung the second epoch), and no epoch after the first asks
+    the store for anything, indexes included."""
+    pytest.importorskip("torch")
+    ds = Dataset(urls(server), batch_size=7, shuffle=30, to_tuple=("__key__",), tensors="numpy",
+                 cache_dir=str(tmp_path / "cache"))  # batches of 7: the workers' blocks meet mid-shard
+    loader = ds.loader(num_workers=2)
+    for epoch in range(4):
+        ds.set_epoch(epoch)
+        mark = len(server.requests)
+        assert Counter(k for (batch,) in loader for k in batch) == all_keys()
+        if epoch:
+            assert server.requests[mark:] == [], epoch
 
 
 def test_a_cut_never_leaves_an_entry(ix, data, server, tmp_path):
