@@ -458,14 +458,13 @@ class Growing:
                 continue
             if self.cache.broken:
                 return self._from_store(n)
-            if self.cache._complete(self.name, self.identity) or self._fd < 0:
-                self._look()
+            if self.cache._complete(self.name, self.identity):
+                self._look()  # published meanwhile: read the entry
                 continue
             time.sleep(pause)  # another process fills it
             pause = min(pause * 2, _POLL_MAX)
-            if pause == _POLL_MAX:
-                self._look()  # is it still alive? (its lock free: we fill it now)
-                pause = 0.001
+            if pause == _POLL_MAX or self._fd < 0:
+                self._look()  # its part file there yet? is it still alive? (its lock free: we fill it now)
 
     def _from_store(self, n: int) -> bytes:
         self._close_fd()
