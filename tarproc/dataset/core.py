@@ -891,11 +891,14 @@ class Dataset:
             assignments = [self.assignment(epoch, rank, world, worker, workers, resume) for worker in range(workers)]
         except TarprocError:
             return  # a state that doesn't fit: the workers say so
-        for assignment in assignments:
-            for part in assignment.parts:
-                if is_fsspec_url(part.url) and self.count_sources.get(part.url, "").startswith("index ") and (
-                        part.first or (part.stop is not None and part.stop != part.holds)):
-                    self._offsets_of(part.url)
+        wanted = {part.url for assignment in assignments for part in assignment.parts
+                  if is_fsspec_url(part.url) and self.count_sources.get(part.url, "").startswith("index ")
+                  and part.url not in self._offsets and (part.first or (part.stop is not None and part.stop != part.holds))}
+        if wanted:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(16, len(wanted))) as pool:  # many shards: not one request after another
+                list(pool.map(self._offsets_of, sorted(wanted)))
 
     def _start_byte(self, part: Part) -> int:
         """Where reading ``part`` begins: its first sample's byte where an index gives it, else 0."""

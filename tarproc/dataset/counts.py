@@ -32,6 +32,7 @@ ignored (and rewritten), and a cache directory that can't be written means no ca
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -402,7 +403,12 @@ class _Counter:
                 path = shards.ensure(url, identity, self.network, wait=wait)
                 if path is None and not wait and not shards.broken:
                     return None  # another process fills it now
-            n = _count_file(path if path is not None else url, self.network)
+            try:
+                n = _count_file(path if path is not None else url, self.network)
+            except SourceError:
+                if path is None:
+                    raise
+                n = _count_file(url, self.network)  # the copy was evicted meanwhile (cache_size)
             if key is not None:
                 self.cache.put(key, n)
         return n, "counted"
@@ -596,8 +602,8 @@ class _Cache:
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except OSError:
-                yield False
+            except OSError as e:
+                yield e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN)  # held; else no locks here: count it
                 return
             yield True
         finally:

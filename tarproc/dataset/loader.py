@@ -202,11 +202,17 @@ def _together(batches: Iterator[Any], ds: _Core, tagged: bool = False) -> Iterat
         if flag.item():
             yield item
             continue
-        left = 0 if item is None else sum(_samples(b[1] if tagged else b) for b in itertools.chain([item], batches))
+        left, failed = 0, None
+        try:
+            left = 0 if item is None else sum(_samples(b[1] if tagged else b) for b in itertools.chain([item], batches))
+        except Exception as e:  # noqa: BLE001 - raised after the collective: the other ranks wait in it
+            failed = e
         lost = torch.tensor([left], dtype=torch.int64, device=device)
         dist.all_reduce(lost)
+        if failed is not None:
+            raise failed
         ds._tally.add(lost=int(lost.item()) if dist.get_rank() == 0 else 0)  # the job's loss, counted once
-        if not ds._warned_uncounted and dist.get_rank() == 0:
+        if lost.item() and not ds._warned_uncounted and dist.get_rank() == 0:
             ds._warned_uncounted = True
             warn(f"lengths=None: the epoch ended when the first rank ran out, leaving out {int(lost.item()):,} samples "
                  "the other ranks held (said once; ds.lost counts every epoch's)")

@@ -28,6 +28,7 @@ written) means no cache, said once: the readers then read the store.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -203,8 +204,10 @@ class ShardCache:
                 return None
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            except OSError as e:
                 os.close(lock)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):  # no locks on this filesystem
+                    self._failed("locking an entry", e)
                 return None  # another process fills it now
             if self._complete(name, identity):  # published while we looked
                 os.close(lock)
@@ -279,7 +282,14 @@ class ShardCache:
         except OSError:
             return
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            for _ in range(100):  # at most ~5 s: eviction is best effort, never a reader's hang
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            else:
+                return
             entries = self.entries()
             total = sum(size for _, size, _ in entries)
             for _, size, path in entries:
@@ -313,7 +323,18 @@ def _after_fork_in_child() -> None:
         cache._fills.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+def _before_fork() -> None:
+    """Fork between two of a cache's steps never: a child would hold a lock taken in the middle."""
+    for cache in list(_instances):
+        cache._lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for cache in list(_instances):
+        cache._lock.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 class _CacheFailed(Exception):
@@ -377,14 +398,16 @@ class Fill:
         except BaseException as e:  # noqa: BLE001 - handed to the readers that wait for it
             self.error = e
         finally:
+            with self.cache._lock:
+                self.cache._fills.pop(self.name, None)
             if self.fd >= 0:
-                os.close(self.fd)
+                with contextlib.suppress(OSError):
+                    os.close(self.fd)
             if not published:
                 with contextlib.suppress(OSError):
                     os.unlink(self.cache._part(self.name))
-            with self.cache._lock:
-                self.cache._fills.pop(self.name, None)
-            os.close(self.lock)
+            with contextlib.suppress(OSError):
+                os.close(self.lock)
             self.done.set()
             with self.advanced:
                 self.advanced.notify_all()
@@ -446,15 +469,18 @@ class Growing:
                     return data
             fill = self._fill
             if fill is not None:  # this process fills it: wait for the bytes, or for its end
+                stuck = self._fd < 0 or fill.written <= self.pos  # nothing to read here until it moves on
                 with fill.advanced:
-                    if fill.written <= self.pos and not fill.done.is_set():
-                        fill.advanced.wait(1.0)
-                if fill.done.is_set() and fill.written <= self.pos:
+                    if stuck and not fill.done.is_set():
+                        fill.advanced.wait(0.05 if self._fd < 0 else 1.0)
+                if fill.done.is_set() and stuck:
                     if isinstance(fill.error, _CacheFailed):
                         return self._from_store(n)
                     if fill.error is not None:
                         raise fill.error
                     self._look()  # published: read the entry
+                elif self._fd < 0:
+                    self._look()  # its part file, created before it started
                 continue
             if self.cache.broken:
                 return self._from_store(n)

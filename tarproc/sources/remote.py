@@ -127,6 +127,12 @@ def mark_reached(url: str) -> None:
         _reached.add(netloc)
 
 
+def _new_locks_in_child() -> None:
+    """A forked child (a DataLoader worker) may inherit these locks held by another thread: new ones."""
+    global _reached_lock, _said_lock
+    _reached_lock, _said_lock = threading.Lock(), threading.Lock()
+
+
 def _was_reached(url: str) -> bool:
     with _reached_lock:
         return _netloc(url) in _reached
@@ -410,7 +416,8 @@ def identify(url: str, timeout: float | None = DEFAULT_TIMEOUT, network: Network
             return _identify_once(url, timeout)
         except Exception as e:  # noqa: BLE001 - None, or a retry: the read that follows says what failed
             refused = isinstance(e, ConnectionRefusedError) and not _was_reached(url)
-            if not _transient(e) or refused or attempt >= network.retries:
+            passing = isinstance(e, (_Transient, OSError))  # not a library's own error (no credentials...)
+            if not passing or not _transient(e) or refused or attempt >= network.retries:
                 return None
             import random
 
@@ -645,3 +652,5 @@ class RemoteReader:
 
 
 __all__ = ["Identity", "Network", "RemoteReader", "configure", "identify", "mark_reached", "settings"]
+
+os.register_at_fork(after_in_child=_new_locks_in_child)
