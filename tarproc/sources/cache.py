@@ -502,9 +502,6 @@ class Growing:
             os.close(self._fd)
             self._fd = -1
 
-    def cancel(self) -> None:
-        """Nothing to stop: the fill goes on for the other readers (``prefetch.Ahead`` asks)."""
-
     def close(self) -> None:
         self._close_fd()
         if self._store is not None:

@@ -275,19 +275,6 @@ class _Response:
                 break
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def readinto(self, b: memoryview) -> int:
-        got = 0
-        began = time.monotonic()
-        while got < len(b):
-            data = self.response.read1(len(b) - got)
-            if not data:
-                break
-            b[got : got + len(data)] = data
-            got += len(data)
-            if self.timeout is not None and time.monotonic() - began >= self.timeout:
-                break
-        return got
-
     def close(self) -> None:
         self.response.close()
 
@@ -330,26 +317,21 @@ class _SocketBody:
         self.left -= len(data)
         return data
 
-    def readinto(self, b: memoryview) -> int:
-        if self.prefix:
-            k = min(len(b), len(self.prefix))
-            b[:k] = self.prefix[:k]
-            self.prefix = self.prefix[k:]
-            return k
-        if self.left <= 0:
-            return 0
-        import socket
-
-        try:
-            k = self.sock.recv_into(b, min(len(b), self.left), socket.MSG_WAITALL)
-        except BlockingIOError:
-            raise TimeoutError("timed out") from None
-        self.left -= k
-        return k
-
     def close(self) -> None:
         self.sock.close()
         self.response.close()
+
+
+def _backoff(network: Network, attempt: int, e: BaseException, first_wait: float | None = None) -> float:
+    """Seconds to wait before retry ``attempt`` (from 1): doubled each time from ``network.backoff``,
+    with jitter (``first_wait`` instead for the first), at least the server's Retry-After, at most
+    ``BACKOFF_MAX``."""
+    import random
+
+    wait = network.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
+    if attempt == 1 and first_wait is not None:
+        wait = first_wait
+    return min(BACKOFF_MAX, max(wait, getattr(e, "wait", None) or 0.0))
 
 
 def _seconds(value: str | None) -> float | None:
@@ -419,11 +401,8 @@ def identify(url: str, timeout: float | None = DEFAULT_TIMEOUT, network: Network
             passing = isinstance(e, (_Transient, OSError))  # not a library's own error (no credentials...)
             if not passing or not _transient(e) or refused or attempt >= network.retries:
                 return None
-            import random
-
             attempt += 1
-            wait = min(BACKOFF_MAX, max(network.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5),
-                                        getattr(e, "wait", None) or 0.0))
+            wait = _backoff(network, attempt, e)
             (warn or warn_stderr)(f"{url}: asking its size failed ({describe(e)}); retry {attempt} of "
                                   f"{network.retries} in {wait:.1f} s")
             sleep(wait)
@@ -472,9 +451,8 @@ _said_lock = threading.Lock()
 class RemoteReader:
     """A remote object's bytes from ``offset`` on, reopened at the byte reached after a failure.
 
-    ``read(n)`` returns at most ``n`` bytes, ``b""`` at the end; ``readinto(b)`` puts them in
-    ``b`` (a buffer the caller reuses) and returns how many, 0 at the end. ``pos`` is the next
-    byte's place in the object. ``identity`` (size and ETag) is what the first answer said, None if
+    ``read(n)`` returns at most ``n`` bytes, ``b""`` at the end; ``pos`` is the next byte's place
+    in the object. ``identity`` (size and ETag) is what the first answer said, None if
     it said no size. ``end``: where the reader expects to stop (exclusive): an HTTP server is asked
     for the bytes up to there only, and asked again for the rest if the reader goes on past it.
     """
@@ -556,14 +534,9 @@ class RemoteReader:
                     self._failures = 0  # said: a later read (the reader's, after its read-ahead's) tries anew
                     tries = f" ({attempt + 1} attempts)" if attempt else ""
                     raise SourceError(f"{doing} at byte {self.pos}{tries}: {describe(e)}", self.url) from None
-                import random
-
                 attempt = self._failures = attempt + 1
-                wait = self.network.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
-                if attempt == 1 and self._since_open:  # a connection that had been giving: reopen at once
-                    wait = 0.0
-                server_wait = getattr(e, "wait", None)
-                wait = min(BACKOFF_MAX, max(wait, server_wait or 0.0))
+                # a connection that had been giving: reopen at once
+                wait = _backoff(self.network, attempt, e, 0.0 if self._since_open else None)
                 self.warn(f"{self.url}: {doing} at byte {self.pos} ({describe(e)}); retry {attempt} of "
                           f"{self.network.retries} in {wait:.1f} s, from byte {self.pos}")
                 self.sleep(wait)
@@ -574,12 +547,6 @@ class RemoteReader:
         data = self._with_retries(lambda: self._read_some(n))
         self._advance(len(data))
         return data
-
-    def readinto(self, b: Any) -> int:
-        view = memoryview(b).cast("B")
-        got = self._with_retries(lambda: self._read_some_into(view))
-        self._advance(got)
-        return got
 
     def _advance(self, got: int) -> None:
         self.pos += got
@@ -604,19 +571,6 @@ class RemoteReader:
         data = self._stream.read(n)
         self._check(len(data), began, n)
         return bytes(data)
-
-    def _read_some_into(self, view: memoryview) -> int:
-        n = self._limit(len(view))
-        began = time.monotonic()
-        readinto = getattr(self._stream, "readinto", None)
-        if readinto is not None:
-            got = readinto(view[:n]) or 0
-        else:
-            data = self._stream.read(n)
-            got = len(data)
-            view[:got] = data
-        self._check(got, began, n)
-        return got  # type: ignore[no-any-return]
 
     def _check(self, got: int, began: float, asked: int) -> None:
         """After a read of ``got`` bytes begun at ``began``: a failure to retry where the stream ended
