@@ -384,8 +384,9 @@ def network_params(read_ahead: bool = True, timeout_flag: str = "--timeout") -> 
                      show_default=True, metavar="SECONDS", help="Remote inputs: how long reads may stay under "
                                                                 "--min-speed."),
         click.option("--cache", "cache_dir", metavar="DIR", default=None,
-                     help="Keep verified copies of remote shards in DIR/shards (written as they are read first) and "
-                          "read them from there next time."),
+                     help="Keep verified copies of remote shards in DIR/shards and read them from there next time: "
+                          "each shard downloaded once, whole, by the first process of the machine that wants it, "
+                          "the others reading the copy as it grows."),
         click.option("--cache-size", type=SIZE, default=None, metavar="SIZE",
                      help="Bound the --cache: least recently used shards are removed past SIZE."),
     ]
