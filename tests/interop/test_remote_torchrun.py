@@ -56,7 +56,9 @@ def runs(shards: str, cache: Path, mark: str) -> list[dict[str, Any]]:
         return {"name": name, "shards": [shards.replace("FOLDER", folder)], "workers": WORKERS, "epochs": 2,
                 "mark": mark, "dataset": {**BASE, "cache_dir": str(cache / name.removesuffix("-again")), **dataset}}
 
-    return [run("bare", "bare"), run("idx", "idx"), run("count", "bare", lengths="count"), run("bare-again", "bare")]
+    stop = {**run("stop", "idx"), "epochs": 1, "stop": 5}  # stopped at step 5, resumed on 1 x 1 by the test
+    return [run("bare", "bare"), run("idx", "idx"), run("count", "bare", lengths="count"), run("bare-again", "bare"),
+            stop]
 
 
 def check_epochs(results: list[dict[str, Any]], name: str) -> None:
@@ -114,7 +116,13 @@ def over_http(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         done.set()
         assert rc == 0, err[-4000:]
         requests = list(server.requests)
-    return {"results": results, "requests": requests, "total": total, "stderr": err, "refused": refused.is_set()}
+        # the stopped job resumed here, on one rank reading in this process, from the same cache
+        stopped = plan[-1]
+        ds = tarproc.Dataset(stopped["shards"], **{**stopped["dataset"], "tensors": "numpy"}, rank=0, world_size=1)
+        ds.load_state_dict(results[0]["stop"]["state"])
+        resumed = [k for (batch,) in ds for k in batch]
+    return {"results": results, "requests": requests, "total": total, "stderr": err, "refused": refused.is_set(),
+            "resumed": resumed}
 
 
 @pytest.mark.parametrize("name", ["bare", "idx", "count"])
@@ -157,3 +165,9 @@ def test_over_s3_every_sample_once_and_the_cache_filled(s3: Any, tmp_path: Path)
         entries = [n for n in os.listdir(tmp_path / "cache" / name / "shards") if n.endswith(".tar")]
         assert len(entries) == len(SIZES), (name, entries)
     shutil.rmtree(tmp_path / "src")
+
+
+def test_a_job_stopped_on_3_x_2_resumes_on_1_x_1_from_the_cache_with_every_sample_once(over_http: dict[str, Any]) -> None:
+    before = Counter(k for r in over_http["results"] for b in r["stop"]["batches"] for k in b)
+    assert before and all(r["stop"]["steps"] == 5 for r in over_http["results"])
+    assert before + Counter(over_http["resumed"]) == every_key()
