@@ -34,7 +34,7 @@ from .samples import group_samples, read_samples, split_name
 from .shards import ShardInfo, ShardWriter, parse_size
 from .sinks import open_sink
 from .sources import expand_urls, open_source
-from .tario import ReadStats, TarWriter, iter_members
+from .tar import ReadStats, TarWriter, iter_members
 
 if TYPE_CHECKING:
     from .dataset import Dataset, Loader, Mix

@@ -59,7 +59,7 @@ from .errors import (
 from .samples import Sample, _warn_stderr, group_keyed
 from .sources import Network, is_fsspec_url, local_path, open_source
 from .sources.remote import url_to_fs
-from .tario import (
+from .tar import (
     BLOCK,
     DEFAULT_MAX_MEMBER_SIZE,
     ReadStats,
@@ -110,7 +110,7 @@ class ShardIndex:
     """The index of one shard: its base name, its size in bytes and its samples in order.
 
     >>> import io
-    >>> from tarproc.tario import TarWriter
+    >>> from tarproc.tar import TarWriter
     >>> buf = io.BytesIO()
     >>> with TarWriter(buf) as w:
     ...     w.write_sample({"__key__": "a", "txt": b"hello", "cls": b"1"})

@@ -53,7 +53,7 @@ from .errors import OptionError, TarprocError
 from .errors import warn_stderr as _warn_stderr
 from .samples import Sample, check_read_policies, group_keyed
 from .sources import Source, expand_urls, local_path, open_source
-from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
+from .tar import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
 
 ORDERS = ("roundrobin", "random")
 DEFAULT_READERS = 4

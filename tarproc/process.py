@@ -46,7 +46,7 @@ from typing import Any
 from .errors import JobError, OptionError, TarprocError
 from .errors import warn_stderr as _warn_stderr
 from .samples import Sample
-from .tario import DEFAULT_MAX_MEMBER_SIZE
+from .tar import DEFAULT_MAX_MEMBER_SIZE
 
 ON_JOB_ERROR = ("fail", "skip", "keep")
 FILE_PREFIX = "sample."

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import DuplicateError, OptionError, TarprocError
 from .errors import warn_stderr as _warn_stderr
-from .tario import DEFAULT_MAX_MEMBER_SIZE, FileRange, ReadStats, iter_keyed_members, split_key
+from .tar import DEFAULT_MAX_MEMBER_SIZE, FileRange, ReadStats, iter_keyed_members, split_key
 
 if TYPE_CHECKING:  # the sources are imported where used: the commands that read none start without them
     from .sources import Network, Prefetcher

@@ -19,7 +19,7 @@ from .errors import OptionError, SinkError, TarprocError
 from .samples import Sample
 from .sinks import Sink, open_sink
 from .sources import local_path
-from .tario import TarWriter, sample_members, tar_end_size
+from .tar import TarWriter, sample_members, tar_end_size
 
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 

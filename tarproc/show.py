@@ -32,7 +32,7 @@ from .content import IMAGE_TYPES, median_of_counts, plural, sniff_content, tarfi
 from .errors import TarprocError
 from .samples import field_names, is_metadata_name
 from .sniff import escape_surrogates, escape_text, sniff_type
-from .tario import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
+from .tar import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
 
 if TYPE_CHECKING:  # json and random are imported where used: tarshow starts without them
     import random

@@ -49,7 +49,7 @@ from typing import Any, BinaryIO
 
 from .errors import DuplicateError, OptionError, SampleError, SinkError
 from .samples import Sample, field_names, group_keyed
-from .tario import TarWriter, iter_keyed_members, sample_members
+from .tar import TarWriter, iter_keyed_members, sample_members
 
 _RUN_MEMBER_LIMIT = 1 << 62  # the largest size the reader accepts at all
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import OptionError, SampleError
 from .samples import Sample, field_names
-from .tario import check_key
+from .tar import check_key
 
 Stage = Callable[[Iterable[Sample]], Iterable[Sample]]
 

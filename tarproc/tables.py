@@ -43,7 +43,7 @@ from .errors import OptionError, PlanError, SampleError, SourceError
 from .samples import Sample, field_names
 from .sniff import escape_surrogates, sniff_type
 from .stages import check_key_format
-from .tario import check_key
+from .tar import check_key
 
 TABLE_FORMATS = ("tsv", "csv", "jsonl")
 MODIFIERS = ("size", "sha256", "type")

@@ -4,7 +4,7 @@ Test modules are imported with ``--import-mode=importlib`` and cannot import eac
 shared helpers live here and are handed out through fixtures:
 
 - ``reader``: runs a test once with the C fast path (``tarproc._speedups``) and once with the
-  pure-Python reference path (``tarproc.tario._scan`` monkeypatched to None; ``_read_members``
+  pure-Python reference path (``tarproc.tar._scan`` monkeypatched to None; ``_read_members``
   reads that module global on every loop, so the patch takes effect immediately).
 - ``kit``: helpers to build tar bytes by hand (headers with any field, pax records, end blocks),
   to read a stream into a list or an error outcome, and to run GNU tar.
@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from tarhelpers import built, c_or_python
 
-import tarproc.tario as tario
+import tarproc.tar as tario
 from tarproc.errors import TarprocError
 
 BLOCK = 512

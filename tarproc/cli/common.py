@@ -28,7 +28,7 @@ from ..sinks import open_sink, remove_live_temporaries
 from ..sniff import escape_text
 from ..sources import Network, configure, expand_urls, local_path
 from ..sources.remote import DEFAULT_MIN_SPEED, DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_SPEED_TIME, DEFAULT_TIMEOUT
-from ..tario import DEFAULT_MAX_MEMBER_SIZE, LINK_POLICIES, ReadStats, TarWriter
+from ..tar import DEFAULT_MAX_MEMBER_SIZE, LINK_POLICIES, ReadStats, TarWriter
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from ..errors import OptionError
 from ..sinks import open_sink
 from ..stages import slice_samples
 from ..tables import TABLE_FORMATS, RowExtractor, default_columns, format_for_name, format_table, parse_columns
-from ..tario import ReadStats
+from ..tar import ReadStats
 from .common import (
     ReadOptions,
     TarprocCommand,

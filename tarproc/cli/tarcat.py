@@ -10,7 +10,7 @@ import click
 from ..errors import OptionError, SampleError
 from ..stages import parse_fields, parse_slice, select_fields, shuffle, slice_samples
 from ..stages import rekey as rekey_samples
-from ..tario import ReadStats
+from ..tar import ReadStats
 from .common import (
     ReadOptions,
     TarprocCommand,

@@ -9,7 +9,7 @@ import click
 from ..decode import DEFAULT_FIELDS, DecodeStats, decoded_batches, npy_bytes
 from ..errors import OptionError
 from ..samples import Sample
-from ..tario import ReadStats
+from ..tar import ReadStats
 from .common import (
     DecodeOptions,
     ReadOptions,

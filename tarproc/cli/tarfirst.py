@@ -10,7 +10,7 @@ from ..errors import NoMatchError, SinkError
 from ..first import find_member, make_matcher
 from ..sinks import open_sink, stdout_is_terminal
 from ..sniff import is_text, sniff_type
-from ..tario import ReadStats
+from ..tar import ReadStats
 from .common import ReadOptions, TarprocCommand, common_options, input_options, number, say
 
 EPILOG = """\b

@@ -19,7 +19,7 @@ from ..index import (
 )
 from ..sinks import open_sink
 from ..sources import local_path
-from ..tario import ReadStats
+from ..tar import ReadStats
 from .common import ReadOptions, TarprocCommand, common_options, input_options, progress, say, warn
 
 EPILOG = """\b

@@ -9,7 +9,7 @@ import click
 from ..errors import OptionError
 from ..pcat import DEFAULT_PREFETCH, DEFAULT_PREFETCH_BYTES, DEFAULT_READERS, ORDERS, parallel_samples
 from ..stages import shuffle, slice_samples
-from ..tario import ReadStats
+from ..tar import ReadStats
 from .common import (
     MAX_PROCESSES,
     SIZE,

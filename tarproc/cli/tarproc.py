@@ -11,7 +11,7 @@ import click
 from ..errors import OptionError
 from ..process import ON_JOB_ERROR, JobStats, map_samples, shell_samples
 from ..sniff import escape_text
-from ..tario import ReadStats
+from ..tar import ReadStats
 from .common import (
     MAX_PROCESSES,
     Finite,

@@ -39,7 +39,7 @@ from ..show import (
 from ..sinks import open_sink
 from ..sniff import escape_text
 from ..stages import parse_fields, slice_samples
-from ..tario import ReadStats
+from ..tar import ReadStats
 from .common import Finite, ReadOptions, TarprocCommand, common_options, input_options, number, progress, say, warn
 
 EPILOG = """\b

@@ -9,7 +9,7 @@ import click
 
 from ..errors import OptionError
 from ..sort import DEFAULT_MEMORY, MISSING_POLICIES, UNIQUE_POLICIES, SortStats, sort_samples
-from ..tario import ReadStats
+from ..tar import ReadStats
 from .common import (
     SIZE,
     ReadOptions,

@@ -8,7 +8,7 @@ import click
 
 from ..shards import ShardInfo, ShardWriter, shard_pattern
 from ..sinks import open_sink
-from ..tario import ReadStats
+from ..tar import ReadStats
 from .common import (
     SIZE,
     ReadOptions,

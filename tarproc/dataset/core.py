@@ -55,7 +55,7 @@ from ..sources import (
 from ..sources.prefetch import DEPTH, Budget
 from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT, Identity, identify, mark_reached
 from ..stages import ShuffleBuffer, shuffle
-from ..tario import DEFAULT_MAX_MEMBER_SIZE
+from ..tar import DEFAULT_MAX_MEMBER_SIZE
 from .counts import manifest_digests, shard_counts, stale_index
 from .fields import (
     BatchBuffer,

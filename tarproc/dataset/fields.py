@@ -33,7 +33,7 @@ from ..decode.stage import DEFAULT_FIELDS, parse_field_list
 from ..decode.video import VideoSpec
 from ..errors import DecodeError, MissingDependencyError, OptionError, SampleError
 from ..samples import Sample
-from ..tario import DEFAULT_MAX_MEMBER_SIZE
+from ..tar import DEFAULT_MAX_MEMBER_SIZE
 
 Handler = Callable[[bytes], Any]
 

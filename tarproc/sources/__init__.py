@@ -189,7 +189,7 @@ class Source:
         found = self.file_origin()
         if found is None:
             return None
-        from ..tario import MemberFinder
+        from ..tar import MemberFinder
 
         file, at = found
         return MemberFinder(file.fileno(), at - consumed, max_member_size).find

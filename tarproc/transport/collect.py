@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import SinkError
 from ..samples import Sample
 from ..sinks import local_path, open_sink, write_atomically
-from ..tario import TarWriter, ends_at_member
+from ..tar import TarWriter, ends_at_member
 from .receiver import Receiver
 from .wire import Batch
 

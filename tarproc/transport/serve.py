@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import DecodeError, OptionError, SampleError, TarprocError, TransportError
 from ..samples import Sample, field_names, read_samples
 from ..stages import chunked, shuffle
-from ..tario import ReadStats
+from ..tar import ReadStats
 from . import checkpoint as checkpoints
 from .delivery import Progress
 from .sender import DEFAULT_HEARTBEAT, DEFAULT_HWM, DEFAULT_SEND_TIMEOUT, Sender, SendStats, check_sending

@@ -135,7 +135,7 @@ def test_early_stop_kills_the_pipe_source(scripts, big, tmp_path):
 
 def _partial_tar(big: Path) -> bytes:
     """All members of big.tar but without its end blocks, so a reader waits for more."""
-    from tarproc.tario import tar_end_size
+    from tarproc.tar import tar_end_size
 
     data = big.read_bytes()
     body = len(data) - 2 * 512

@@ -190,7 +190,7 @@ def test_local_shards_with_big_members_pass_through_the_kernel_alike(tmp_path):
     which reads everything, for every order."""
     import random
 
-    from tarproc.tario import TarWriter
+    from tarproc.tar import TarWriter
 
     rng = random.Random(3)
     paths = []

@@ -18,7 +18,7 @@ import zmq
 
 from tarproc.cli.tarrecv import batch_samples
 from tarproc.errors import TarprocError
-from tarproc.tario import TarWriter
+from tarproc.tar import TarWriter
 from tarproc.transport import Sender
 from tarproc.transport.curve import generate_keys
 from tarproc.transport.wire import DTYPES, MessageError, decode, to_batch

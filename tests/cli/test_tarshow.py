@@ -15,7 +15,7 @@ from PIL import Image
 import tarproc.sinks
 from tarproc.cli import tarshow as tarshow_module
 from tarproc.cli.tarshow import main as tarshow
-from tarproc.tario import TarWriter
+from tarproc.tar import TarWriter
 
 
 @pytest.fixture(autouse=True)

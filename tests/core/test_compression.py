@@ -14,7 +14,7 @@ import pytest
 from tarproc.compression import DecompressingReader, compression_for_name, detect
 from tarproc.errors import CompressionError, TarFormatError
 from tarproc.sources import open_source
-from tarproc.tario import TarWriter, iter_members
+from tarproc.tar import TarWriter, iter_members
 
 TOOLS = {"gzip": "gzip", "zstd": "zstd", "bz2": "bzip2", "xz": "xz"}
 

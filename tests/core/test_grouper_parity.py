@@ -16,7 +16,7 @@ from tarhelpers import built
 import tarproc.samples as samples_module
 from tarproc.errors import DuplicateError
 from tarproc.samples import _group_python, _Rules
-from tarproc.tario import ReadStats
+from tarproc.tar import ReadStats
 
 C_GROUPER = samples_module._Grouper
 

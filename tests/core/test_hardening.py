@@ -17,7 +17,7 @@ from tarproc.errors import OptionError, SampleError, SinkError, TarFormatError
 from tarproc.shards import shard_pattern
 from tarproc.sinks import open_sink
 from tarproc.stages import rekey
-from tarproc.tario import iter_members
+from tarproc.tar import iter_members
 
 
 @pytest.mark.parametrize(

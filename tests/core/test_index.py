@@ -97,7 +97,7 @@ def check_offsets(data: bytes, index: Any) -> None:
 
 def read_samples_bytes(data: bytes) -> list[dict[str, Any]]:
     from tarproc.samples import group_samples
-    from tarproc.tario import iter_members
+    from tarproc.tar import iter_members
 
     return list(group_samples(iter_members(io.BytesIO(data), "mem"), "mem"))
 

@@ -27,7 +27,7 @@ import tarproc.index as index_module
 from tarproc import TarWriter
 from tarproc.errors import TarprocError
 from tarproc.index import IndexEntry, ShardIndex, build_index
-from tarproc.tario import ReadStats
+from tarproc.tar import ReadStats
 
 C_INDEX = index_module._index_file
 C_LINES = index_module._jsonl_lines

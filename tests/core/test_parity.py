@@ -11,7 +11,7 @@ import tarfile
 
 import pytest
 
-import tarproc.tario as tario
+import tarproc.tar as tario
 from tarproc.errors import TarprocError
 
 

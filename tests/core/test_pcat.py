@@ -18,7 +18,7 @@ from tarhelpers import children
 from tarproc import TarWriter, read_samples
 from tarproc.errors import OptionError, SourceError, TarFormatError
 from tarproc.pcat import parallel_samples
-from tarproc.tario import ReadStats
+from tarproc.tar import ReadStats
 
 # 37 shards of varying sizes, four of them empty: keys "sNN/iiii"
 SIZES = [random.Random(7).choice([0, 1, 2, 3, 5, 8, 13, 21]) for _ in range(37)]

@@ -15,11 +15,11 @@ import sys
 
 import pytest
 
-import tarproc.tario as tario
+import tarproc.tar as tario
 from tarproc.errors import SourceError, TarprocError
 from tarproc.sinks import open_sink
 from tarproc.sources import open_source
-from tarproc.tario import FileRange, TarWriter, iter_keyed_members, iter_members
+from tarproc.tar import FileRange, TarWriter, iter_keyed_members, iter_members
 
 from .test_parity import _damaged_variants, _varied_archives
 

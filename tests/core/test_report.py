@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tarproc.errors import OptionError, TarprocError
-from tarproc.tario import TarWriter
+from tarproc.tar import TarWriter
 from tarproc.view.report import SampleReservoir, svg_bars, svg_histogram, write_report
 
 EVIL = "<script>alert('x')</script>"

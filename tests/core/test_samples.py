@@ -10,7 +10,7 @@ from tarhelpers import c_or_python
 import tarproc.samples as samples_module
 from tarproc.errors import DuplicateError, OptionError, SourceError, TarFormatError
 from tarproc.samples import group_samples, is_metadata_name, read_samples, split_name
-from tarproc.tario import ReadStats, iter_members
+from tarproc.tar import ReadStats, iter_members
 
 _C_GROUPER = samples_module._Grouper  # None when the extension is not built (or TARPROC_PURE_PYTHON is set)
 
@@ -64,7 +64,7 @@ def test_is_metadata_name(name, expected):
 
 
 def _tar(members) -> bytes:
-    from tarproc.tario import TarWriter
+    from tarproc.tar import TarWriter
 
     buf = io.BytesIO()
     with TarWriter(buf) as w:

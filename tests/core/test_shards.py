@@ -12,7 +12,7 @@ import pytest
 from tarproc.errors import OptionError, SinkError, TarprocError
 from tarproc.samples import read_samples
 from tarproc.shards import ShardInfo, ShardWriter, parse_size, shard_pattern
-from tarproc.tario import iter_members
+from tarproc.tar import iter_members
 
 
 def _samples(n: int, seed: int = 0, max_size: int = 5000) -> list[dict]:

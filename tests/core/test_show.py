@@ -12,7 +12,7 @@ from tarproc import show
 from tarproc.errors import TarFormatError
 from tarproc.show import Summary, format_record, label_of, preview_field, sample_record, summarize
 from tarproc.stages import parse_fields
-from tarproc.tario import TarWriter, iter_keyed_members
+from tarproc.tar import TarWriter, iter_keyed_members
 
 
 def tar(samples=(), members=()) -> bytes:

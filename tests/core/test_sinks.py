@@ -17,7 +17,7 @@ import tarproc.sinks as sinks
 from tarproc.errors import SinkError
 from tarproc.sinks import open_sink
 from tarproc.sources import open_source
-from tarproc.tario import TarWriter, iter_members
+from tarproc.tar import TarWriter, iter_members
 
 
 def _tar_bytes() -> bytes:
@@ -360,7 +360,7 @@ def test_a_file_sink_hashes_the_file_it_wrote_data_sent_by_the_kernel_included(k
     import fsspec
 
     from tarproc.samples import read_samples
-    from tarproc.tario import FileRange
+    from tarproc.tar import FileRange
 
     src = tmp_path / "in.tar"
     src.write_bytes(kit.writer_tar((f"k{i:03d}.bin", bytes([i]) * (70_000 + 997 * i)) for i in range(60)))

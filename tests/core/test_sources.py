@@ -12,7 +12,7 @@ from tarhelpers import children, live_group_members, settled
 from tarproc.errors import SourceError, TarFormatError
 from tarproc.samples import read_samples
 from tarproc.sources import expand_urls, local_path, open_source
-from tarproc.tario import TarWriter, iter_members
+from tarproc.tar import TarWriter, iter_members
 
 
 def _tar(n: int = 5, size: int = 2000) -> bytes:

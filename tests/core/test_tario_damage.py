@@ -16,7 +16,7 @@ import pytest
 
 from tarproc.errors import TarFormatError
 from tarproc.sources import open_source
-from tarproc.tario import ReadStats, iter_members
+from tarproc.tar import ReadStats, iter_members
 
 URL = "damaged.tar"
 

@@ -15,7 +15,7 @@ from tarhelpers import write_sparse_file
 
 from tarproc.errors import LinkError
 from tarproc.sources import open_source
-from tarproc.tario import ReadStats, iter_keyed_members, iter_members
+from tarproc.tar import ReadStats, iter_keyed_members, iter_members
 
 SIZES = [0, 1, 511, 512, 513, 70001]
 
@@ -392,7 +392,7 @@ def test_pure_python_env_var_disables_fast_path():
     import subprocess
     import sys
 
-    code = "import tarproc.tario as t; print(t._scan is None)"
+    code = "import tarproc.tar as t; print(t._scan is None)"
     env = dict(os.environ, TARPROC_PURE_PYTHON="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

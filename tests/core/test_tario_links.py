@@ -19,7 +19,7 @@ from tarhelpers import write_sparse_file
 from tarproc import read_samples
 from tarproc.errors import LinkError, OptionError, TarFormatError
 from tarproc.sources import open_source
-from tarproc.tario import ReadStats, iter_keyed_members, iter_members
+from tarproc.tar import ReadStats, iter_keyed_members, iter_members
 
 
 def extracted(kit, archive: Path, tmp_path: Path, *flags: str) -> dict[str, bytes]:
@@ -399,7 +399,7 @@ def test_a_link_to_an_earlier_link_is_found_when_both_have_left_the_cache(tmp_pa
 def test_links_to_a_sparse_member_expand_it_once(tmp_path, kit, reader, monkeypatch):
     """Each link to a sparse member that left the cache used to scan the shard from its start and
     expand every sparse member before it again: now the last expanded ones are kept."""
-    import tarproc.tario as tario
+    import tarproc.tar as tario
 
     src = tmp_path / "src"
     src.mkdir()

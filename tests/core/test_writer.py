@@ -13,9 +13,9 @@ import tarfile
 import pytest
 from tarhelpers import c_or_python
 
-import tarproc.tario as tario
+import tarproc.tar as tario
 from tarproc.errors import SampleError
-from tarproc.tario import TarWriter, encode_value, iter_members, tar_end_size
+from tarproc.tar import TarWriter, encode_value, iter_members, tar_end_size
 
 _C_PACK = tario._pack  # None when the extension is not built (or TARPROC_PURE_PYTHON is set)
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from tarhelpers import built
 
-import tarproc.tario as tario
+import tarproc.tar as tario
 from tarproc.errors import TarprocError
-from tarproc.tario import TarWriter, iter_members
+from tarproc.tar import TarWriter, iter_members
 
 C_PACK = tario._pack  # what the import found: None when the extension is not built
 
@@ -425,7 +425,7 @@ def test_tarproc_pure_python_turns_the_c_writer_off():
     import subprocess
     import sys
 
-    code = "import tarproc.tario as t; print(t._pack is None and t._members is None and t._scan is None)"
+    code = "import tarproc.tar as t; print(t._pack is None and t._members is None and t._scan is None)"
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TARPROC_PURE_PYTHON="1"),
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"

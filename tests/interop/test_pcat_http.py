@@ -10,7 +10,7 @@ import pytest
 from tarproc.cli.tarpcat import main as tarpcat
 from tarproc.errors import SourceError
 from tarproc.pcat import parallel_samples
-from tarproc.tario import ReadStats
+from tarproc.tar import ReadStats
 
 SIZES = [5, 0, 9, 2, 7, 11, 1, 4, 6, 3, 8]
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from tarproc.tario import TarWriter
+from tarproc.tar import TarWriter
 from tarproc.view.report import write_report
 
 REPO = Path(__file__).resolve().parents[2]

@@ -34,8 +34,8 @@ from operator import length_hint
 from typing import Any, Literal, NamedTuple, Protocol, overload
 from zlib import adler32
 
-from .compression import Readable
-from .errors import LinkError, OptionError, SampleError, SourceError, TarFormatError, TarprocError, warn_stderr
+from ..compression import Readable
+from ..errors import LinkError, OptionError, SampleError, SourceError, TarFormatError, TarprocError, warn_stderr
 
 # The optional C fast paths (tarproc/_speedups.c) of the reader (_scan) and the writer (_pack, and
 # _members for sample_members); the Python code below is the reference. TARPROC_PURE_PYTHON=1 turns
@@ -47,10 +47,10 @@ _pack_samples: Any = None
 _members: Any = None
 if not os.environ.get("TARPROC_PURE_PYTHON"):
     try:
-        from ._speedups import members as _members  # type: ignore[no-redef]
-        from ._speedups import pack as _pack  # type: ignore[no-redef]
-        from ._speedups import pack_samples as _pack_samples  # type: ignore[no-redef]
-        from ._speedups import scan as _scan  # type: ignore[no-redef]
+        from .._speedups import members as _members  # type: ignore[no-redef]
+        from .._speedups import pack as _pack  # type: ignore[no-redef]
+        from .._speedups import pack_samples as _pack_samples  # type: ignore[no-redef]
+        from .._speedups import scan as _scan  # type: ignore[no-redef]
     except ImportError:  # pragma: no cover - built by pip install; absent only without a compiler
         _scan = _pack = _pack_samples = _members = None
 
@@ -246,7 +246,7 @@ def iter_members(
     to require that only zeros follow them.
 
     >>> import io
-    >>> from tarproc.tario import TarWriter
+    >>> from tarproc.tar import TarWriter
     >>> buf = io.BytesIO()
     >>> with TarWriter(buf) as w:
     ...     w.add("a/001.txt", b"hello")
@@ -522,7 +522,7 @@ def _fetcher(stream: Any, url: str | None) -> Callable[[int, int], bytes | FileR
 
 
 if _pack is not None:
-    from ._speedups import set_range_type
+    from .._speedups import set_range_type
 
     set_range_type(FileRange)  # the C writer passes FileRange data on as it does big data
 
