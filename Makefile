@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO   := demo-data
 
-.PHONY: demo test bench lint docs clean install install-dev install-bench install-slurm install-browser
+.PHONY: demo test test-fast test-sanitize bench lint docs clean install install-dev install-bench install-slurm install-browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -112,6 +112,39 @@ install-browser:
 
 test: install-dev install-slurm install-browser
 	$(BIN)/python -m pytest
+
+# the fast tier (docs/development.md): only the light test dependencies, never torch, DALI, Slurm or
+# a browser; the tests marked slow, torch, browser, slurm or gpu are left out
+FAST_MARKERS := not slow and not torch and not browser and not slurm and not gpu
+$(VENV)/.installed-fast-test: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[fast-test]'
+	touch $@
+
+test-fast: $(VENV)/.installed-fast-test
+	$(BIN)/python -m pytest -m "$(FAST_MARKERS)"
+
+# The C extensions built with ASan and UBSan into build-sanitize/ (beside a copy of the Python
+# package, never into tarproc/), and the C tests run against them; any report fails the run
+# (docs/development.md, "Sanitizer build"). PYTHONMALLOC=malloc lets ASan see Python objects freed
+# too early. $(BIN)/pytest, not python -m pytest, which would put the checkout first on sys.path;
+# --capture=sys, so that a sanitizer's report (written to fd 2 as the process aborts) is seen.
+SANITIZE_DIR   := build-sanitize
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -g
+SANITIZE_TESTS := tests/core/test_c_arguments.py tests/core/test_parity.py tests/core/test_writer_parity.py \
+                  tests/core/test_index_parity.py tests/core/test_grouper_parity.py tests/core/test_jpeg_fastpath.py \
+                  tests/core/test_imaging.py tests/core/test_index_fuzz.py tests/core/test_tario_damage.py
+SANITIZE_ENV    = PYTHONPATH=$(SANITIZE_DIR) TARPROC_SANITIZED_BUILD=$(SANITIZE_DIR) PYTHONMALLOC=malloc \
+                  LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
+                  UBSAN_OPTIONS=print_stacktrace=1
+test-sanitize: install-dev
+	rm -rf $(SANITIZE_DIR)
+	$(BIN)/python -c 'import shutil; shutil.copytree("tarproc", "$(SANITIZE_DIR)/tarproc", \
+	  ignore=shutil.ignore_patterns("*.so", "__pycache__"))'
+	CFLAGS="$(SANITIZE_FLAGS)" LDFLAGS="$(SANITIZE_FLAGS)" \
+	  $(BIN)/python setup.py -q build_ext --build-lib $(SANITIZE_DIR) --build-temp $(SANITIZE_DIR)/tmp
+	$(SANITIZE_ENV) $(BIN)/python -c 'import sys; sys.path.remove(""); import tarproc._speedups as s; \
+	  assert "/$(SANITIZE_DIR)/" in s.__file__, s'
+	$(SANITIZE_ENV) $(BIN)/pytest -p no:cacheprovider --capture=sys $(SANITIZE_TESTS)
 
 # MosaicML Streaming, the baseline of the bench's streaming section: installed by `make bench` only,
 # never by `make test`. --no-deps: its own pins would move numpy below 2.2 and bring the Azure, OCI and

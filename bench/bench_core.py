@@ -55,8 +55,8 @@ def count_tarfile(path: Path) -> int:
 
 PURE_PYTHON_CHILD = """
 import gc, json, sys, time
-import tarproc, tarproc.tar
-assert tarproc.tar._scan is None, "TARPROC_PURE_PYTHON=1 did not disable the C fast path"
+import tarproc, tarproc.tar.reader
+assert tarproc.tar.reader._scan is None, "TARPROC_PURE_PYTHON=1 did not disable the C fast path"
 path, reps, expect = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 times = []
 for _ in range(reps):

@@ -1,4 +1,4 @@
-"""tarsort (issue: external merge sort): sort a shuffled ~1 GB stream under --memory 200M.
+"""tarsort (issue: external merge sort): sort a shuffled ~1 GB stream under --buffer-size 200M.
 
 Rows: tarsort throughput against a pass-through tarcat of the same input (what reading and writing
 alone cost), and tarsort's peak RSS against 1.5x the bound. The input is a copy of big.tar shuffled
@@ -67,7 +67,7 @@ def shuffled_input(ctx: Context) -> Path:
         log(f"reusing {path}")
         return path
     log(f"making {path} (big.tar shuffled) ...")
-    n, _, _ = run_measured(tool("tarsort", ctx.data.big, "--random", "--seed", "1", "--memory", "256MiB",
+    n, _, _ = run_measured(tool("tarsort", ctx.data.big, "--random", "--seed", "1", "--buffer-size", "256MiB",
                                 "--tmpdir", scratch(ctx), "-o", path))
     if n != ctx.data.big_samples or path.stat().st_size != big_size:
         raise RuntimeError(f"shuffled copy of big.tar has {n} samples, {path.stat().st_size} bytes")
@@ -85,7 +85,7 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
     reports: list[str] = []
 
     def sort() -> int:
-        n, peak, err = run_measured(tool("tarsort", source, "--memory", bound, "--tmpdir", tmp, "-o", os.devnull))
+        n, peak, err = run_measured(tool("tarsort", source, "--buffer-size", bound, "--tmpdir", tmp, "-o", os.devnull))
         rss.append(peak)
         reports.append(err)
         leftover = [p.name for p in tmp.iterdir()]
@@ -96,7 +96,7 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
     def passthrough() -> int:
         return run_measured(tool("tarcat", source, "-o", os.devnull))[0]
 
-    log(f"tarsort --memory {bound >> 20}MiB of {size / 1e9:.2f} GB ({expect} samples) vs tarcat pass-through")
+    log(f"tarsort --buffer-size {bound >> 20}MiB of {size / 1e9:.2f} GB ({expect} samples) vs tarcat pass-through")
     t_sort, t_cat = alternate(ctx.reps, ctx.reps, sort, passthrough, expect, "tarsort")
     mb = size / 1e6
     sort_rate = mb / statistics.median(t_sort)
@@ -106,9 +106,9 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
     label = f"{size / 1e9:.1f} GB" if size >= 5e8 else f"{size / 1e6:.0f} MB"
     runs = re.search(r"through (\d+) temporary runs.*?(\d+) merge pass", reports[-1])
     rows = [
-        Row(f"tarsort --memory {bound >> 20}MiB of a shuffled {label} stream", sort_rate, "MB/s",
+        Row(f"tarsort --buffer-size {bound >> 20}MiB of a shuffled {label} stream", sort_rate, "MB/s",
             "tarcat pass-through (no sort)", cat_rate, "—", "—"),
-        Row(f"tarsort peak RSS, {label} stream, --memory {bound >> 20}MiB", peak / 1e6, "MB",
+        Row(f"tarsort peak RSS, {label} stream, --buffer-size {bound >> 20}MiB", peak / 1e6, "MB",
             "1.5 × the bound", limit / 1e6, "≤ 1.5× bound", yes_no(peak <= limit)),
     ]
     notes = [

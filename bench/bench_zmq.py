@@ -101,7 +101,7 @@ def receive_tarproc(dtype: str, n: int, mode: str = "tarproc") -> tuple[float, i
     port = free_port()
     count = 0
     first = last = 0.0
-    with Receiver(f"zpull://127.0.0.1:{port}", hwm=HWM) as receiver:
+    with Receiver(f"zpull://127.0.0.1:{port}", hwm=HWM, reuse_memory=True) as receiver:
         proc = start_sender(mode, dtype, port, n)
         try:
             for batch in receiver:
@@ -188,7 +188,7 @@ def serve_images(shard: str, device: str) -> tuple[float, int]:
 
     port = free_port()
     images = 0
-    with Receiver(f"zpull://127.0.0.1:{port}", hwm=HWM) as receiver:
+    with Receiver(f"zpull://127.0.0.1:{port}", hwm=HWM, reuse_memory=True) as receiver:
         t0 = time.perf_counter()
         proc = subprocess.Popen([str(BIN / "tarserve"), shard, "--to", f"zpush://127.0.0.1:{port}", "--size", "224",
                                  "--device", device, "--threads", "2", "-b", "64", "-q"])

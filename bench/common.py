@@ -318,9 +318,9 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    import tarproc.tar
+    import tarproc.tar.reader
 
-    fast = "C fast path" if tarproc.tar._scan is not None else "pure Python"
+    fast = "C fast path" if tarproc.tar.reader._scan is not None else "pure Python"
     try:
         commit = subprocess.run(
             ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10

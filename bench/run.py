@@ -52,12 +52,12 @@ def run(args: argparse.Namespace) -> int:
     directory = directory.resolve()
     start = time.perf_counter()
 
-    import tarproc.tar
+    import tarproc.tar.reader
 
     for tool in ("tarcat", "tarsplit"):
         if not (BIN / tool).exists():
             sys.exit(f"{BIN / tool} not found: run `make install` first")
-    if tarproc.tar._scan is None:
+    if tarproc.tar.reader._scan is None:
         log("warning: tarproc's C fast path is not built (or TARPROC_PURE_PYTHON is set); timing the pure-Python reader")
 
     data = prepare_data(directory, cfg)

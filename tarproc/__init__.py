@@ -13,13 +13,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    CacheWarning,
     CompressedShardError,
     CompressionError,
     DatasetError,
+    DataWarning,
     DecodeError,
     DuplicateError,
     IndexFileError,
     JobError,
+    NetworkWarning,
     OptionError,
     SampleError,
     ShardCountError,
@@ -27,14 +30,15 @@ from .errors import (
     SourceError,
     TarFormatError,
     TarprocError,
+    TarprocWarning,
     TransportError,
     WireError,
 )
 from .samples import group_samples, read_samples, split_name
 from .shards import ShardInfo, ShardWriter, parse_size
 from .sinks import open_sink
-from .sources import expand_urls, open_source
-from .tar import ReadStats, TarWriter, iter_members
+from .sources import Network, expand_urls, open_source
+from .tar import ReadPolicy, ReadStats, TarWriter, iter_members
 
 if TYPE_CHECKING:
     from .dataset import Dataset, Loader, Mix
@@ -74,10 +78,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 __all__ = [
+    "CacheWarning",
     "CompressedShardError",
     "CompressionError",
     "Dataset",
     "DatasetError",
+    "DataWarning",
     "DecodeError",
     "DuplicateError",
     "EpochEnd",
@@ -86,7 +92,10 @@ __all__ = [
     "JobError",
     "Loader",
     "Mix",
+    "Network",
+    "NetworkWarning",
     "OptionError",
+    "ReadPolicy",
     "ReadStats",
     "Receiver",
     "SampleError",
@@ -101,6 +110,7 @@ __all__ = [
     "TarWriter",
     "ShardIndex",
     "TarprocError",
+    "TarprocWarning",
     "TransportError",
     "WireError",
     "__version__",

@@ -37,8 +37,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,15 +86,144 @@ static void new_decompressor(struct jpeg_decompress_struct *cinfo, struct error_
     jpeg_create_decompress(cinfo);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Argument checks: every exported function checks its arguments before it reads or writes a     */
+/* byte, raising TypeError or ValueError (OverflowError for a number beyond C's range) that says  */
+/* which argument is wrong. Each check is O(1) per call: the per-pixel loops stay as they were.  */
+
+/* The largest side, in pixels, that resample and warp take. JPEG's own limit is 65535; 2^20 keeps
+   every product of sizes that the passes compute in an int (tap indexes, row strides, the AVX2
+   passes' offsets) far below INT_MAX. */
+#define MAX_SIDE (1 << 20)
+
+/* libjpeg reads `len` bytes through an unsigned long (32 bits on some platforms). */
+static int jpeg_length_ok(const Py_buffer *data, const char *func)
+{
+    if ((unsigned long long)data->len > (unsigned long long)ULONG_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%s: data of %zd bytes is more than libjpeg can read", func, data->len);
+        return 0;
+    }
+    return 1;
+}
+
+/* 1 where 1 <= w, h <= MAX_SIDE, else 0 with ValueError naming `what` (e.g. "width and height") */
+static int side_ok(int w, int h, const char *func, const char *what)
+{
+    if (w < 1 || h < 1 || w > MAX_SIDE || h > MAX_SIDE) {
+        PyErr_Format(PyExc_ValueError, "%s: %s must be 1..%d, not %d x %d", func, what, MAX_SIDE, w, h);
+        return 0;
+    }
+    return 1;
+}
+
+/* A double that converts to a finite float: NaN, infinities and values past FLT_MAX don't (their
+   conversion to float is undefined behaviour, and NaN pixels would reach a float-to-byte cast). */
+static int finite_float(double v)
+{
+    return fabs(v) <= (double)FLT_MAX;
+}
+
+/* A colour map's entries: at most this in size. A bigger one saturates every pixel anyway, and
+   with this bound a row's sum of products (coefficients times levels of 0..255) stays finite: no
+   inf - inf, no NaN reaching the cast to a byte. */
+#define COLOR_LIMIT 65536.0
+
+/* `obj` (a sequence of n numbers) into `to` as floats of size at most COLOR_LIMIT: 0, or -1 with
+   TypeError or ValueError set, naming func and what ("color"). */
+static int read_floats(PyObject *obj, Py_ssize_t n, float *to, const char *func, const char *what)
+{
+    PyObject *seq = PySequence_Fast(obj, "");
+    if (seq == NULL) {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be None or a sequence of %zd numbers, not %.100s", func, what, n,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int r = 0;
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: %s must hold %zd numbers, not %zd", func, what, n,
+                     PySequence_Fast_GET_SIZE(seq));
+        r = -1;
+    }
+    for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        double v = PyFloat_AsDouble(item);
+        if (v == -1.0 && PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Format(PyExc_TypeError, "%s: %s[%zd] must be a number, not %.100s", func, what, i,
+                             Py_TYPE(item)->tp_name);
+            }
+            r = -1;
+        } else if (!(fabs(v) <= COLOR_LIMIT)) {
+            PyErr_Format(PyExc_ValueError, "%s: %s[%zd] must be finite, between -%d and %d", func, what, i,
+                         (int)COLOR_LIMIT, (int)COLOR_LIMIT);
+            r = -1;
+        } else {
+            to[i] = (float)v;
+        }
+    }
+    Py_DECREF(seq);
+    return r;
+}
+
+/* The checks that resample and warp share: the output's size, mode, buffer and alignment, and the
+   lookup tables of the float32 modes (copied into `table`: any buffer will do, aligned or not). */
+static int output_ok(const char *func, int out_w, int out_h, int mode, const Py_buffer *out, const Py_buffer *tables,
+                     float *table)
+{
+    if (!side_ok(out_w, out_h, func, "out_w and out_h"))
+        return 0;
+    if (mode < 0 || mode > 3) {
+        PyErr_Format(PyExc_ValueError, "%s: mode must be 0 (uint8 HWC), 1 (uint8 CHW), 2 (float32 HWC) or "
+                     "3 (float32 CHW), not %d", func, mode);
+        return 0;
+    }
+    size_t need = (size_t)out_w * (size_t)out_h * 3 * (mode >= 2 ? sizeof(float) : 1);
+    if ((size_t)out->len < need) {
+        PyErr_Format(PyExc_ValueError, "%s: out holds %zd bytes, a %d x %d image in mode %d needs %zu", func,
+                     out->len, out_w, out_h, mode, need);
+        return 0;
+    }
+    if (mode >= 2) {
+        if ((uintptr_t)out->buf % sizeof(float) != 0) {
+            PyErr_Format(PyExc_ValueError, "%s: out must be aligned to 4 bytes for the float32 modes", func);
+            return 0;
+        }
+        if (tables->len < (Py_ssize_t)(3 * 256 * sizeof(float))) {
+            PyErr_Format(PyExc_ValueError, "%s: tables holds %zd bytes, the float32 modes need 3 x 256 float32 "
+                         "(3072)", func, tables->len);
+            return 0;
+        }
+        memcpy(table, tables->buf, 3 * 256 * sizeof(float));
+    }
+    return 1;
+}
+
 static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer data;
     int x0, y0, x1, y1, denom, num = 1, channels = 4;
     if (!PyArg_ParseTuple(args, "y*iiiii|ii", &data, &x0, &y0, &x1, &y1, &denom, &num, &channels))
         return NULL;
-    if (denom < 1 || num < 1 || num > 16 * denom || (channels != 3 && channels != 4)) {
+    /* denom's bound keeps libjpeg's unsigned products of the scale (num * 8, denom * 16) exact */
+    if (denom < 1 || denom > MAX_SIDE || num < 1 || (long long)num > 16LL * denom) {
         PyBuffer_Release(&data);
-        PyErr_SetString(PyExc_ValueError, "bad scale or channels: need 1 <= num <= 16 * denom, channels 3 or 4");
+        PyErr_Format(PyExc_ValueError, "decode_region: bad scale %d/%d: need 1 <= denom <= %d and "
+                     "1 <= num <= 16 * denom", num, denom, MAX_SIDE);
+        return NULL;
+    }
+    if (channels != 3 && channels != 4) {
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "decode_region: channels must be 3 (RGB) or 4 (RGBX), not %d", channels);
+        return NULL;
+    }
+    if (x1 <= x0 || y1 <= y0) {
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "decode_region: empty window (%d, %d, %d, %d): need x0 < x1 and y0 < y1",
+                     x0, y0, x1, y1);
+        return NULL;
+    }
+    if (!jpeg_length_ok(&data, "decode_region")) {
+        PyBuffer_Release(&data);
         return NULL;
     }
     struct jpeg_decompress_struct cinfo;
@@ -122,16 +254,23 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
     cinfo.dct_method = JDCT_ISLOW;
     jpeg_start_decompress(&cinfo);
     int width = (int)cinfo.output_width, height = (int)cinfo.output_height;
+    if (x1 <= 0 || y1 <= 0 || x0 >= width || y0 >= height) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "decode_region: window (%d, %d, %d, %d) lies outside the %d x %d image "
+                     "(decoded at %d/%d)", x0, y0, x1, y1, width, height, num, denom * 8);
+        return NULL;
+    }
     /* the outermost decoded columns of a cropped decode are upsampled as an image edge (their
        chroma neighbours are missing): decode two more on each side, so the region asked for
-       gets exactly the pixels of a full decode */
+       gets exactly the pixels of a full decode. Clamped to the image before the widening, which
+       then cannot pass INT_MIN or INT_MAX. */
+    if (x0 < 2) x0 = 2;
+    if (y0 < 0) y0 = 0;
+    if (x1 > width - 2) x1 = width - 2;
+    if (y1 > height) y1 = height;
     x0 -= 2;
     x1 += 2;
-    if (x0 < 0) x0 = 0;
-    if (y0 < 0) y0 = 0;
-    if (x1 > width) x1 = width;
-    if (y1 > height) y1 = height;
-    if (x1 <= x0 || y1 <= y0) { x0 = 0; y0 = 0; x1 = width < 1 ? 1 : width; y1 = height < 1 ? 1 : height; }
     JDIMENSION xoffset = (JDIMENSION)x0, cropped = (JDIMENSION)(x1 - x0);
     if (x0 > 0 || x1 < width)
         jpeg_crop_scanline(&cinfo, &xoffset, &cropped);
@@ -188,6 +327,10 @@ static PyObject *read_header(PyObject *Py_UNUSED(self), PyObject *arg)
     Py_buffer data;
     if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
         return NULL;
+    if (!jpeg_length_ok(&data, "read_header")) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
     struct jpeg_decompress_struct cinfo;
     struct error_manager err;
     new_decompressor(&cinfo, &err);
@@ -452,23 +595,27 @@ static PyObject *resample(PyObject *Py_UNUSED(self), PyObject *args)
                           &out_w, &out_h, &flip, &color_obj, &tables, &mode, &out))
         return NULL;
     PyObject *error = NULL;
-    float color[12];
+    float color[12], table[3 * 256];
     int have_color = color_obj != Py_None;
-    if (have_color) {
-        PyObject *seq = PySequence_Fast(color_obj, "color must be 12 numbers");
-        if (seq == NULL || PySequence_Fast_GET_SIZE(seq) != 12) {
-            Py_XDECREF(seq);
-            error = PyExc_ValueError;
-        } else {
-            for (int i = 0; i < 12; i++)
-                color[i] = (float)PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
-            Py_DECREF(seq);
-        }
-    }
-    size_t out_bytes = (size_t)out_w * out_h * 3 * (mode >= 2 ? 4 : 1);
-    if (!error && (src.len < (Py_ssize_t)width * height * 4 || out.len < (Py_ssize_t)out_bytes ||
-                   (mode >= 2 && tables.len < 3 * 256 * 4) || out_w < 1 || out_h < 1 || mode < 0 || mode > 3))
+    /* the box as Pillow's resize takes it: within the source, x0 <= x1 and y0 <= y1 */
+    int box_ok = 1;
+    for (int i = 0; i < 4; i++)
+        box_ok = box_ok && isfinite(box[i]);
+    box_ok = box_ok && box[0] >= 0 && box[1] >= 0 && box[0] <= box[2] && box[1] <= box[3] && box[2] <= width &&
+             box[3] <= height;
+    if (!side_ok(width, height, "resample", "width and height") ||
+        !output_ok("resample", out_w, out_h, mode, &out, &tables, table) ||
+        (have_color && read_floats(color_obj, 12, color, "resample", "color") < 0)) {
+        error = PyExc_ValueError; /* set already */
+    } else if ((size_t)src.len < (size_t)width * (size_t)height * 4) {
+        PyErr_Format(PyExc_ValueError, "resample: src holds %zd bytes, a %d x %d RGBX image needs %zu", src.len,
+                     width, height, (size_t)width * (size_t)height * 4);
         error = PyExc_ValueError;
+    } else if (!box_ok) {
+        PyErr_Format(PyExc_ValueError, "resample: box must be finite, with 0 <= x0 <= x1 <= width (%d) and "
+                     "0 <= y0 <= y1 <= height (%d)", width, height);
+        error = PyExc_ValueError;
+    }
     int *hb = NULL, *hk = NULL, *vb = NULL, *vk = NULL;
     unsigned char *temp = NULL;
     int hsize = 0, vsize = 0, failed = 0;
@@ -483,7 +630,6 @@ static PyObject *resample(PyObject *Py_UNUSED(self), PyObject *args)
         int need_h = out_w != width || box[0] != 0 || box[2] != out_w;
         int need_v = out_h != height || box[1] != 0 || box[3] != out_h;
         const unsigned char *in = (const unsigned char *)src.buf;
-        const float *table = (const float *)tables.buf;
         Py_BEGIN_ALLOW_THREADS
         /* horizontal pass into rows [first, last) of a temporary RGB image (Pillow skips it when
            the window spans the width unscaled; then the vertical pass reads the source itself) */
@@ -545,8 +691,8 @@ static PyObject *resample(PyObject *Py_UNUSED(self), PyObject *args)
     PyBuffer_Release(&out);
     PyBuffer_Release(&tables);
     if (error) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(error, "bad arguments to resample");
+        if (!PyErr_Occurred()) /* the arguments were checked: only an allocation can have failed */
+            PyErr_NoMemory();
         return NULL;
     }
     Py_RETURN_NONE;
@@ -681,37 +827,38 @@ static PyObject *warp(PyObject *Py_UNUSED(self), PyObject *args)
     if (!PyArg_ParseTuple(args, "y*ii(dddddd)iipOy*iw*", &src, &width, &height, &m[0], &m[1], &m[2], &m[3], &m[4],
                           &m[5], &out_w, &out_h, &flip, &color_obj, &tables, &mode, &out))
         return NULL;
-    float color[12];
-    int have_color = color_obj != Py_None, bad = 0;
-    if (have_color) {
-        PyObject *seq = PySequence_Fast(color_obj, "color must be 12 numbers");
-        if (seq == NULL || PySequence_Fast_GET_SIZE(seq) != 12)
-            bad = 1;
-        else
-            for (int i = 0; i < 12; i++)
-                color[i] = (float)PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
-        Py_XDECREF(seq);
+    float color[12], table[3 * 256], mf[6];
+    int have_color = color_obj != Py_None, matrix_ok = 1;
+    for (int i = 0; i < 6; i++)
+        matrix_ok = matrix_ok && finite_float(m[i]);
+    int ok = side_ok(width, height, "warp", "width and height") &&
+             output_ok("warp", out_w, out_h, mode, &out, &tables, table) &&
+             !(have_color && read_floats(color_obj, 12, color, "warp", "color") < 0);
+    if (ok && (size_t)src.len < (size_t)width * (size_t)height * 3) {
+        PyErr_Format(PyExc_ValueError, "warp: src holds %zd bytes, a %d x %d RGB image needs %zu", src.len, width,
+                     height, (size_t)width * (size_t)height * 3);
+        ok = 0;
     }
-    size_t out_bytes = (size_t)out_w * out_h * 3 * (mode >= 2 ? 4 : 1);
-    if (bad || src.len < (Py_ssize_t)width * height * 3 || out.len < (Py_ssize_t)out_bytes || out_w < 1 ||
-        out_h < 1 || width < 1 || height < 1 || mode < 0 || mode > 3 || (mode >= 2 && tables.len < 3 * 256 * 4)) {
+    if (ok && !matrix_ok) {
+        PyErr_SetString(PyExc_ValueError, "warp: matrix must be 6 finite numbers (within float32's range)");
+        ok = 0;
+    }
+    if (!ok) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&out);
         PyBuffer_Release(&tables);
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "bad arguments to warp");
         return NULL;
     }
     const unsigned char *in = (const unsigned char *)src.buf;
-    const float *table = (const float *)tables.buf;
     size_t plane = (size_t)out_w * out_h;
-    float mf[6];
     for (int i = 0; i < 6; i++)
         mf[i] = (float)m[i];
-    /* the gathers read a 32-bit word at each pixel: a spare byte after the last one is needed */
+    /* the gathers read a 32-bit word at each pixel: a spare byte after the last one is needed, and
+       their offsets (row * width * 3 + column * 3) are 32-bit ints */
     warp_fn pixels = warp_pixels_portable;
 #ifdef TARPROC_X86
-    if (hrows != hrows_portable && src.len > (Py_ssize_t)width * height * 3)
+    size_t in_bytes = (size_t)width * (size_t)height * 3;
+    if (hrows != hrows_portable && (size_t)src.len > in_bytes && in_bytes <= (size_t)INT_MAX)
         pixels = warp_pixels_avx2;
 #endif
     int failed = 0;

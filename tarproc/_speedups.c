@@ -28,6 +28,7 @@
 #include <Python.h>
 #include <string.h>
 #include <errno.h>
+#include <limits.h>
 #include <unistd.h>
 
 /* Parse a NUL/space-terminated octal field; -1 if it is not plain octal. */
@@ -163,10 +164,23 @@ static PyObject *scan(PyObject *self, PyObject *args)
     PyObject *ref = Py_None;
     if (!PyArg_ParseTuple(args, "y*nLLp|nnO", &view, &pos, &base, &max_size, &keyed, &views, &refs, &ref))
         return NULL;
+    Py_ssize_t n = view.len;
+    /* every offset handed out is base + a position in buf (+ 512 for a ref's data): within 64 bits */
+    if (pos < 0 || pos > n)
+        PyErr_Format(PyExc_ValueError, "scan: pos %zd is outside the buffer of %zd bytes", pos, n);
+    else if (base < 0 || max_size < 0 || views < 0 || refs < 0)
+        PyErr_SetString(PyExc_ValueError, "scan: base, max_member_size, views and refs must be >= 0");
+    else if (base > LLONG_MAX - 512 - (long long)n)
+        PyErr_Format(PyExc_OverflowError, "scan: base %lld + the buffer's %zd bytes pass a 64-bit offset", base, n);
+    else if (ref != Py_None && !PyCallable_Check(ref))
+        PyErr_Format(PyExc_TypeError, "scan: ref must be callable or None, not %.100s", Py_TYPE(ref)->tp_name);
+    if (PyErr_Occurred()) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     if (ref == Py_None)
         refs = 0;
     const unsigned char *buf = (const unsigned char *)view.buf;
-    Py_ssize_t n = view.len;
     long long nbytes = 0;
     Py_ssize_t last_header = -1; /* where in buf the last item's header is */
     unsigned char name[256 + 2];
@@ -177,7 +191,7 @@ static PyObject *scan(PyObject *self, PyObject *args)
     if (items == NULL)
         goto fail;
 
-    while (pos >= 0 && pos + 512 <= n) {
+    while (n - pos >= 512) {
         const unsigned char *h = buf + pos;
         unsigned char tf = h[156];
         if (tf != '0' && tf != 0 && tf != '7')
@@ -199,7 +213,7 @@ static PyObject *scan(PyObject *self, PyObject *args)
             break;
         long long padded = (size + 511) & ~511LL;
         int as_ref = 0; /* the data runs past buf: with refs, it is left where it is (the last item) */
-        if (pos + 512 + padded > n) {
+        if (padded > n - pos - 512) {
             if (refs <= 0 || size < refs)
                 break;
             as_ref = 1;
@@ -329,10 +343,12 @@ typedef struct {
    more, where it isn't held; 1, or 0 where the file ends first, -1 where reading fails. */
 static int window_at(Window *w, long long pos, Py_ssize_t need, Py_ssize_t chunk)
 {
-    if (pos >= w->start && pos + need <= w->start + w->len)
-        return 1;
     if (chunk < need)
         chunk = need;
+    if (pos > LLONG_MAX - w->origin - chunk)
+        return 0; /* past any file's end (and origin + pos + chunk would overflow) */
+    if (pos >= w->start && pos + need <= w->start + w->len)
+        return 1;
     Py_ssize_t got = 0;
     while (got < chunk) {
         ssize_t r;
@@ -501,6 +517,11 @@ static PyObject *index_file(PyObject *self, PyObject *args)
     PyTypeObject *entry_type;
     if (!PyArg_ParseTuple(args, "iLLO!", &fd, &origin, &max_size, &PyType_Type, &entry_type))
         return NULL;
+    if (fd < 0 || origin < 0 || max_size < 0) {
+        PyErr_Format(PyExc_ValueError, "index_file: fd, origin and max_member_size must be >= 0, not %d, %lld, %lld",
+                     fd, origin, max_size);
+        return NULL;
+    }
     if (!PyType_IsSubtype(entry_type, &PyTuple_Type) || entry_type->tp_basicsize != PyTuple_Type.tp_basicsize ||
         entry_type->tp_itemsize != PyTuple_Type.tp_itemsize) {
         PyErr_SetString(PyExc_TypeError, "index_file: entry_type must be a tuple subclass without fields of its own");
@@ -550,8 +571,8 @@ static PyObject *index_file(PyObject *self, PyObject *args)
         if (stored < 0 || sum != stored || (h[124] & 0x80))
             goto give_up;
         long long size = parse_octal(h + 124, 12);
-        if (size < 0 || size > max_size)
-            goto give_up;
+        if (size < 0 || size > max_size || size > LLONG_MAX - 2048 - pos)
+            goto give_up; /* the last: offsets past 63 bits, in a file no filesystem holds */
         if (tf == 'L' || tf == 'x') { /* an extension header: its data is small, read it here */
             long long padded = (size + 511) & ~511LL;
             if (512 + padded > INDEX_CHUNK || (tf == 'L' && (long_len >= 0 || size > INDEX_LONG_NAME + 1)))
@@ -779,10 +800,17 @@ static PyObject *jsonl_lines(PyObject *self, PyObject *args)
     PyObject *entries, *encode;
     if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &entries, &encode))
         return NULL;
+    if (!PyCallable_Check(encode)) {
+        PyErr_Format(PyExc_TypeError, "jsonl_lines: encode must be callable, not %.100s", Py_TYPE(encode)->tp_name);
+        return NULL;
+    }
     Text t = {NULL, 0, 0};
     int status = 0; /* -1: an error; 1: an entry the Python code must write */
+    /* encode is Python code: it may change entries, or the dicts being written. What is being
+       written is held (e, field, place, name) so that nothing is freed under it. */
+    PyObject *e = NULL, *field = NULL, *place = NULL, *name = NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
-        PyObject *e = PyList_GET_ITEM(entries, i);
+        Py_XSETREF(e, Py_NewRef(PyList_GET_ITEM(entries, i)));
         if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 5) {
             status = 1;
             goto stop;
@@ -800,8 +828,10 @@ static PyObject *jsonl_lines(PyObject *self, PyObject *args)
         TEXT_TRY(text_int(&t, PyTuple_GET_ITEM(e, 2)));
         TEXT_TRY(TEXT_LIT(&t, ",\"fields\":{"));
         Py_ssize_t at = 0;
-        PyObject *field, *place;
-        for (int first = 1; PyDict_Next(fields, &at, &field, &place); first = 0) {
+        PyObject *f, *p;
+        for (int first = 1; PyDict_Next(fields, &at, &f, &p); first = 0) {
+            Py_XSETREF(field, Py_NewRef(f));
+            Py_XSETREF(place, Py_NewRef(p));
             if (!PyTuple_CheckExact(place) || PyTuple_GET_SIZE(place) != 2) {
                 status = 1;
                 goto stop;
@@ -819,8 +849,9 @@ static PyObject *jsonl_lines(PyObject *self, PyObject *args)
         if (names != Py_None && PyDict_GET_SIZE(names) > 0) {
             TEXT_TRY(TEXT_LIT(&t, ",\"names\":{"));
             at = 0;
-            PyObject *name;
-            for (int first = 1; PyDict_Next(names, &at, &field, &name); first = 0) {
+            for (int first = 1; PyDict_Next(names, &at, &f, &p); first = 0) {
+                Py_XSETREF(field, Py_NewRef(f));
+                Py_XSETREF(name, Py_NewRef(p));
                 if (!first)
                     TEXT_TRY(TEXT_LIT(&t, ","));
                 TEXT_TRY(text_json_str(&t, field, encode));
@@ -832,6 +863,10 @@ static PyObject *jsonl_lines(PyObject *self, PyObject *args)
         TEXT_TRY(TEXT_LIT(&t, "}\n"));
     }
 stop:;
+    Py_XDECREF(e);
+    Py_XDECREF(field);
+    Py_XDECREF(place);
+    Py_XDECREF(name);
     PyObject *result = NULL;
     if (status == 0)
         result = PyBytes_FromStringAndSize(t.p ? t.p : "", t.len);
@@ -1013,25 +1048,37 @@ static PyObject *pack(PyObject *self, PyObject *args)
     PyObject *members;
     if (!PyArg_ParseTuple(args, "w*nOny*n", &out, &used, &members, &start, &tm, &direct))
         return NULL;
-    PyObject *seq = NULL;
-    if (tm.len != 3 * 512 || used < 0 || used > out.len || start < 0) {
-        PyErr_SetString(PyExc_ValueError, "pack: bad templates, used or start");
+    PyObject *seq = NULL, *item = NULL;
+    if (tm.len != 3 * 512) {
+        PyErr_Format(PyExc_ValueError, "pack: templates must be 3 headers of 512 bytes, not %zd bytes", tm.len);
+        goto fail;
+    }
+    if (used < 0 || used > out.len || direct < 0) {
+        PyErr_Format(PyExc_ValueError, "pack: need 0 <= used <= len(buf) (%zd) and direct >= 0, not used %zd, "
+                     "direct %zd", out.len, used, direct);
         goto fail;
     }
     Templates templates;
     templates_init(&templates, tm.buf);
-    seq = PySequence_Fast(members, "pack: members must be a list or a tuple");
-    if (seq == NULL)
+    if (!PyList_Check(members) && !PyTuple_Check(members)) {
+        PyErr_Format(PyExc_TypeError, "pack: members must be a list or a tuple, not %.100s", Py_TYPE(members)->tp_name);
         goto fail;
+    }
+    seq = Py_NewRef(members);
+    if (start < 0 || start > PySequence_Fast_GET_SIZE(seq)) {
+        PyErr_Format(PyExc_ValueError, "pack: start %zd is outside members (%zd of them)", start,
+                     PySequence_Fast_GET_SIZE(seq));
+        goto fail;
+    }
     unsigned char *buf = out.buf;
     Py_ssize_t cap = out.len;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     int status = PACK_DONE;
     Py_ssize_t i;
 
-    for (i = start; i < count; i++) {
-        PyObject *item = items[i];
+    /* a FileRange's __len__ is Python code, which may change a list of members: its length is read
+       again for each member, and the member being written is held */
+    for (i = start; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        Py_XSETREF(item, Py_NewRef(PySequence_Fast_GET_ITEM(seq, i)));
         if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
             status = PACK_PYTHON;
             break;
@@ -1085,6 +1132,7 @@ static PyObject *pack(PyObject *self, PyObject *args)
             break;
         }
     }
+    Py_XDECREF(item);
     Py_DECREF(seq);
     PyBuffer_Release(&out);
     PyBuffer_Release(&tm);
@@ -1373,8 +1421,19 @@ static PyObject *pack_samples(PyObject *self, PyObject *args)
     Templates templates;
     templates_init(&templates, tm.buf);
     Py_INCREF(last_key);
-    if (tm.len != 3 * 512 || used < 0 || used > out.len || !PyIter_Check(samples)) {
-        PyErr_SetString(PyExc_ValueError, "pack_samples: bad templates, used or samples");
+    if (tm.len != 3 * 512) {
+        PyErr_Format(PyExc_ValueError, "pack_samples: templates must be 3 headers of 512 bytes, not %zd bytes",
+                     tm.len);
+        goto fail;
+    }
+    if (used < 0 || used > out.len || direct < 0) {
+        PyErr_Format(PyExc_ValueError, "pack_samples: need 0 <= used <= len(buf) (%zd) and direct >= 0, not used "
+                     "%zd, direct %zd", out.len, used, direct);
+        goto fail;
+    }
+    if (!PyIter_Check(samples)) {
+        PyErr_Format(PyExc_TypeError, "pack_samples: samples must be an iterator, not %.100s",
+                     Py_TYPE(samples)->tp_name);
         goto fail;
     }
     for (;;) {
@@ -1542,6 +1601,10 @@ static void grouper_dealloc(Grouper *g)
 static PyObject *grouper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     PyObject *members, *url, *rules;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Grouper takes no keyword arguments");
+        return NULL;
+    }
     if (!PyArg_ParseTuple(args, "OOO", &members, &url, &rules))
         return NULL;
     if (!PyIter_Check(members)) {
@@ -1565,6 +1628,15 @@ static PyObject *grouper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         Py_DECREF(g);
         return NULL;
     }
+    const char *names[] = {"metadata", "metadata_name", "no_key", "duplicate_field", "reappearing_key"};
+    PyObject *calls[] = {g->on_metadata, g->metadata_name, g->no_key, g->duplicate_field, g->reappearing_key};
+    for (int i = 0; i < 5; i++)
+        if (!PyCallable_Check(calls[i])) {
+            PyErr_Format(PyExc_TypeError, "Grouper: rules.%s must be callable, not %.100s", names[i],
+                         Py_TYPE(calls[i])->tp_name);
+            Py_DECREF(g);
+            return NULL;
+        }
     return (PyObject *)g;
 }
 
@@ -1642,7 +1714,9 @@ static PyObject *hand_out(Grouper *g)
     PyObject *n = PyObject_GetAttr(g->stats, str_samples), *n1 = NULL;
     if (n != NULL) {
         Py_ssize_t v = PyLong_AsSsize_t(n);
-        if (!(v == -1 && PyErr_Occurred()))
+        if (v == PY_SSIZE_T_MAX)
+            PyErr_SetString(PyExc_OverflowError, "Grouper: rules.stats.samples is at its largest");
+        else if (!(v == -1 && PyErr_Occurred()))
             n1 = PyLong_FromSsize_t(v + 1);
         Py_DECREF(n);
     }

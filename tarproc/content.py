@@ -32,7 +32,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from .errors import MissingDependencyError, TarprocError
-from .sniff import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS, escape_text, is_text, sniff_type
+from .fieldspec import (
+    AUDIO_EXTENSIONS,
+    IMAGE_FORMATS,
+    JSON_EXTENSIONS,
+    LABEL_FIELDS,
+    TEXT_EXTENSIONS,
+    VIDEO_EXTENSIONS,
+)
+from .sniff import escape_text, is_text, sniff_type
 
 DISTINCT_VALUES = 1024  # a distribution keeps exact counts up to this many distinct values
 LOG_STEPS = 16  # buckets per doubling once it has more
@@ -44,14 +52,10 @@ JSON_PARSE_LIMIT = 1 << 20  # bigger JSON documents are counted, not parsed
 EXAMPLES = 3
 CHART_BINS = 20
 
-LABEL_FIELDS = frozenset({"cls", "cls2", "label", "labels", "class", "target"})
-TEXT_EXTENSIONS = frozenset({"txt", "text", "caption", "transcript"})
-JSON_EXTENSIONS = frozenset({"json", "jsn"})
-IMAGE_EXTENSIONS = {
-    "jpg": "jpeg", "jpeg": "jpeg", "png": "png", "gif": "gif", "bmp": "bmp", "tif": "tiff", "tiff": "tiff",
-    "webp": "webp", "jp2": "jpeg2000", "j2k": "jpeg2000", "avif": "avif", "heic": "heic", "heif": "heif",
-}
-IMAGE_TYPES = frozenset(IMAGE_EXTENSIONS.values())
+# the image formats sniff_type recognises, and the extensions that claim one of them; PNM
+# (.ppm, .pgm, ...) has no magic sniff_type knows, so those fields are sniffed like any other
+IMAGE_TYPES = frozenset(IMAGE_FORMATS.values()) - {"pnm"}
+CLAIMED_FORMATS = {ext: fmt for ext, fmt in IMAGE_FORMATS.items() if fmt in IMAGE_TYPES}
 MEDIA_TYPES = frozenset({"wav", "flac", "ogg", "mp3", "mp4", "matroska", "avi"})
 _MAGIC = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n", "gif": b"GIF89a"}
 _MAGIC_LEN = {name: len(magic) for name, magic in _MAGIC.items()}
@@ -356,7 +360,7 @@ class FieldContent:
         self.route = ("label" if field in LABEL_FIELDS or ext in LABEL_FIELDS else "json" if ext in JSON_EXTENSIONS
                       else "text" if ext in TEXT_EXTENSIONS
                       else "media" if ext in AUDIO_EXTENSIONS or ext in VIDEO_EXTENSIONS else "sniff")
-        self.claimed = IMAGE_EXTENSIONS.get(ext)  # the image format the name claims
+        self.claimed = CLAIMED_FORMATS.get(ext)  # the image format the name claims
         self.types: Tally = Tally(MAX_NAMES)  # content type -> members
         self.kinds: Counter[str] = Counter()  # image, audio, video, text, json, label, other
         # images

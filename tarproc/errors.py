@@ -1,12 +1,16 @@
-"""Named exceptions of the tarproc core.
+"""Named exceptions and warnings of the tarproc core.
 
 Every error carries enough context (URL, byte offset, member) to produce a one-line message; the
 CLI boundary (``tarproc.cli.common``) turns them into ``COMMAND: error: MESSAGE`` and exit status 1.
+Warnings go through the standard library (``warn``: ``warnings.warn`` with a ``TarprocWarning``
+class), so a training script filters or routes them as any other; the commands print each as
+``COMMAND: warning: MESSAGE``.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 
 
 class TarprocError(Exception):
@@ -204,6 +208,60 @@ class MissingDependencyError(OptionError):
     """An optional dependency a feature needs is not installed; the message says what to install."""
 
 
+class TarprocWarning(UserWarning):
+    """Base class of the warnings the core gives (through ``warnings.warn``, see ``warn``).
+
+    A training script filters them as any other warning, by class::
+
+        warnings.filterwarnings("ignore", category=tarproc.NetworkWarning)   # retries are expected here
+        warnings.filterwarnings("error", category=tarproc.DataWarning)       # no damaged sample goes by
+        logging.captureWarnings(True)                                        # or route them to logging
+    """
+
+
+class DataWarning(TarprocWarning):
+    """Data damaged, duplicated, skipped or lost: a sample or shard skipped (``on_error="skip"``,
+    ``"skip-shard"``), a duplicate field, a stale index, the samples an epoch left out."""
+
+
+class NetworkWarning(TarprocWarning):
+    """A remote read that is retried (a reset, a timeout, a 5xx answer, a read too slow), a server
+    that ignores range requests, a sender or receiver that hung up."""
+
+
+class CacheWarning(TarprocWarning):
+    """The shard cache or the counts' cache: a copy changed on the server or failing its manifest's
+    sha256, a cache that can't be written (the readers then read the store)."""
+
+
+def warn(message: str, category: type[TarprocWarning] = TarprocWarning, stacklevel: int = 2) -> None:
+    """Give a warning of the core: ``warnings.warn(message, category)``, shown every time it comes.
+
+    The one way the library warns (only ``tarproc.cli`` prints): a script sees Python's usual
+    ``FILE:LINE: DataWarning: MESSAGE`` on stderr and can filter or route it by class; the commands
+    print ``COMMAND: warning: MESSAGE``. ``stacklevel`` as ``warnings.warn``'s, counted from the
+    caller. Python's default action shows a message once per place; each of these says something
+    that happened (a retry, a skipped shard), so each is shown, as the one line per warning the core
+    printed before it used the ``warnings`` module: no registry of warnings already shown is kept
+    (filters that ignore, raise, or show ``"once"`` work as they do for any warning).
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     for _ in range(2):
+    ...         warn("s.tar: sample 'k1' skipped", DataWarning)
+    >>> [(w.category.__name__, str(w.message)) for w in caught]
+    [('DataWarning', "s.tar: sample 'k1' skipped"), ('DataWarning', "s.tar: sample 'k1' skipped")]
+    """
+    try:
+        frame = sys._getframe(stacklevel)
+    except ValueError:  # fewer frames than that: Python's own choice
+        warnings.warn(message, category, stacklevel=1)
+        return
+    where = frame.f_globals
+    warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
+                           module=where.get("__name__", "<string>"), registry={}, module_globals=where)
+
+
 def warn_stderr(message: str) -> None:
-    """Where the core's warnings go when the caller gives no ``warn``: ``warning: MESSAGE`` on stderr."""
-    print(f"warning: {message}", file=sys.stderr, flush=True)
+    """The readers' default ``warn`` callback (kept under its old name): a ``DataWarning``."""
+    warn(message, DataWarning)

@@ -14,10 +14,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .errors import NoMatchError, OptionError
+from .fieldspec import IMAGE_EXTENSIONS, Accepts, parse_specs
 from .samples import Sample
 
 # common image fields, in the order a sample's alternatives are tried
-IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "jp2", "avif")
+IMAGE_FIELDS = IMAGE_EXTENSIONS
+# what tarfirst -f takes of the field-spec grammar (tarproc/fieldspec.py): alternatives; several
+# specs are alternatives too, in order ('jpg;png tif')
+MATCH_SPECS = Accepts("tarfirst -f", meta=frozenset(), unique=False, noun="field list")
 
 
 def parse_alternatives(spec: str) -> tuple[str, ...]:
@@ -26,13 +30,7 @@ def parse_alternatives(spec: str) -> tuple[str, ...]:
     >>> parse_alternatives("jpg;jpeg, png")
     ('jpg', 'jpeg', 'png')
     """
-    fields = tuple(f.lower() for f in re.split(r"[;,\s]+", spec) if f)
-    if not fields:
-        raise OptionError(f"bad field list {spec!r}: no fields")
-    for field in fields:
-        if "/" in field or field.startswith("__"):
-            raise OptionError(f"bad field list {spec!r}: {field!r} is not a field name")
-    return fields
+    return tuple(field for s in parse_specs(spec, MATCH_SPECS) for field in s.fields)
 
 
 @dataclass(frozen=True)

@@ -56,19 +56,21 @@ from .errors import (
     TarFormatError,
     TarprocError,
 )
-from .samples import Sample, _warn_stderr, group_keyed
+from .errors import warn_stderr as _warn_stderr
+from .samples import Sample, group_keyed
 from .sources import Network, is_fsspec_url, local_path, open_source
 from .sources.remote import url_to_fs
 from .tar import (
     BLOCK,
-    DEFAULT_MAX_MEMBER_SIZE,
+    MemberScan,
+    ReadPolicy,
     ReadStats,
-    _file_origin,
-    _read_members,
-    _skipper,
+    file_origin,
     iter_members,
     split_key,
+    stream_skipper,
 )
+from .tar.policy import SAMPLE_FIELDS, policy_with_keywords
 
 # The C fast paths (tarproc/_speedups.c): the builder for plain local shards (_index_file), which
 # hands every other shard to index_stream's Python code, and the tarproc format's lines
@@ -205,6 +207,10 @@ class _Member(NamedTuple):
     start: int  # end of the previous regular member: where this member's extension headers begin
 
 
+_NO_LINKS = ReadPolicy(links="skip")  # an index lists no link: refused when built, or left out
+_NO_LINKS_ZEROS = ReadPolicy(links="skip", ignore_zeros=True)
+
+
 def _padded(size: int) -> int:
     return (size + BLOCK - 1) & ~(BLOCK - 1)
 
@@ -213,39 +219,33 @@ def index_stream(
     stream: Any,
     url: str | None,
     *,
-    dup: str = "error",
-    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    policy: ReadPolicy = ReadPolicy(),
     stats: ReadStats | None = None,
     warn: Callable[[str], None] | None = None,
-    links: str = "follow",
-    ignore_zeros: bool = False,
+    **old: Any,
 ) -> ShardIndex:
     """Index a plain tar stream (see ``build_index``); the size is the bytes the stream held."""
-    if not ignore_zeros:
-        index = _index_local_file(stream, url, max_member_size, stats)
+    policy = policy_with_keywords(policy, old, SAMPLE_FIELDS, "index_stream")
+    if not policy.ignore_zeros:
+        index = _index_local_file(stream, url, policy.max_member_size, stats)
         if index is not None:
             return index
     counter = _CountingReader(stream)
-    misplaced: set[int] = set()  # data offsets of members whose bytes aren't stored there
-
-    def record(name: str, header: int, data_offset: int | None, data: Any) -> None:
-        if data_offset is None:  # the reader says: a followed link (its target's bytes), a sparse file
-            misplaced.add(header + BLOCK)
+    # only sizes are needed: on a local file, data the reader hasn't buffered is skipped
+    scan = MemberScan(counter, url, policy=policy, stats=stats)
 
     def members() -> Iterator[tuple[str | None, str, Any, int]]:  # a _Member where read_samples has data
         prev_end = 0
-        # only sizes are needed: on a local file, data the reader hasn't buffered is skipped
-        for name, data, offset in _read_members(counter, url, max_member_size=max_member_size, stats=stats,
-                                                keyed=False, links=links, ignore_zeros=ignore_zeros, skip_data=True,
-                                                record=record):
+        for name, data, offset in scan:
             size = len(data)
             key, field = split_key(name)
             yield key, field, _Member(name, offset + BLOCK, size, prev_end), offset
             prev_end = offset + BLOCK + _padded(size)
 
     # the same grouping as read_samples: key rule, metadata, duplicates
-    samples = group_keyed(members(), url, dup=dup, stats=stats, warn=warn)
-    entries = [_entry(sample, misplaced, url) for sample in samples]
+    samples = group_keyed(members(), url, dup=policy.dup, stats=stats, warn=warn)
+    # a followed link (its target's bytes) or a sparse file: the scan says, before the member comes
+    entries = [_entry(sample, scan.not_in_place, url) for sample in samples]
     return ShardIndex(_base_name(url or "-"), counter.bytes, entries)
 
 
@@ -255,7 +255,7 @@ def _index_local_file(stream: Any, url: str | None, max_member_size: int, stats:
     such a file, or the shard has anything but regular members with keys (GNU long names and pax
     paths included), directories and a proper end (links, sparse files, pax sizes, metadata,
     duplicates, damage): the Python builder then indexes it."""
-    found = _file_origin(stream) if _index_file is not None else None
+    found = file_origin(stream) if _index_file is not None else None
     if found is None:
         return None
     file, origin = found
@@ -272,7 +272,7 @@ def _index_local_file(stream: Any, url: str | None, max_member_size: int, stats:
     return ShardIndex(_base_name(url or "-"), size, entries)
 
 
-def _entry(sample: Sample, misplaced: set[int], url: str | None) -> IndexEntry:
+def _entry(sample: Sample, not_in_place: set[int], url: str | None) -> IndexEntry:
     key = sample["__key__"]
     fields: dict[str, tuple[int, int]] = {}
     names: dict[str, str] = {}
@@ -281,7 +281,7 @@ def _entry(sample: Sample, misplaced: set[int], url: str | None) -> IndexEntry:
     for field, member in sample.items():
         if field.startswith("__"):
             continue
-        if member.data_offset in misplaced:
+        if member.data_offset - BLOCK in not_in_place:
             raise _not_in_place(url, member.data_offset - BLOCK, member.name)
         first = first or member
         last = member
@@ -316,7 +316,7 @@ class _CountingReader:
 
     def skipper(self) -> Callable[[int], int] | None:
         """The stream's skipper (a plain local file: data is skipped, not read), counting."""
-        skip = _skipper(self.stream)
+        skip = stream_skipper(self.stream)
         if skip is None:
             return None
 
@@ -331,28 +331,32 @@ class _CountingReader:
 def build_index(
     url: str,
     *,
-    dup: str = "error",
-    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    policy: ReadPolicy = ReadPolicy(),
     stats: ReadStats | None = None,
     warn: Callable[[str], None] | None = None,
-    links: str = "follow",
-    ignore_zeros: bool = False,
+    **old: Any,
 ) -> ShardIndex:
     """Index a shard by reading it once. Raises ``CompressedShardError`` for a compressed shard.
 
-    ``dup``, ``stats``, ``warn``, ``links`` and ``ignore_zeros`` are as for ``read_samples``;
-    damage raises ``TarFormatError`` naming the shard and the byte offset. A member whose bytes
+    Damage raises ``TarFormatError`` naming the shard and the byte offset. A member whose bytes
     aren't stored in place (a followed link, a sparse file) can't be read at random: ``LinkError``
     naming it, unless ``links="skip"`` leaves links out.
+
+    Args:
+        url: the shard: a path or a URL that can be read at random (not stdin or ``pipe:``).
+        policy: how to read it (``ReadPolicy``; its ``on_error`` is the caller's to apply). The
+            policy's keywords given directly (``dup=`` ...) still work, deprecated.
+        stats: counters to fill in (``ReadStats``).
+        warn: where warnings go (default: stderr).
     """
+    policy = policy_with_keywords(policy, old, SAMPLE_FIELDS, "build_index")
     check_random_access(url)
     if stats is not None:
         stats.shards += 1
     with open_source(url) as source:
         if source.compression is not None:
             raise compressed_error(url, source.compression)
-        return index_stream(source, url, dup=dup, max_member_size=max_member_size, stats=stats, warn=warn,
-                            links=links, ignore_zeros=ignore_zeros)
+        return index_stream(source, url, policy=policy, stats=stats, warn=warn)
 
 
 def check_random_access(url: str) -> None:
@@ -647,11 +651,12 @@ class IndexedShard:
         index: str | os.PathLike[str] | ShardIndex | None = None,
         *,
         fields: Iterable[str] | None = None,
-        dup: str = "error",
-        max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+        policy: ReadPolicy = ReadPolicy(),
         stale: str = "error",
         warn: Callable[[str], None] | None = None,
+        **old: Any,
     ) -> None:
+        policy = policy_with_keywords(policy, old, ("dup", "max_member_size"), "IndexedShard")
         self.url = url = os.fspath(url)
         check_random_access(url)
         if stale not in STALE_POLICIES:
@@ -685,7 +690,7 @@ class IndexedShard:
             kind = detect(self._read(0, min(8, size))) if size else None
             if kind is not None:
                 raise compressed_error(url, kind)
-            self.index = self._load(index, stale, warn, dup, max_member_size)
+            self.index = self._load(index, stale, warn, policy)
         except BaseException:
             self.close()
             raise
@@ -695,8 +700,7 @@ class IndexedShard:
         index: str | os.PathLike[str] | ShardIndex | None,
         stale: str,
         warn: Callable[[str], None] | None,
-        dup: str,
-        max_member_size: int,
+        policy: ReadPolicy,
     ) -> ShardIndex:
         index_url: str | None = None
         if isinstance(index, ShardIndex):
@@ -715,7 +719,7 @@ class IndexedShard:
         else:
             sibling = default_index_url(self.url)
             if not self._exists(sibling):
-                return build_index(self.url, dup=dup, max_member_size=max_member_size)
+                return build_index(self.url, policy=policy)
             index_url = sibling
             loaded = load_index(sibling)
         if loaded.size == self.size:
@@ -732,7 +736,7 @@ class IndexedShard:
             f"{index_url or self.url}: stale index ({where}); indexing {self.url} in memory instead "
             f"(rebuild the index with: {fix})"
         )
-        return build_index(self.url, dup=dup, max_member_size=max_member_size)
+        return build_index(self.url, policy=policy)
 
     def _exists(self, url: str) -> bool:
         if self._fs is None:
@@ -813,13 +817,13 @@ class IndexedShard:
         stats = ReadStats()
         try:
             # an index lists no link (refused when built, or left out with links="skip")
-            parsed = list(iter_members(_Fragment(data), self.url, stats=stats, links="skip"))
+            parsed = list(iter_members(_Fragment(data), self.url, policy=_NO_LINKS, stats=stats))
         except TarFormatError as e:
             # zero blocks between concatenated archives (indexed with ignore_zeros) end a plain
             # parse; reading past them always would cost every read a little, so only on failure
             try:
                 stats = ReadStats()
-                parsed = list(iter_members(_Fragment(data), self.url, stats=stats, links="skip", ignore_zeros=True))
+                parsed = list(iter_members(_Fragment(data), self.url, policy=_NO_LINKS_ZEROS, stats=stats))
             except TarFormatError:
                 raise self._mismatch(
                     start + e.offset, f"{e.reason} where the index puts sample {_show(entry.key)}"

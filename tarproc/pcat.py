@@ -39,7 +39,6 @@ their sources, so no thread or child outlives the generator.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -51,9 +50,11 @@ from typing import Any
 
 from .errors import OptionError, TarprocError
 from .errors import warn_stderr as _warn_stderr
-from .samples import Sample, check_read_policies, group_keyed
+from .procgroup import signal_group
+from .samples import Sample, group_keyed
 from .sources import Source, expand_urls, local_path, open_source
-from .tar import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
+from .tar import ReadPolicy, ReadStats, iter_keyed_members
+from .tar.policy import SAMPLE_FIELDS, policy_with_keywords
 
 ORDERS = ("roundrobin", "random")
 DEFAULT_READERS = 4
@@ -358,10 +359,7 @@ class _InlineBuffer:
 def _terminate(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM a pipe: command's process group (its reader's Source reaps it)."""
     if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group(proc.pid, signal.SIGTERM)
 
 
 def _open(url: str, index: int, pool: _Pool | _InlinePool) -> Source:
@@ -405,19 +403,17 @@ def parallel_samples(
     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
     order: str = "roundrobin",
     seed: int | None = None,
-    on_error: str = "fail",
-    dup: str = "error",
-    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    policy: ReadPolicy = ReadPolicy(),
     stats: ReadStats | None = None,
     warn: Callable[[str], None] | None = None,
-    links: str = "follow",
-    ignore_zeros: bool = False,
     views: bool = False,
+    **old: Any,
 ) -> Iterator[Sample]:
     """Read up to ``readers`` shards concurrently and yield their samples interleaved.
 
     See the module docstring for the exact order, memory bound, errors and stopping. ``urls`` are
-    expanded like ``read_samples``'s; ``stats``, ``warn``, ``links`` and ``ignore_zeros`` work as there. Close the generator
+    expanded like ``read_samples``'s; ``policy`` (a ``ReadPolicy``; its keywords given directly
+    still work, deprecated), ``stats`` and ``warn`` work as there. Close the generator
     (or exhaust it) to stop the reader threads. ``views=True`` is for a consumer that writes each
     sample out before asking for the next (``tarpcat``): where every input is a local file (read in
     the consumer's thread, each sample handed out as it is read), big values may then be views of
@@ -441,13 +437,12 @@ def parallel_samples(
         raise OptionError("prefetch must be at least 1 sample and 1 byte")
     if order not in ORDERS:
         raise OptionError(f"bad order {order!r}; use one of {', '.join(ORDERS)}")
-    check_read_policies(on_error, dup)
+    policy = policy_with_keywords(policy, old, SAMPLE_FIELDS, "parallel_samples")
     url_list = expand_urls([urls] if isinstance(urls, str) else urls)
     if url_list.count("-") > 1:
         raise OptionError("stdin ('-') can be read only once")
     return _interleave(
-        url_list, readers, prefetch, prefetch_bytes, order, seed, on_error, dup,
-        {"max_member_size": max_member_size, "links": links, "ignore_zeros": ignore_zeros},
+        url_list, readers, prefetch, prefetch_bytes, order, seed, policy,
         stats if stats is not None else ReadStats(), warn if warn is not None else _warn_stderr, views,
     )
 
@@ -461,9 +456,7 @@ def _interleave(
     prefetch_bytes: int,
     order: str,
     seed: int | None,
-    on_error: str,
-    dup: str,
-    tar: dict[str, Any],
+    policy: ReadPolicy,
     stats: ReadStats,
     warn: Callable[[str], None],
     views: bool = False,
@@ -471,21 +464,22 @@ def _interleave(
     if not urls:
         return
     inline = all(local_path(url) is not None for url in urls)
-    if views and inline:  # each sample is written before the next is read: see parallel_samples
-        tar = {**tar, "views": True, "refs": True}
+    # views and refs where each sample is written before the next is read: see parallel_samples
+    views = views and inline
 
     def read_shard(index: int, local: ReadStats, shard_warn: Callable[[str], None]) -> Iterator[Sample]:
         url = urls[index]
         local.shards += 1
         with _open(url, index, pool) as stream:
-            members = iter_keyed_members(stream, url, stats=local, **tar)
-            yield from group_keyed(members, url, dup=dup, stats=local, warn=shard_warn)
+            members: Iterator[Any] = iter_keyed_members(stream, url, policy=policy, stats=local, views=views,
+                                                        refs=views)
+            yield from group_keyed(members, url, dup=policy.dup, stats=local, warn=shard_warn)
 
     pool: _Pool | _InlinePool
     if inline:
-        pool = _InlinePool(urls, readers, on_error, read_shard, stats, warn)
+        pool = _InlinePool(urls, readers, policy.on_error, read_shard, stats, warn)
     else:
-        pool = _Pool(urls, readers, prefetch, prefetch_bytes, on_error, read_shard, stats)
+        pool = _Pool(urls, readers, prefetch, prefetch_bytes, policy.on_error, read_shard, stats)
     rng = random.Random(seed) if order == "random" else None
     # a lane: [shard index, its buffer, samples of the chunk taken from the buffer, not yet emitted]
     lanes: list[tuple[int, _Buffer | _InlineBuffer, deque[Sample]]] = [(i, pool.buffer(i), deque()) for i in range(pool.lanes)]

@@ -45,6 +45,7 @@ from typing import Any
 
 from .errors import JobError, OptionError, TarprocError
 from .errors import warn_stderr as _warn_stderr
+from .procgroup import signal_group, start_group
 from .samples import Sample
 from .tar import DEFAULT_MAX_MEMBER_SIZE
 
@@ -298,7 +299,7 @@ class _ShellPool(_Pool):
                 self._cancelled = True
                 live = list(self._live)
             for proc in live:
-                _kill_group(proc.pid)
+                signal_group(proc.pid)
         for _ in self._threads:
             self._tasks.put(None)
         try:
@@ -397,27 +398,26 @@ class _ShellPool(_Pool):
         with self._lock:
             if self._cancelled:
                 return None, False
-        proc = subprocess.Popen(  # OSError (no bash?) stops the run, see _work
+        proc = start_group(  # OSError (no bash?) stops the run, see _work
             self.job.argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            start_new_session=True,
         )
         with self._lock:
             self._live.add(proc)
             cancelled = self._cancelled
         if cancelled:
-            _kill_group(proc.pid)
+            signal_group(proc.pid)
         timed_out = False
         try:
             timed_out = not _wait_exit(proc, self.job.timeout)
             # kill what the command left running (its group: background jobs, or all of it on timeout)
             # while the leader is unreaped, so that its pid, the group id, can't have been reused
-            _kill_group(proc.pid)
+            signal_group(proc.pid)
             status = proc.wait()
         finally:
             with self._lock:
                 self._live.discard(proc)
             if proc.returncode is None:
-                _kill_group(proc.pid)
+                signal_group(proc.pid)
                 proc.wait()
         return status, timed_out
 
@@ -550,13 +550,6 @@ def _wait_exit(proc: subprocess.Popen[bytes], timeout: float | None) -> bool:
                 return False
     finally:
         os.close(fd)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def shell_samples(

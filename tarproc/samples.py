@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import DuplicateError, OptionError, TarprocError
 from .errors import warn_stderr as _warn_stderr
-from .tar import DEFAULT_MAX_MEMBER_SIZE, FileRange, ReadStats, iter_keyed_members, split_key
+from .tar import (
+    DUP_POLICIES,
+    ON_ERROR_POLICIES,
+    FileRange,
+    ReadPolicy,
+    ReadStats,
+    iter_keyed_members,
+    split_key,
+)
+from .tar.policy import SAMPLE_FIELDS, policy_with_keywords
 
 if TYPE_CHECKING:  # the sources are imported where used: the commands that read none start without them
     from .sources import Network, Prefetcher
@@ -32,8 +41,6 @@ if not os.environ.get("TARPROC_PURE_PYTHON"):
         _Grouper = None
 
 Sample = dict[str, Any]
-DUP_POLICIES = ("error", "warn", "skip")
-ON_ERROR_POLICIES = ("fail", "skip-shard")
 _NO_KEY_EXAMPLES = 10
 _NO_SAMPLE = object()
 
@@ -234,35 +241,38 @@ def _group_python(
 def read_samples(
     urls: str | Iterable[str],
     *,
-    on_error: str = "fail",
-    dup: str = "error",
-    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    policy: ReadPolicy = ReadPolicy(),
     stats: ReadStats | None = None,
     warn: Callable[[str], None] | None = None,
-    links: str = "follow",
-    ignore_zeros: bool = False,
     views: bool = False,
     refs: bool = False,
     network: Network | None = None,
     prefetcher: Prefetcher | None = None,
+    **old: Any,
 ) -> Iterator[Sample]:
-    """Read samples from one or more tar shards, in order.
+    """Read samples from one or more tar shards, in order. Grouping restarts at every shard.
 
-    ``urls`` is a URL or a list of them, each expanded like the commands' arguments (brace
-    lists, ``::`` joins; ``-`` is stdin; ``pipe:CMD``; paths; any fsspec URL). Compression is
-    detected from the data. ``on_error="skip-shard"`` reports a failing shard through ``warn``
-    and goes on with the next; the default ``"fail"`` raises. Grouping restarts at every shard.
-    ``links`` and ``ignore_zeros`` are ``iter_members``'s: hard and symbolic links to earlier
-    members are read as their targets' bytes (or skipped), and concatenated archives read whole.
-    ``views=True`` is for samples written out at once (``tarcat``, ``tarsplit``): values of 64 KiB
-    or more may be read-only memoryviews of what was read, not bytes (see ``iter_keyed_members``).
-    ``refs=True`` too (the same commands) goes further: from a plain local file, such values that
-    were not in what was read come as ``tario.FileRange``, data left in the file for ``TarWriter``
-    to have the kernel copy. Write each sample before asking for the next: a range is valid only
-    while its shard is open. Remote shards are read as ``network`` says (retries, read-ahead,
-    the shard cache; default ``sources.settings()``): with read-ahead, the next remote shards
-    are opened and read ahead while one is read (by ``prefetcher``, when given: the caller's, which may have opened
-    the first already).
+    Args:
+        urls: a URL or a list of them, each expanded like the commands' arguments (brace lists,
+            ``::`` joins; ``-`` is stdin; ``pipe:CMD``; paths; any fsspec URL). Compression is
+            detected from the data.
+        policy: how to read (``ReadPolicy``): duplicates (``dup``), the largest member, links,
+            zero blocks, and ``on_error``: ``"skip-shard"`` reports a failing shard through
+            ``warn`` and goes on with the next; the default ``"fail"`` raises. The policy's
+            keywords given directly (``dup=``, ``on_error=`` ...) still work, deprecated.
+        stats: counters to fill in (``ReadStats``).
+        warn: where warnings go (default: stderr).
+        views: for samples written out at once (``tarcat``, ``tarsplit``): values of 64 KiB or
+            more may be read-only memoryviews of what was read, not bytes (see
+            ``iter_keyed_members``).
+        refs: with ``views`` (the same commands): from a plain local file, such values that were
+            not in what was read come as ``tar.FileRange``, data left in the file for
+            ``TarWriter`` to have the kernel copy. Write each sample before asking for the next:
+            a range is valid only while its shard is open.
+        network: how remote shards are read (retries, read-ahead, the shard cache; default
+            ``sources.settings()``): with read-ahead, the next remote shards are opened and read
+            ahead while one is read.
+        prefetcher: the caller's read-ahead, which may have opened the first shard already.
 
     >>> import io, tempfile, os
     >>> from tarproc import TarWriter
@@ -274,7 +284,7 @@ def read_samples(
     """
     from .sources import Prefetcher, expand_urls, finish_fills, open_remote, settings
 
-    check_read_policies(on_error, dup)
+    policy = policy_with_keywords(policy, old, SAMPLE_FIELDS, "read_samples")
     if stats is None:
         stats = ReadStats()
     if warn is None:
@@ -284,20 +294,18 @@ def read_samples(
         stats.warn = warn  # the reader's own warnings (a symbolic link left out) go where the grouper's go
     url_list = expand_urls([urls] if isinstance(urls, str) else urls)
     if prefetcher is not None:
-        yield from _read_shards(url_list, prefetcher, network, on_error, dup, max_member_size, stats, warn, links,
-                                ignore_zeros, views, refs)
+        yield from _read_shards(url_list, prefetcher, network, policy, stats, warn, views, refs)
         finish_fills(network)
         return
     with Prefetcher(lambda url, offset, budget, end: open_remote(url, offset, network, budget, end),
                     network.prefetch) as ahead:
-        yield from _read_shards(url_list, ahead, network, on_error, dup, max_member_size, stats, warn, links,
-                                ignore_zeros, views, refs)
+        yield from _read_shards(url_list, ahead, network, policy, stats, warn, views, refs)
     finish_fills(network)
 
 
 def _read_shards(
-    url_list: list[str], ahead: Prefetcher, network: Network, on_error: str, dup: str, max_member_size: int,
-    stats: ReadStats, warn: Callable[[str], None], links: str, ignore_zeros: bool, views: bool, refs: bool,
+    url_list: list[str], ahead: Prefetcher, network: Network, policy: ReadPolicy, stats: ReadStats,
+    warn: Callable[[str], None], views: bool, refs: bool,
 ) -> Iterator[Sample]:
     from .sources import is_fsspec_url, open_source
     from .sources.prefetch import DEPTH
@@ -309,11 +317,10 @@ def _read_shards(
                 for following in url_list[i + 1 : i + 1 + DEPTH] if network.prefetch else ():
                     if is_fsspec_url(following):
                         ahead.schedule(following)  # opened while this one is read
-                members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats, links=links,
-                                             ignore_zeros=ignore_zeros, views=views, refs=refs)
-                yield from _group(members, url, dup, stats, warn)
+                members = iter_keyed_members(stream, url, policy=policy, stats=stats, views=views, refs=refs)
+                yield from _group(members, url, policy.dup, stats, warn)
         except TarprocError as e:
-            if on_error == "fail":
+            if policy.on_error == "fail":
                 raise
             stats.shards_failed += 1
             stats.errors.append(str(e))
@@ -321,25 +328,27 @@ def _read_shards(
 
 
 def read_samples_from(
-    url: str, offset: int, *, dup: str = "error", max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
-    network: Network | None = None, prefetcher: Prefetcher | None = None, end: int | None = None,
+    url: str, offset: int, *, policy: ReadPolicy = ReadPolicy(), network: Network | None = None,
+    prefetcher: Prefetcher | None = None, end: int | None = None, **old: Any,
 ) -> Iterator[Sample]:
     """The samples of one shard from the member header at byte ``offset`` on (an index gives it):
     a local file or a URL whose store takes range requests, read from there, not from the start.
-    Errors name the byte in the shard, as ``read_samples``'s do. ``network``, ``prefetcher`` and
+    Errors name the byte in the shard, as ``read_samples``'s do. ``policy`` as for
+    ``read_samples`` (its ``on_error`` is the caller's to apply; ``dup=`` and
+    ``max_member_size=`` given directly still work, deprecated). ``network``, ``prefetcher`` and
     ``end`` (where the caller expects to stop) as for ``open_source``.
     """
     from .errors import TarFormatError
     from .sources import open_source
 
-    _check_dup_policy(dup)
+    policy = policy_with_keywords(policy, old, ("dup", "max_member_size"), "read_samples_from")
     stats = ReadStats()
     with open_source(url, offset=offset, network=network, prefetcher=prefetcher, end=end) as stream:
         # the reader counts from where it started: the members' offsets, and its errors', are moved by offset
-        members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=stats)
+        members = iter_keyed_members(stream, url, policy=policy, stats=stats)
         placed = ((key, field, data, at + offset) for key, field, data, at in members)
         try:
-            yield from _group(placed, url, dup, stats, _warn_stderr)
+            yield from _group(placed, url, policy.dup, stats, _warn_stderr)
         except TarFormatError as e:
             raise type(e)(url, e.offset + offset, e.reason, e.member) from None
 

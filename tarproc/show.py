@@ -32,7 +32,8 @@ from .content import IMAGE_TYPES, median_of_counts, plural, sniff_content, tarfi
 from .errors import TarprocError
 from .samples import field_names, is_metadata_name
 from .sniff import escape_surrogates, escape_text, sniff_type
-from .tar import DEFAULT_MAX_MEMBER_SIZE, ReadStats, iter_keyed_members
+from .tar import ReadPolicy, ReadStats, iter_keyed_members
+from .tar.policy import TAR_FIELDS, policy_with_keywords
 
 if TYPE_CHECKING:  # json and random are imported where used: tarshow starts without them
     import random
@@ -486,21 +487,20 @@ class Summary:
         self,
         url: str,
         *,
-        max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+        policy: ReadPolicy = ReadPolicy(),
         count: int | None = None,
         wrap: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
-        links: str = "follow",
-        ignore_zeros: bool = False,
+        **old: Any,
     ) -> None:
         """Read one shard (any URL ``open_source`` takes); a ``TarprocError`` is recorded and re-raised.
-        ``links`` and ``ignore_zeros`` are ``iter_members``'s."""
+        ``policy`` as for ``iter_members`` (its keywords given directly still work, deprecated)."""
+        policy = policy_with_keywords(policy, old, TAR_FIELDS, "Summary.add_shard")
         from .sources import open_source
 
         self.stats.shards += 1
         try:
             with open_source(url) as stream:
-                members = iter_keyed_members(stream, url, max_member_size=max_member_size, stats=self.stats,
-                                             links=links, ignore_zeros=ignore_zeros)
+                members = iter_keyed_members(stream, url, policy=policy, stats=self.stats)
                 self.add_members(wrap(members) if wrap else members, url, count)
         except TarprocError as e:
             self.stats.shards_failed += 1
@@ -707,24 +707,23 @@ def _problems(d: dict[str, Any]) -> list[str]:
 def summarize(
     urls: Iterable[str],
     *,
-    on_error: str = "fail",
-    max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
+    policy: ReadPolicy = ReadPolicy(),
     count: int | None = None,
     warn: Callable[[str], None] | None = None,
     summary: Summary | None = None,
     wrap: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
-    links: str = "follow",
-    ignore_zeros: bool = False,
+    **old: Any,
 ) -> Summary:
-    """Summarize the members of all ``urls``. With ``on_error="fail"`` a damaged shard raises (the
-    partial summary is in ``summary`` if one was passed); ``"skip-shard"`` records it and goes on."""
+    """Summarize the members of all ``urls``, read as ``policy`` says. With its ``on_error="fail"`` a
+    damaged shard raises (the partial summary is in ``summary`` if one was passed); ``"skip-shard"``
+    records it and goes on. The policy's keywords given directly still work, deprecated."""
+    policy = policy_with_keywords(policy, old, (*TAR_FIELDS, "on_error"), "summarize")
     summary = summary if summary is not None else Summary()
     for url in urls:
         try:
-            summary.add_shard(url, max_member_size=max_member_size, count=count, wrap=wrap, links=links,
-                              ignore_zeros=ignore_zeros)
+            summary.add_shard(url, policy=policy, count=count, wrap=wrap)
         except TarprocError as e:
-            if on_error == "fail":
+            if policy.on_error == "fail":
                 summary.finish()
                 raise
             if warn is not None:

@@ -26,7 +26,8 @@ from typing import IO, Any
 
 from .compression import CompressingWriter, compression_for_name
 from .errors import OptionError, SinkError
-from .sources import enlarge_pipe, is_fsspec_url, local_path, stop_process_group
+from .procgroup import start_group, stop_group
+from .sources import enlarge_pipe, is_fsspec_url, local_path
 
 # temporaries created by this process and not yet committed or aborted; removed on exit paths
 _LIVE_TEMPS: set[str] = set()
@@ -517,7 +518,7 @@ class PipeSink(Sink):
             raise OptionError("pipe: needs a command, e.g. 'pipe:gsutil cp - gs://bucket/x.tar'")
         import subprocess
 
-        self.proc = subprocess.Popen(cmd, shell=True, stdin=subprocess.PIPE, start_new_session=True)
+        self.proc = start_group(cmd, shell=True, stdin=subprocess.PIPE)
         self._start(self.proc.stdin)
 
     def commit(self) -> None:
@@ -545,7 +546,7 @@ class PipeSink(Sink):
             return
         self.done = True
         self._close_quietly()
-        stop_process_group(self.proc)
+        stop_group(self.proc)
 
     def _raw_write(self, data: bytes | bytearray | memoryview) -> None:
         try:

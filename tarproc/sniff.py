@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import re
 
+# the field extensions of audio and video live with the other media extensions in fieldspec;
+# imported here for the callers that look for them in sniff
+from .fieldspec import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS  # noqa: F401
+
 # (offset, magic, name), checked in order; the first match wins
 _MAGIC: tuple[tuple[int, bytes, str], ...] = (
     (0, b"\xff\xd8\xff", "jpeg"),
@@ -50,10 +54,6 @@ _MAGIC: tuple[tuple[int, bytes, str], ...] = (
 )
 _RIFF = {b"WAVE": "wav", b"WEBP": "webp", b"AVI ": "avi"}
 _FTYP_IMAGE = {b"avif": "avif", b"avis": "avif", b"heic": "heic", b"heix": "heic", b"mif1": "heif"}
-
-# the field extensions of audio and video: the summary's statistics and the decoders route by them
-AUDIO_EXTENSIONS: frozenset[str] = frozenset({"wav", "flac", "ogg", "oga", "opus", "mp3", "m4a", "aac"})
-VIDEO_EXTENSIONS: frozenset[str] = frozenset({"mp4", "m4v", "webm", "mkv", "mov", "avi"})
 
 
 def sniff_type(data: bytes | bytearray | memoryview) -> str:

@@ -49,9 +49,10 @@ from typing import Any, BinaryIO
 
 from .errors import DuplicateError, OptionError, SampleError, SinkError
 from .samples import Sample, field_names, group_keyed
-from .tar import TarWriter, iter_keyed_members, sample_members
+from .tar import ReadPolicy, TarWriter, iter_keyed_members, sample_members
 
 _RUN_MEMBER_LIMIT = 1 << 62  # the largest size the reader accepts at all
+_RUN_POLICY = ReadPolicy(max_member_size=_RUN_MEMBER_LIMIT, links="skip")  # our own run files: no links
 
 DEFAULT_MEMORY = 512 << 20
 MIN_MEMORY = 256_000  # 256K; less leaves no room for the merge buffers
@@ -470,8 +471,7 @@ class _Sorter:
         with open(run.path, "rb", buffering=0) as f, open(run.side, "rb", buffering=0) as side:
             # our own file of samples the input limit already let through: no size limit here
             # our own run files: no links to follow, nothing to keep for them
-            members = iter_keyed_members(_CappedReader(f, self.chunk), run.path, max_member_size=_RUN_MEMBER_LIMIT,
-                                         links="skip", link_cache=0)
+            members = iter_keyed_members(_CappedReader(f, self.chunk), run.path, policy=_RUN_POLICY, link_cache=0)
             records: Iterator[tuple[int, int]] = iter(())
             for sample in group_keyed(members, run.path):
                 record = next(records, None)

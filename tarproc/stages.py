@@ -3,7 +3,7 @@
 Compose them by nesting, or with ``compose(samples, stage1, stage2...)``::
 
     samples = read_samples("train-{0000..0009}.tar")
-    samples = select_fields(samples, parse_fields("image:jpg,jpeg,png cls"))
+    samples = select_fields(samples, parse_fields("image=jpg;jpeg;png cls"))
     samples = shuffle(samples, 1000, seed=0)
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import OptionError, SampleError
+from .fieldspec import Accepts, FieldSpec, parse_specs
 from .samples import Sample, field_names
 from .tar import check_key
 
@@ -58,29 +59,33 @@ def slice_samples(samples: Iterable[Sample], lo: int = 0, hi: int | None = None,
     return itertools.islice(samples, lo, hi, step)
 
 
-def parse_fields(spec: str) -> list[tuple[str, list[str]]]:
-    """Parse a field spec: space-separated outputs, each ``new:old1,old2`` or ``a,b`` or ``a``.
+# what tarcat -f and tarshow -f take of the field-spec grammar (tarproc/fieldspec.py)
+SELECT_SPECS = Accepts("tarcat -f", rename=True, unique=False, legacy_rename=True)
 
-    The output field takes the value of the first alternative the sample has; without ``new:``
+
+def parse_fields(spec: str) -> list[tuple[str, list[str]]]:
+    """Parse a field spec (``tarproc.fieldspec``): outputs separated by spaces, each
+    ``[NAME=]ALT1;ALT2``; the old ``NEW:OLD1,OLD2`` is still read (see ``field_pairs``).
+
+    The output field takes the value of the first alternative the sample has; without ``NAME=``
     it is named after the first alternative.
 
-    >>> parse_fields("image:jpg,jpeg,png cls")
+    >>> parse_fields("image=jpg;jpeg;png cls")
     [('image', ['jpg', 'jpeg', 'png']), ('cls', ['cls'])]
     """
-    out: list[tuple[str, list[str]]] = []
-    if "/" in spec:
-        raise OptionError(f"bad field spec {spec!r}: field names cannot contain '/'")
-    for item in spec.replace(";", ",").split():
-        new, sep, old = item.partition(":")
-        alternatives = [a.strip().lower() for a in (old if sep else new).split(",") if a.strip()]
-        if not alternatives or (sep and not new):
-            raise OptionError(f"bad field spec {item!r}; expected NAME, ALT1,ALT2 or NEW:OLD1,OLD2")
-        out.append((new.lower() if sep else alternatives[0], alternatives))
-    if not out:
-        raise OptionError("empty field spec")
+    return field_pairs(parse_specs(spec, SELECT_SPECS))
+
+
+def field_pairs(specs: Iterable[FieldSpec]) -> list[tuple[str, list[str]]]:
+    """``(output name, alternatives)`` for ``select_fields``, names lower-cased; a name given twice
+    is an error. (``legacy_note(specs)`` says when ``specs`` used the old ``NEW:OLD`` spelling.)"""
+    out = [(s.name.lower() if s.renamed else s.fields[0], list(s.fields)) for s in specs]
     names = [name for name, _ in out]
-    if len(set(names)) != len(names):
-        raise OptionError(f"field spec {spec!r} names an output field twice")
+    for name in names:
+        if "/" in name:
+            raise OptionError(f"bad field spec: output name {name!r} cannot contain '/'")
+        if names.count(name) > 1:
+            raise OptionError(f"bad field spec: {name!r} is named twice; rename one with NAME=FIELD")
     return out
 
 

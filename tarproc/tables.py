@@ -1,8 +1,8 @@
 """Tables of samples: column specs and cell values (tar2tsv), table formats, and plans (tarcreate).
 
-Column specs (``parse_columns``): columns separated by spaces, alternatives by ``;`` (the first one
-a sample has gives the cell), ``NAME=SPEC`` renames a column (the header is the spec text
-otherwise). An alternative is
+Column specs (``parse_columns``) are field specs (``tarproc.fieldspec``), the whole grammar:
+columns separated by spaces, alternatives by ``;`` (the first one a sample has gives the cell),
+``NAME=SPEC`` renames a column (the header is the spec text otherwise). An alternative is
 
 - ``__key__`` or ``__url__``;
 - a field (``cls``, ``seg.png``): its text, decoded as UTF-8;
@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import OptionError, PlanError, SampleError, SourceError
+from .fieldspec import IMAGE_EXTENSIONS, MODIFIERS, Accepts, Alternative, FieldSpec, parse_spec, parse_specs
 from .samples import Sample, field_names
 from .sniff import escape_surrogates, sniff_type
 from .stages import check_key_format
 from .tar import check_key
 
 TABLE_FORMATS = ("tsv", "csv", "jsonl")
-MODIFIERS = ("size", "sha256", "type")
 KEY_COLUMN = "__key__"
 _META_COLUMNS = ("__key__", "__url__")
 _CHUNK = 1 << 20
@@ -57,19 +57,9 @@ _MAX_CSV_CELL = (1 << 31) - 1  # the largest limit the csv module accepts on eve
 # column specs
 
 
-@dataclass(frozen=True)
-class Alternative:
-    """One way to fill a cell: ``field`` (or ``__key__``/``__url__``), a JSON ``path``, a ``modifier``."""
-
-    field: str
-    path: tuple[str, ...] = ()
-    modifier: str | None = None
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    alternatives: tuple[Alternative, ...]
+# what tar2tsv -f takes of the field-spec grammar (tarproc/fieldspec.py): all of it
+COLUMN_SPECS = Accepts("tar2tsv -f", rename=True, modifiers=True, paths=True)
+Column = FieldSpec  # a column: its header name and the alternatives that fill its cells
 
 
 def parse_alternative(text: str) -> Alternative:
@@ -82,64 +72,22 @@ def parse_alternative(text: str) -> Alternative:
     >>> parse_alternative("meta.json.boxes.0")
     Alternative(field='meta.json', path=('boxes', '0'), modifier=None)
     """
-    body, sep, modifier = text.partition(":")
-    if sep and modifier not in MODIFIERS:
-        raise OptionError(f"bad column {text!r}: unknown modifier {modifier!r}; use one of {', '.join(MODIFIERS)}")
-    if not body:
-        raise OptionError(f"bad column {text!r}: no field name")
-    if body in _META_COLUMNS:
-        if sep:
-            raise OptionError(f"bad column {text!r}: {body} takes no modifier")
-        return Alternative(body)
-    if "/" in body or body.startswith("__"):
-        raise OptionError(f"bad column {text!r}: not a field name")
-    parts = body.split(".")
-    if any(not p for p in parts):
-        raise OptionError(f"bad column {text!r}: empty component in a dotted name")
-    field = body
-    path: tuple[str, ...] = ()
-    if "json" in parts[:-1]:  # a path only after a 'json' component: 'x.json' is just a field
-        i = parts.index("json")
-        field, path = ".".join(parts[: i + 1]), tuple(parts[i + 1 :])
-    if path and sep:
-        raise OptionError(f"bad column {text!r}: a JSON path takes no modifier")
-    return Alternative(field, path, modifier or None)
+    spec = parse_spec(text, COLUMN_SPECS)
+    if spec.renamed or len(spec.alternatives) != 1:
+        raise OptionError(f"bad column {text!r}: expected one FIELD[.JSONPATH][:MODIFIER]")
+    return spec.alternatives[0]
 
 
 def parse_columns(spec: str) -> list[Column]:
-    """Parse a column spec: space-separated columns, ``;`` between alternatives, ``NAME=`` to rename.
+    """Parse a column spec (``tarproc.fieldspec``): space-separated columns, ``;`` between
+    alternatives, ``NAME=`` to rename (the header is the spec text otherwise).
 
     >>> [(c.name, [a.field for a in c.alternatives]) for c in parse_columns("__key__ img=jpg;png cls")]
     [('__key__', ['__key__']), ('img', ['jpg', 'png']), ('cls', ['cls'])]
     >>> [a.modifier for a in parse_columns("jpg;png:size")[0].alternatives]
     ['size', 'size']
     """
-    columns = []
-    for item in spec.split():
-        name, sep, body = item.partition("=")
-        if not sep:
-            name, body = item, item
-        if not name or not body:
-            raise OptionError(f"bad column {item!r}: expected SPEC or NAME=SPEC")
-        texts = body.split(";")
-        if any(not a for a in texts):
-            raise OptionError(f"bad column {item!r}: empty alternative")
-        alternatives = [parse_alternative(a) for a in texts]
-        last = alternatives[-1].modifier
-        if last is not None:  # 'jpg;png:size' means 'jpg:size;png:size'
-            alternatives = [
-                Alternative(a.field, (), last) if a.modifier is None and not a.path and a.field not in _META_COLUMNS
-                else a
-                for a in alternatives
-            ]
-        columns.append(Column(name, tuple(alternatives)))
-    if not columns:
-        raise OptionError("no columns in the column spec")
-    names = [c.name for c in columns]
-    dups = sorted({n for n in names if names.count(n) > 1})
-    if dups:
-        raise OptionError(f"column {dups[0]!r} appears twice; rename one with NAME=SPEC")
-    return columns
+    return list(parse_specs(spec, COLUMN_SPECS))
 
 
 def default_columns(sample: Sample) -> list[Column]:
@@ -710,7 +658,7 @@ def _read_file(path: str, base_dir: str, absolute_names: bool, url: str | None, 
         raise PlanError(f"cannot read {path!r}: {e.strerror}", url, row, field) from None
 
 
-IMAGE_SUFFIXES = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
+IMAGE_SUFFIXES = frozenset(IMAGE_EXTENSIONS)
 
 
 @dataclass

@@ -4,7 +4,7 @@ Test modules are imported with ``--import-mode=importlib`` and cannot import eac
 shared helpers live here and are handed out through fixtures:
 
 - ``reader``: runs a test once with the C fast path (``tarproc._speedups``) and once with the
-  pure-Python reference path (``tarproc.tar._scan`` monkeypatched to None; ``_read_members``
+  pure-Python reference path (``tarproc.tar.reader._scan`` monkeypatched to None; ``_read_members``
   reads that module global on every loop, so the patch takes effect immediately).
 - ``kit``: helpers to build tar bytes by hand (headers with any field, pax records, end blocks),
   to read a stream into a list or an error outcome, and to run GNU tar.
@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.server
+import inspect
 import io
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -28,24 +30,90 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from tarhelpers import built, c_or_python
+from tarhelpers import built, c_or_python, release_ports
 
 import tarproc.tar as tario
+import tarproc.tar.reader as tar_reader
 from tarproc.errors import TarprocError
 
 BLOCK = 512
 RECORD = 10240
-_C_SCAN = tario._scan  # what the import found: the C fast path, or None when not built
+_C_SCAN = tar_reader._scan  # what the import found: the C fast path, or None when not built
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gnutar: needs the GNU tar command line tool")
 
 
+# The test tiers (docs/development.md): `make test-fast` leaves out the tests marked here. The marks
+# go by file, fixture and source, so that a new test in one of these places is marked too.
+_BY_FILE = {
+    "browser": {"view/test_report_browser.py", "view/test_viewer_browser.py"},
+    "slurm": {"interop/test_slurm.py"},
+    "gpu": {"interop/test_dali.py", "interop/test_dali_decode.py"},
+    "torch": {"interop/test_torchrun.py", "interop/test_remote_torchrun.py", "interop/test_training.py"},
+    # the slowest files: real process trees killed and restarted, many processes, fuzzing
+    "slow": {"cli/test_tarserve_stop.py", "cli/test_tarserve_delivery.py", "cli/test_socket_setup_errors.py",
+             "core/test_index_fuzz.py", "core/test_wire_fuzz.py", "interop/test_hostile_server.py"},
+}
+_BY_FIXTURE = {"browser": {"browser"}, "slurm": {"slurm"}}
+# in a test function's source: an import, an importorskip, a "torch" loader
+_BY_SOURCE = {
+    "torch": re.compile(r"""^\s*import [\w., ]*\btorch\b|^\s*from torch\b|"torch\"""", re.M),
+    "gpu": re.compile(r"nvidia\.dali|wds2idx"),
+}
+# in a module's own lines: a module-wide importorskip
+_MODULE_WIDE = {"torch": re.compile(r"""^(\w+ = )?pytest\.importorskip\("torch"\)""", re.M)}
+_TESTS = Path(__file__).parent
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _markers_of(item: pytest.Item, module_text: str) -> Iterator[str]:
+    path = Path(str(item.path))
+    where = path.relative_to(_TESTS).as_posix() if path.is_relative_to(_TESTS) else ""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    function_text = _source(getattr(item, "function", None))
+    for marker, files in _BY_FILE.items():
+        if where in files or fixtures & _BY_FIXTURE.get(marker, set()):
+            yield marker
+        elif marker in _BY_SOURCE and _BY_SOURCE[marker].search(function_text):
+            yield marker
+        elif marker in _MODULE_WIDE and _MODULE_WIDE[marker].search(module_text):
+            yield marker
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "dali" in callspec.id:  # a test run once per device, "dali-cpu" among them
+        yield "gpu"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    module_texts: dict[Any, str] = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module not in module_texts:
+            # the module's own lines, outside its functions: where a module-wide importorskip is
+            lines = _source(module).splitlines() if module is not None else []
+            module_texts[module] = "\n".join(line for line in lines if not line.startswith((" ", "\t")))
+        for marker in set(_markers_of(item, module_texts[module])):
+            item.add_marker(marker)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The datasets' count cache (tarproc.dataset.counts) in a folder of the test run's, never the user's."""
     os.environ["TARPROC_CACHE_DIR"] = str(tmp_path_factory.mktemp("tarproc-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _release_ports() -> Iterator[None]:
+    """The ports ``tarhelpers.free_port`` held for a test are let go when it ends."""
+    yield
+    release_ports()
 
 
 @pytest.fixture(autouse=True)
@@ -220,7 +288,7 @@ def kit() -> type[TarKit]:
 @pytest.fixture(params=["c-fastpath", "pure-python"])
 def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with the C fast path and with the pure-Python reference reader."""
-    return c_or_python(request, monkeypatch, tario, "_scan", _C_SCAN)
+    return c_or_python(request, monkeypatch, tar_reader, "_scan", _C_SCAN)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import tarfile
 import tempfile
 import time
@@ -154,7 +155,7 @@ def live_group_members(pgid: int) -> list[int]:
     return [p.pid for p in processes() if p.pgrp == pgid and p.state not in ("Z", "X")]
 
 
-def settled(probe: Callable[[], list[int]], timeout: float = 5.0, interval: float = 0.02) -> list[int]:
+def settled(probe: Callable[[], list[Any]], timeout: float = 60.0, interval: float = 0.02) -> list[Any]:
     """``probe()`` once it is empty, or its last result after ``timeout`` seconds (signals and
     reaping are asynchronous: give killed processes a moment to go)."""
     deadline = time.monotonic() + timeout
@@ -163,6 +164,112 @@ def settled(probe: Callable[[], list[int]], timeout: float = 5.0, interval: floa
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(interval)
+
+
+# ------------------------------------------------------------------------------------------------
+# waiting on events, and ports: what keeps the tests right on a busy machine
+
+# How long a test waits for something that happens within a second on an idle machine. A busy one
+# (two CPU burners beside the suite) can take ten times as long. Only a hang takes longer.
+PATIENCE = 60.0
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = PATIENCE, what: str = "", interval: float = 0.02) -> Any:
+    """``predicate()``'s first true value, polled every ``interval`` seconds. After ``timeout``
+    seconds the test fails, saying ``what`` never happened.
+
+    >>> wait_for(lambda: 42, what="the answer")
+    42
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout:g} s, and {what or 'the condition'} never happened", pytrace=False)
+        time.sleep(interval)
+
+
+def lines_from(stream: Any) -> list[bytes]:
+    """A list that a thread fills with the lines of ``stream`` (a process's stdout) as they come.
+    The pipe never fills up, and a test can ``wait_for`` a line."""
+    import threading
+
+    lines: list[bytes] = []
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line)
+
+    threading.Thread(target=read, name="test-lines", daemon=True).start()
+    return lines
+
+
+def send_stray(address: str, messages: list[list[bytes]], kind: str = "DEALER") -> None:
+    """Send ``messages`` to ``address`` from a ZMQ socket of type ``kind`` that is no tarproc peer.
+
+    It returns once they have left (the socket lingers until then), however long the receiver takes
+    to bind. A message dropped unsent would leave the test without the thing it tests.
+    """
+    import zmq
+
+    context = zmq.Context()
+    stray = context.socket(getattr(zmq, kind))
+    stray.connect(address)
+    for frames in messages:
+        stray.send_multipart(frames)
+    stray.close(linger=int(PATIENCE * 1000))
+    context.term()  # waits for the linger
+
+
+def connect_and_hang_up(address: str, kind: str) -> None:
+    """Connect a ZMQ socket of type ``kind`` to ``address`` and close it once its handshake with
+    the peer there has failed or the peer has let it go (a socket of a type the peer refuses)."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    context = zmq.Context()
+    sock = context.socket(getattr(zmq, kind))
+    monitor = sock.get_monitor_socket()
+    sock.connect(address)
+    ended = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    deadline = time.monotonic() + PATIENCE
+    try:
+        while True:
+            if not monitor.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+                pytest.fail(f"a {kind} socket's handshake with {address} neither failed nor ended", pytrace=False)
+            if recv_monitor_message(monitor)["event"] & ended:
+                return
+    finally:
+        sock.disable_monitor()
+        monitor.close(0)
+        sock.close(0)
+        context.term()
+
+
+_held_ports: list[socket.socket] = []
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing else gets until the test ends.
+
+    A socket stays bound to it, not listening, with SO_REUSEADDR. The kernel hands that port to no
+    other socket. A server that sets SO_REUSEADDR too (ZMQ, http.server, Slurm) can still bind it
+    and listen, and a connection while nobody listens is refused as on a free port. The
+    ``_release_ports`` fixture (tests/conftest.py) closes the holders after each test.
+    """
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    _held_ports.append(holder)
+    return int(holder.getsockname()[1])
+
+
+def release_ports() -> None:
+    """Close the sockets that hold the ports ``free_port`` gave out."""
+    while _held_ports:
+        _held_ports.pop().close()
 
 
 def built(c_value: Any) -> Any:
@@ -192,7 +299,6 @@ def torchrun(directory: Path, shards: list[str], ranks: int, runs: list[dict[str
     for ``runs`` (each a name, the Dataset's keyword arguments over ``base``, workers...): its exit
     status, each rank's results, its stderr."""
     import json
-    import socket
     import subprocess
     import sys
 
@@ -200,9 +306,7 @@ def torchrun(directory: Path, shards: list[str], ranks: int, runs: list[dict[str
     out.mkdir()
     spec = {"shards": shards, "out": str(out), "timeout": timeout,
             "runs": [{"dataset": base, "workers": 1, **r} for r in runs]}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # torch's TCPStore sets SO_REUSEADDR
     env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
                "--master-addr", "127.0.0.1", "--master-port", str(port), str(TORCHRUN_JOB), json.dumps(spec)]

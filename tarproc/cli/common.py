@@ -7,6 +7,7 @@ Exit statuses: 0 ok, 1 data error (``COMMAND: error: MESSAGE`` on one line), 2 u
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import io
@@ -28,7 +29,8 @@ from ..sinks import open_sink, remove_live_temporaries
 from ..sniff import escape_text
 from ..sources import Network, configure, expand_urls, local_path
 from ..sources.remote import DEFAULT_MIN_SPEED, DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_SPEED_TIME, DEFAULT_TIMEOUT
-from ..tar import DEFAULT_MAX_MEMBER_SIZE, LINK_POLICIES, ReadStats, TarWriter
+from ..tar import DEFAULT_MAX_MEMBER_SIZE, LINK_POLICIES, ReadPolicy, ReadStats, TarWriter
+from .vocabulary import DEPRECATED, Deprecation
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -66,10 +68,13 @@ class TarprocCommand(click.Command):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("context_settings", CONTEXT_SETTINGS)
         super().__init__(*args, **kwargs)
+        self.params += _deprecated_params(self.name or "", self.params)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         _refuse_repeated_options(self, args)
-        return super().parse_args(ctx, args)
+        rest = super().parse_args(ctx, args)
+        _apply_deprecations(self, ctx)
+        return rest
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -95,7 +100,8 @@ class TarprocCommand(click.Command):
         try:
             if threading.current_thread() is threading.main_thread():
                 previous = {s: signal.signal(s, _on_signal) for s in _CLEANUP_SIGNALS}
-            super().main(args=argv, prog_name=prog, standalone_mode=False, **extra)
+            with _warnings_as_lines():
+                super().main(args=argv, prog_name=prog, standalone_mode=False, **extra)
         except click.exceptions.Exit as e:
             status = e.exit_code
         except click.UsageError as e:
@@ -146,6 +152,62 @@ class TarprocCommand(click.Command):
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         sys.exit(status)
+
+
+class DeprecatedOption(click.Option):
+    """An old spelling of an option, hidden from --help: its value goes to the option it became
+    (``deprecation.new``), with one warning line. Made by ``TarprocCommand`` from ``DEPRECATED``."""
+
+    def __init__(self, deprecation: Deprecation, target: click.Option) -> None:
+        attrs: dict[str, Any] = {"hidden": True, "help": f"Deprecated: use {deprecation.new}."}
+        if target.is_flag:
+            attrs["is_flag"] = True
+        else:
+            attrs.update(type=target.type, multiple=target.multiple, nargs=target.nargs, metavar=target.metavar)
+        super().__init__([deprecation.old, f"deprecated_{target.name}"], **attrs)
+        self.deprecation = deprecation
+        self.target = target
+
+
+def _deprecated_params(command: str, params: list[click.Parameter]) -> list[click.Parameter]:
+    """The hidden options that keep ``command``'s old spellings (``DEPRECATED``) working."""
+    by_flag = {opt: p for p in params if isinstance(p, click.Option) for opt in p.opts + p.secondary_opts}
+    made: list[click.Parameter] = []
+    for deprecation in DEPRECATED.get(command, []):
+        target = by_flag.get(deprecation.new)
+        if target is None:
+            raise LookupError(f"{command}: {deprecation.old} is deprecated for {deprecation.new}, which it lacks")
+        made.append(DeprecatedOption(deprecation, target))
+    return made
+
+
+def _apply_deprecations(command: click.Command, ctx: click.Context) -> None:
+    """Give each old spelling's value to the option it became, saying so once on stderr."""
+    from click.core import ParameterSource
+
+    for param in command.params:
+        if not isinstance(param, DeprecatedOption) or param.name is None:
+            continue
+        value = ctx.params.pop(param.name, None)
+        if ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+            continue
+        old, new = param.deprecation.old, param.deprecation.new
+        if ctx.get_parameter_source(param.target.name or "") is ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"{old} is the old spelling of {new}: give {new} alone")
+        ctx.params[param.target.name or ""] = value
+        warn(param.deprecation.message())
+
+
+def shared_option(*param_decls: str, **attrs: Any) -> Callable[[F], F]:
+    """``click.option`` for a flag of the shared vocabulary (``vocabulary.VOCABULARY``): the flag
+    means there what it means in every command; ``help`` may say more about this command's use."""
+
+    def decorate(f: F) -> F:
+        f = click.option(*param_decls, **attrs)(f)
+        f.__click_params__[-1].vocabulary = True  # type: ignore[attr-defined]
+        return f
+
+    return decorate
 
 
 def _refuse_repeated_options(command: click.Command, args: list[str]) -> None:
@@ -215,6 +277,30 @@ def warn(message: str) -> None:
     say(f"{_PROG[0]}: warning: {message}" if _PROG else f"warning: {message}")
 
 
+@contextlib.contextmanager
+def _warnings_as_lines() -> Iterator[None]:
+    """For a command's run: each warning of the core (a ``tarproc.TarprocWarning``, given through
+    ``warnings.warn``) printed by ``warn`` as one line, every time; other warnings shown as Python
+    shows them. The process's filters and ``warnings.showwarning`` are restored after."""
+    import warnings
+
+    from ..errors import TarprocWarning
+
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+            if issubclass(category, TarprocWarning):
+                warn(str(message))
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.simplefilter("always", TarprocWarning)
+        warnings.showwarning = show
+        yield
+
+
 # ---------------------------------------------------------------------------------------------
 # option bundles
 
@@ -275,6 +361,11 @@ class ReadOptions:
     network: Network | None = None  # how remote inputs are read (also this process's default)
 
     @property
+    def policy(self) -> ReadPolicy:
+        """The read policy these options give, for every reader (``read_samples(policy=...)``)."""
+        return ReadPolicy(self.dup, self.max_member_size, self.links, self.ignore_zeros, self.on_error)
+
+    @property
     def tar(self) -> dict[str, Any]:
         """How to read each tar stream: the keyword arguments of ``iter_members`` and ``read_samples``."""
         return {"max_member_size": self.max_member_size, "links": self.links, "ignore_zeros": self.ignore_zeros}
@@ -283,8 +374,8 @@ class ReadOptions:
         """The samples of all inputs, reading as the options say (warnings to stderr); ``views``
         for a command that writes each sample out before reading the next: big values may then be
         views of what was read or data left in a local file (``read_samples``'s views and refs)."""
-        return read_samples(self.urls, on_error=self.on_error, dup=self.dup, stats=stats, warn=warn, views=views,
-                            refs=views, network=self.network, **self.tar)
+        return read_samples(self.urls, policy=self.policy, stats=stats, warn=warn, views=views, refs=views,
+                            network=self.network)
 
     def total_samples(self) -> int | None:
         """How many samples the inputs hold, for a progress bar's total and ETA, where that is known
@@ -325,8 +416,11 @@ def _bundle(  # type: ignore[no-untyped-def]
             kwargs.update(collect(values))
             return f(*args, **kwargs)
 
+        before = len(getattr(wrapper, "__click_params__", []))
         for option in reversed(options):
             wrapper = option(wrapper)
+        for param in wrapper.__click_params__[before:]:  # type: ignore[attr-defined]
+            param.vocabulary = True  # type: ignore[attr-defined]  # declared once: the shared meaning
         return wrapper  # type: ignore[return-value]
 
     return decorate
@@ -368,15 +462,16 @@ def _input_params(
 
 
 def network_params(read_ahead: bool = True, timeout_flag: str = "--timeout") -> list[Callable[[Any], Any]]:
-    """How remote inputs are read: retries, timeout (``timeout_flag``: tarproc's --timeout is about
-    its commands), the speed floor, read-ahead (``read_ahead``: a --prefetch, for the commands that
+    """How remote inputs are read: retries, timeout (``timeout_flag``: tarproc's --timeout keeps its
+    old meaning until 1.1), the speed floor, read-ahead (``read_ahead``: a --prefetch, for the commands that
     read one shard at a time), the shard cache (``sources.Network``)."""
     options = [
         click.option("--retries", type=number(0), default=DEFAULT_RETRIES, show_default=True,
                      help="Remote inputs: attempts after a failed read (a reset, a timeout, a 5xx); each goes on at "
                           "the byte reached (a range request), after a growing wait."),
         click.option(timeout_flag, "read_timeout", type=Finite(min=0, min_open=True), default=DEFAULT_TIMEOUT,
-                     show_default=True, metavar="SECONDS", help="Remote inputs: longest wait for a connect or a read."),
+                     show_default=True, metavar="SECONDS", help="Remote inputs: longest wait for a connect or a read"
+                     + ("." if timeout_flag == "--timeout" else " (--timeout from 1.1).")),
         click.option("--min-speed", type=SIZE, default=DEFAULT_MIN_SPEED, show_default="1KiB", metavar="BYTES",
                      help="Remote inputs: reads slower than BYTES a second over --speed-time are retried as a cut "
                           "connection is (0: no floor)."),
@@ -429,7 +524,7 @@ parallel_input_options = _bundle(
     ),
     lambda v: {"reading": _read_options(v, v["input_on_error"])},
 )
-"""``input_options`` for tarpcat, whose --prefetch is its lanes' read-ahead in samples."""
+"""``input_options`` for tarpcat, whose lanes read ahead their own way (--prefetch-samples, --prefetch-bytes)."""
 
 
 decode_input_options = _bundle(
@@ -448,29 +543,30 @@ decode_input_options = _bundle(
 job_input_options = _bundle(
     lambda: _input_params(
         ON_ERROR_POLICIES,
-        "On a missing or damaged input: stop, or report it and go on with the next shard.",
+        "On a missing or damaged input: stop, or report it and go on with the next shard (--on-error from 1.1).",
         on_error_flag="--on-bad-shard",
         timeout_flag="--read-timeout",
     ),
     lambda v: {"reading": _read_options(v, v["input_on_error"])},
 )
-"""``input_options`` for commands whose ``--on-error`` is about failing samples (tarproc)."""
+"""``input_options`` for tarproc, whose --on-error and --timeout keep their old meanings (failing
+commands) until 1.1 (``vocabulary.DEPRECATED``): meanwhile its own are --on-bad-shard and --read-timeout."""
 
 
 # single options several commands declare with the same meaning
 
-output_option = click.option(
+output_option = shared_option(
     "-o", "--output", default="-", show_default=True, metavar="URL",
     help="Where to write: '-' (stdout), a path (compressed by suffix) or a URL.",
 )
 """-o/--output of the commands that write one tar stream."""
 
-count_option = click.option(
+count_option = shared_option(
     "-c", "--count", type=number(0), default=None, help="Stop after this many samples."
 )
 """-c/--count: stop after this many samples."""
 
-shuffle_option = click.option(
+shuffle_option = shared_option(
     "--shuffle", "shuffle_size", type=number(1), default=None, metavar="N",
     help="Shuffle with a buffer of N samples (filled before the first output).",
 )
@@ -479,12 +575,12 @@ shuffle_option = click.option(
 
 def seed_option(what: str) -> Callable[[F], F]:
     """--seed, the random seed for ``what`` (the options it makes reproducible)."""
-    return click.option("--seed", type=int, default=None, help=f"Random seed for {what}.")
+    return shared_option("--seed", type=int, default=None, help=f"Random seed for {what}.")
 
 
 def stats_option(what: str = "shards, samples, members, bytes, skipped names and duplicates") -> Callable[[F], F]:
     """--stats, reporting ``what`` on stderr; the command gets ``show_stats``."""
-    return click.option("--stats", "show_stats", is_flag=True, help=f"Report {what} on stderr.")
+    return shared_option("--stats", "show_stats", is_flag=True, help=f"Report {what} on stderr.")
 
 
 def _writer_kwargs(values: dict[str, Any]) -> dict[str, Any]:
@@ -655,9 +751,9 @@ def transport_options(sending: bool) -> Callable[[F], F]:
                              show_default=True, metavar="SECONDS", help="Tell receivers we're alive this often."),
             ]
         return both + [
-            click.option("--timeout", type=Finite(min=0), default=DEFAULT_TIMEOUT, show_default=True,
-                         metavar="SECONDS", help="A sender silent this long (no batch, no heartbeat) is an error "
-                                                 "(0 = wait for ever)."),
+            click.option("--idle-timeout", "timeout", type=Finite(min=0), default=DEFAULT_TIMEOUT,
+                         show_default=True, metavar="SECONDS",
+                         help="A sender silent this long (no batch, no heartbeat) is an error (0 = wait for ever)."),
             click.option("--wait", type=Finite(min=0), default=0, show_default=True, metavar="SECONDS",
                          help="Give up when no sender has appeared after this long (0 = wait for ever)."),
             click.option("--max-message-size", type=SIZE, default=_binary_size(DEFAULT_MAX_MESSAGE_SIZE), show_default=True,

@@ -8,6 +8,7 @@ import itertools
 import click
 
 from ..errors import OptionError
+from ..fieldspec import SPEC_HELP
 from ..sinks import open_sink
 from ..stages import slice_samples
 from ..tables import TABLE_FORMATS, RowExtractor, default_columns, format_for_name, format_table, parse_columns
@@ -20,6 +21,7 @@ from .common import (
     input_options,
     number,
     progress,
+    shared_option,
     sliced_total,
     warn,
 )
@@ -52,15 +54,16 @@ tarcreate reads all three back exactly.
 
 @click.command("tar2tsv", cls=TarprocCommand, epilog=EPILOG)
 @input_options
-@click.option("-f", "--fields", "spec", metavar="SPEC", help="Columns, e.g. '__key__ cls json.label jpg:size'.")
-@click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default=None,
+@click.option("-f", "--fields", "spec", metavar="SPEC",
+              help=f"Columns, e.g. '__key__ cls json.label jpg:size' (see below). {SPEC_HELP}")
+@shared_option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default=None,
               help="Table format [default: from the -o suffix, else tsv].")
 @click.option("--header/--no-header", default=True, show_default=True, help="Write a header row (TSV/CSV).")
 @click.option("--noheader", "noheader", is_flag=True, hidden=True)
-@click.option("--strict", is_flag=True, help="A sample missing a column is an error naming its key.")
+@shared_option("--strict", is_flag=True, help="A sample missing a column is an error naming its key.")
 @count_option
-@click.option("--skip", type=number(0), default=0, help="Skip this many input samples first.")
-@click.option("-o", "--output", default="-", show_default=True, metavar="URL",
+@shared_option("--skip", type=number(0), default=0, help="Skip this many input samples first.")
+@shared_option("-o", "--output", default="-", show_default=True, metavar="URL",
               help="Where to write: '-' (stdout), a path (compressed by suffix, e.g. .tsv.gz) or a URL.")
 @common_options
 def main(

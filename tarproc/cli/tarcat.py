@@ -8,7 +8,8 @@ from collections import Counter
 import click
 
 from ..errors import OptionError, SampleError
-from ..stages import parse_fields, parse_slice, select_fields, shuffle, slice_samples
+from ..fieldspec import SPEC_HELP, legacy_note, parse_specs
+from ..stages import SELECT_SPECS, field_pairs, parse_slice, select_fields, shuffle, slice_samples
 from ..stages import rekey as rekey_samples
 from ..tar import ReadStats
 from .common import (
@@ -23,6 +24,7 @@ from .common import (
     progress,
     report_stats,
     seed_option,
+    shared_option,
     shuffle_option,
     sliced_total,
     stats_option,
@@ -36,7 +38,7 @@ Examples:
   tarcat 'train-{0000..0147}.tar' -c 1000 > first1000.tar
   tarcat http://host/train-{0000..0009}.tar --shuffle 5000 --seed 1 | tarsplit -n 10000 -o mixed
   tarcat 's3://bucket/train-{0000..0147}.tar' --retries 8 --cache /nvme/cache -o all.tar   # cut connections resume
-  tar -cf - --sort=name -C /data train | tarcat -f 'image:jpg,jpeg,png cls' --rekey %09d > train.tar
+  tar -cf - --sort=name -C /data train | tarcat -f 'image=jpg;jpeg;png cls' --rekey %09d > train.tar
   tarcat --stats -o /dev/null shards/*.tar      # check shards: counts, damage, duplicates
   cat a.tar b.tar | tarcat -i --links skip > ab.tar   # concatenated archives; links left out
   tarcat a.tar a.tar b.tar --shuffle 1000 --rekey 'mix-%09d' -o mix.tar   # a's samples twice, b's once
@@ -50,11 +52,12 @@ An input listed more than once (to oversample it) repeats its samples' keys: giv
 @input_options
 @output_option
 @count_option
-@click.option("--skip", type=number(0), default=0, help="Skip this many input samples first.")
+@shared_option("--skip", type=number(0), default=0, help="Skip this many input samples first.")
 @click.option("--slice", "slice_spec", metavar="LO:HI[:STEP]", help="Keep input samples LO..HI-1 every STEP.")
 @click.option("-f", "--fields", metavar="SPEC",
-              help="Keep and rename fields: 'image:jpg,jpeg,png cls' keeps cls and the first of jpg/jpeg/png as image.")
-@click.option("--missing", type=click.Choice(["error", "skip", "keep"]), default="error", show_default=True,
+              help="Keep and rename fields: 'image=jpg;jpeg;png cls' keeps cls and the first of jpg/jpeg/png as "
+                   f"image. {SPEC_HELP}")
+@shared_option("--missing", type=click.Choice(["error", "skip", "keep"]), default="error", show_default=True,
               help="With -f: a sample lacking a field is an error, dropped, or written without it.")
 @shuffle_option
 @seed_option("--shuffle")
@@ -89,7 +92,12 @@ def main(
         raise OptionError("--seed has no effect without --shuffle N")
     if missing != "error" and fields is None:
         raise OptionError("--missing has no effect without -f")
-    field_spec = parse_fields(fields) if fields is not None else None
+    field_spec = None
+    if fields is not None:
+        specs = parse_specs(fields, SELECT_SPECS)
+        if note := legacy_note(specs):
+            warn(note)
+        field_spec = field_pairs(specs)
     lo, hi, step = parse_slice(slice_spec) if slice_spec else (0, None, 1)
     stats = ReadStats()
     repeated = {url: n for url, n in Counter(reading.urls).items() if n > 1}

@@ -18,6 +18,7 @@ from .common import (
     output_option,
     progress,
     say,
+    shared_option,
     write_tar,
     writer_options,
 )
@@ -26,13 +27,13 @@ EPILOG = """\b
 Examples:
   tarcreate plan.tsv -C /data/images -o train.tar
   tar2tsv shard.tar -f '__key__ cls txt' | tarcreate -o copy.tar
-  find imgs -name '*.jpg' | sort | sed '1i @jpg' | tarcreate --key %06d | tarsplit -n 1000 -o shards/s
+  find imgs -name '*.jpg' | sort | sed '1i @jpg' | tarcreate --key-format %06d | tarsplit -n 1000 -o shards/s
   tarcreate labels.jsonl -C /data | tarcat --shuffle 1000 > train.tar
   tarcreate --classes-from-dirs imagenet/train --classes classes.txt | tarsplit -s 1e9 -o train-%06d.tar
 
 \b
 A plan has a header row (TSV/CSV; JSONL rows are objects) and one row per sample:
-  __key__   the sample's key (another column with --key-column, or numbered with --key FORMAT)
+  __key__   the sample's key (another column with --key-column, or numbered with --key-format FORMAT)
   cls       a field: the member KEY.cls holds the cell's text (UTF-8)
   @jpg      a file field: the cell is a path relative to -C DIR; the member KEY.jpg holds the file
 Empty cells (and JSON nulls) leave the field out; __name__ columns (__url__) are ignored.
@@ -62,9 +63,9 @@ def _options(f: Any) -> Any:
         output_option,
         click.option("-C", "--directory", "base_dir", default=".", show_default=True, metavar="DIR",
                      help="Directory that @FIELD paths are relative to."),
-        click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default=None,
+        shared_option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default=None,
                      help="Plan format [default: from the suffix, else from the first line]."),
-        click.option("--key", "key_format", metavar="FORMAT",
+        click.option("--key-format", "key_format", metavar="FORMAT",
                      help="Number samples with a printf FORMAT (e.g. %06d, from 0) instead of a key column."),
         click.option("--key-column", default=KEY_COLUMN, show_default=True, metavar="NAME",
                      help="The column holding sample keys."),
@@ -74,7 +75,7 @@ def _options(f: Any) -> Any:
                      help="Make the plan from an image-folder tree, a directory per class (see below)."),
         click.option("--classes", "classes_out", metavar="FILE", default=None,
                      help="With --classes-from-dirs: write the class names there, one a line (line i: label i)."),
-        click.option("--seed", type=int, default=0, show_default=True,
+        shared_option("--seed", type=int, default=0, show_default=True,
                      help="With --classes-from-dirs: the seed of the order, shuffled across classes."),
         click.option("--no-shuffle", is_flag=True, help="With --classes-from-dirs: class by class, in name order."),
         writer_options,

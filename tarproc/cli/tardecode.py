@@ -8,6 +8,7 @@ import click
 
 from ..decode import DEFAULT_FIELDS, DecodeStats, decoded_batches, npy_bytes
 from ..errors import OptionError
+from ..fieldspec import SPEC_HELP
 from ..samples import Sample
 from ..tar import ReadStats
 from .common import (
@@ -22,6 +23,7 @@ from .common import (
     progress,
     report_stats,
     say,
+    shared_option,
     stats_option,
     warn,
     write_tar,
@@ -49,9 +51,9 @@ every backend; cpu and DALI results agree to within a few levels (different resi
 @click.command("tardecode", cls=TarprocCommand, epilog=EPILOG)
 @decode_input_options
 @output_option
-@click.option("--field", default=DEFAULT_FIELDS, show_default=True, metavar="NAMES",
-              help="The image field: the first of these names a sample has.")
-@click.option("--output-field", default="npy", show_default=True, metavar="NAME",
+@shared_option("--field", default=DEFAULT_FIELDS, show_default=True, metavar="SPEC",
+              help=f"The image field: the first of these names a sample has. {SPEC_HELP}")
+@shared_option("--output-field", default="npy", show_default=True, metavar="NAME",
               help="Field name of the decoded array (written as KEY.NAME).")
 @stats_option("what was read, decoded and skipped")
 @decode_options

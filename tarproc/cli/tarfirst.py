@@ -7,16 +7,17 @@ import contextlib
 import click
 
 from ..errors import NoMatchError, SinkError
+from ..fieldspec import SPEC_HELP
 from ..first import find_member, make_matcher
 from ..sinks import open_sink, stdout_is_terminal
 from ..sniff import is_text, sniff_type
 from ..tar import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, input_options, number, say
+from .common import ReadOptions, TarprocCommand, common_options, input_options, number, say, shared_option
 
 EPILOG = """\b
 Examples:
   tarfirst train-0000.tar > first.jpg                 # the first image (jpg, jpeg, png, webp...)
-  tarfirst shard.tar -f cls -n 10                     # the 10th sample's class, on the terminal
+  tarfirst shard.tar -f cls --nth 10                     # the 10th sample's class, on the terminal
   tarfirst shard.tar --key n01440764/000123 -f 'jpg;png' -o x.jpg
   tarfirst 'pipe:curl -s http://host/train-0000.tar' --regex '^n014.*\\.json$' | jq .
   tarcat shards/*.tar --shuffle 1000 | tarfirst -v | display -
@@ -30,16 +31,17 @@ not written to a terminal unless --force. Nothing matching: exit 1 with a messag
 
 @click.command("tarfirst", cls=TarprocCommand, epilog=EPILOG)
 @input_options
-@click.option("-f", "--fields", metavar="ALTS",
-              help="Field alternatives, e.g. 'jpg;jpeg;png' [default: common image types, unless --regex].")
+@click.option("-f", "--fields", metavar="SPEC",
+              help="Field alternatives, e.g. 'jpg;jpeg;png' [default: common image types, unless --regex]. "
+                   f"{SPEC_HELP}")
 @click.option("--key", metavar="KEY", help="Only members of the sample with this key.")
 @click.option("--regex", metavar="RE", help="Only members whose name (KEY.FIELD) matches this regex (re.search).")
-@click.option("-n", "--nth", "nth", type=number(1), default=1, show_default=True, metavar="N",
+@click.option("--nth", "nth", type=number(1), default=1, show_default=True, metavar="N",
               help="Write the N-th match.")
-@click.option("-o", "--output", default="-", show_default=True, metavar="URL",
+@shared_option("-o", "--output", default="-", show_default=True, metavar="URL",
               help="Where to write: '-' (stdout), a path or a URL; the bytes as they are.")
-@click.option("--force", is_flag=True, help="Write binary data even when stdout is a terminal.")
-@click.option("-v", "--verbose", is_flag=True, help="Say which member was written (on stderr).")
+@shared_option("--force", is_flag=True, help="Write binary data even when stdout is a terminal.")
+@shared_option("-v", "--verbose", is_flag=True, help="Say which member was written (on stderr).")
 @common_options
 def main(
     reading: ReadOptions,

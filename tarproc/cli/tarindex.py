@@ -20,7 +20,7 @@ from ..index import (
 from ..sinks import open_sink
 from ..sources import local_path
 from ..tar import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, input_options, progress, say, warn
+from .common import ReadOptions, TarprocCommand, common_options, input_options, progress, say, shared_option, warn
 
 EPILOG = """\b
 Examples:
@@ -47,13 +47,13 @@ duplicates. Only plain tars can be indexed. Index files are written whole or not
 
 @click.command("tarindex", cls=TarprocCommand, epilog=EPILOG)
 @input_options
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="tarproc", show_default=True,
+@shared_option("--format", "fmt", type=click.Choice(FORMATS), default="tarproc", show_default=True,
               help="Index format (see below).")
-@click.option("-o", "--output", default=None, metavar="URL",
+@shared_option("-o", "--output", default=None, metavar="URL",
               help="Where to write ('-' = stdout). Default: next to each shard; stdout for wids. "
                    "With tarproc or dali, only for a single shard.")
-@click.option("--name", default=None, help="With --format wids: the dataset's name in the JSON.")
-@click.option("-v", "--verbose", is_flag=True, help="Say on stderr what was written for each shard.")
+@shared_option("--name", default=None, help="With --format wids: the dataset's name in the JSON.")
+@shared_option("-v", "--verbose", is_flag=True, help="Say on stderr what was written for each shard.")
 @common_options
 def main(reading: ReadOptions, quiet: bool, fmt: str, output: str | None, name: str | None, verbose: bool) -> None:
     """Write an index of tar shards for random access (IndexedShard, DALI, wids).
@@ -76,7 +76,7 @@ def main(reading: ReadOptions, quiet: bool, fmt: str, output: str | None, name: 
     indexed: list[tuple[str, ShardIndex]] = []
     for url in progress(urls, quiet or len(urls) < 2, "tarindex", unit="shard"):
         try:
-            index = build_index(url, dup=reading.dup, stats=stats, warn=warn, **reading.tar)
+            index = build_index(url, policy=reading.policy, stats=stats, warn=warn)
             if fmt != "wids":
                 data = index_bytes(index, fmt, url)
                 target = output or default_index_url(url, fmt)

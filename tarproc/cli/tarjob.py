@@ -29,12 +29,22 @@ from ..jobs.run import (
 from ..jobs.spec import check_command, format_index_list, load_shards, parse_index_list, shard_argv
 from ..jobs.status import JobStatus, describe, job_status
 from ..sinks import write_atomically
-from .common import CONTEXT_SETTINGS, MAX_PROCESSES, Finite, TarprocCommand, common_options, number, say, warn
+from .common import (
+    CONTEXT_SETTINGS,
+    MAX_PROCESSES,
+    Finite,
+    TarprocCommand,
+    common_options,
+    number,
+    say,
+    shared_option,
+    warn,
+)
 
 EPILOG = """\b
 Examples:
   tarjob -s '{0000..0999}' -j 8 -- tarproc -c 'run-ocr sample.png' in-{}.tar -o out-{}.tar
-  tarjob -s 'shards/*.tar' --retries 3 --timeout 3600 -- tarindex {}
+  tarjob -s 'shards/*.tar' --retries 3 --command-timeout 3600 -- tarindex {}
   tarjob -s @failed.txt --shell -- 'tarcat s3://b/{}.tar | tarproc -c "..." -o s3://b/new-{}.tar'
   tarjob -s '{0000..0999}' --dask tcp://scheduler:8786 -- tarproc -c '...' in-{}.tar -o out-{}.tar
   tarjob -s '{0000..0999}' -j 50 --k8s-manifest job.yaml --image reg/tarproc:1 -- \\
@@ -47,7 +57,7 @@ Examples:
 {} in every argument of COMMAND becomes the shard id (without --shell, no shell runs: quote
 nothing twice). Every attempt is a JSON line in the journal (--journal, default ./tarjob.jsonl):
 shard, status, attempt, seconds, host, exit code, the tail of its output, the command. A re-run
-of the same command skips the shards the journal has as ok (--force runs them again): after a
+of the same command skips the shards the journal has as ok (--redo runs them again): after a
 crash or Ctrl-C, run the same line again.
 The command's stdout and stderr go to the journal's tail (and to --log-dir); a failed shard's
 tail is shown on stderr. The command finds $TARJOB_SHARD, $TARJOB_INDEX and $TARJOB_ATTEMPT.
@@ -71,12 +81,12 @@ with -q, that list alone. Given after --, COMMAND counts only its own records.
 @click.option("--shell", is_flag=True, help="Run COMMAND (one string) with bash -c; {} becomes the quoted id.")
 @click.option("--journal", default=DEFAULT_JOURNAL, show_default=True, metavar="FILE",
               help="JSON lines, one per attempt; shards recorded as ok are skipped on a re-run.")
-@click.option("--force", is_flag=True, help="Run every shard, even those the journal has as done.")
-@click.option("--retries", type=number(0), default=2, show_default=True, metavar="N",
+@click.option("--redo", is_flag=True, help="Run every shard, even those the journal has as done.")
+@shared_option("--retries", type=number(0), default=2, show_default=True, metavar="N",
               help="Run a failed shard up to N more times.")
 @click.option("--backoff", type=Finite(min=0), default=5.0, show_default=True, metavar="SEC",
               help="Wait SEC before the first retry, twice that before the second, and so on.")
-@click.option("--timeout", type=Finite(min=0, min_open=True), default=None, metavar="SEC",
+@shared_option("--command-timeout", "timeout", type=Finite(min=0, min_open=True), default=None, metavar="SEC",
               help="Kill an attempt (its whole process group) after SEC seconds.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Keep each shard's whole output as DIR/ID.log (on the machine that ran it).")
@@ -91,7 +101,7 @@ with -q, that list alone. Given after --, COMMAND counts only its own records.
               help="Write a Kubernetes Indexed Job to FILE (needs --image); run nothing.")
 @click.option("--image", metavar="IMAGE", help="Container image of the Kubernetes pods (with tarjob installed).")
 @click.option("--namespace", metavar="NS", help="Kubernetes namespace of the Job.")
-@click.option("--name", default="tarjob", show_default=True, help="Kubernetes Job or Slurm job name.")
+@shared_option("--name", default="tarjob", show_default=True, help="Kubernetes Job or Slurm job name.")
 @click.option("--cpu", metavar="CPU", help="CPU request per pod (Kubernetes '2', '500m'; Slurm cpus-per-task).")
 @click.option("--memory", metavar="MEM", help="Memory request per pod or task ('4Gi'; Slurm '4G').")
 @click.option("--slurm", type=click.Path(dir_okay=False), default=None, metavar="FILE",
@@ -101,7 +111,7 @@ with -q, that list alone. Given after --, COMMAND counts only its own records.
                    "that runs the others again (with -q: that list alone); run nothing.")
 @common_options
 def main(
-    quiet: bool, command: tuple[str, ...], spec: str, jobs: int | None, shell: bool, journal: str, force: bool,
+    quiet: bool, command: tuple[str, ...], spec: str, jobs: int | None, shell: bool, journal: str, redo: bool,
     retries: int, backoff: float, timeout: float | None, log_dir: str | None, only: str | None, dry_run: bool,
     dask: str | None, index: int | None, k8s_manifest: str | None, image: str | None, namespace: str | None,
     name: str, cpu: str | None, memory: str | None, slurm: str | None, show_status: bool,
@@ -120,7 +130,7 @@ def main(
     modes = [flag for flag, given in (("--index", index is not None), ("--dask", dask is not None),
                                       ("--k8s-manifest", k8s_manifest), ("--slurm", slurm),
                                       ("--status", show_status), ("--dry-run", show_status and dry_run),
-                                      ("--force", show_status and force)) if given]
+                                      ("--redo", show_status and redo)) if given]
     if len(modes) > 1:
         raise OptionError(f"{' and '.join(modes)} can't be used together")
     if image and not k8s_manifest:
@@ -173,7 +183,7 @@ def main(
             raise SinkError(f"cannot create the log directory: {e.strerror}", log_dir) from None
 
     book = Journal(journal)
-    todo = numbered if force else _not_done(numbered, book, options.command_text)
+    todo = numbered if redo else _not_done(numbered, book, options.command_text)
     if dry_run:
         for _, shard in todo:
             click.echo(shlex.join(shard_argv(argv, shard, shell)))
@@ -245,7 +255,7 @@ def _run_all(todo: list[tuple[int, str]], total: int, options: JobOptions, book:
     """Run ``todo`` on the engine, show each failure, then the summary; exit 1 if any failed."""
     skipped = total - len(todo)
     if skipped and not quiet:
-        say(f"tarjob: skipped {skipped} done (in {book.path}; --force runs them again)")
+        say(f"tarjob: skipped {skipped} done (in {book.path}; --redo runs them again)")
     start = time.monotonic()
     failed: list[ShardResult] = []
     ok = 0
@@ -293,7 +303,7 @@ def _int_or_none(value: str | None) -> int | None:
 def _run_index(todo: list[tuple[int, str]], index: int, options: JobOptions, book: Journal, quiet: bool) -> None:
     if not todo:
         if not quiet:
-            say(f"tarjob: shard {index} is done already (--force runs it again)")
+            say(f"tarjob: shard {index} is done already (--redo runs it again)")
         return
     (i, shard), = todo
     result = run_one(i, shard, options, book, on_retry=_retry_warning(options))

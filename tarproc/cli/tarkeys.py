@@ -25,7 +25,8 @@ receiver without the keys completes no handshake and receives nothing; the traff
 
 @click.command("tarkeys", cls=TarprocCommand, epilog=EPILOG)
 @click.argument("directory", type=click.Path(file_okay=False), metavar="DIR")
-@click.option("--force", is_flag=True, help="Replace existing keys (receivers with the old keys stop working).")
+@click.option("--overwrite", "force", is_flag=True,
+              help="Replace existing keys (receivers with the old keys stop working).")
 @common_options
 def main(directory: str, force: bool, quiet: bool) -> None:
     """Generate CURVE key pairs for tarserve (server) and tarrecv/Receiver (client) in DIR."""

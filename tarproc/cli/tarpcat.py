@@ -24,6 +24,7 @@ from .common import (
     progress,
     report_stats,
     seed_option,
+    shared_option,
     shuffle_option,
     sliced_total,
     stats_option,
@@ -51,10 +52,11 @@ exactly once. --shuffle then mixes further with a buffer of N samples.
 @click.command("tarpcat", cls=TarprocCommand, epilog=EPILOG)
 @parallel_input_options
 @output_option
-@click.option("-p", "--readers", type=number(1, MAX_PROCESSES), default=DEFAULT_READERS, show_default=True,
+@shared_option("-p", "--readers", type=number(1, MAX_PROCESSES), default=DEFAULT_READERS, show_default=True,
               help="Shards read at once. 4 hides the latency of http/s3 shards and keeps a 2-core machine "
                    "busy; raise it for slow, high-latency stores.")
-@click.option("--prefetch", type=number(1), default=DEFAULT_PREFETCH, show_default=True, metavar="N",
+@click.option("--prefetch-samples", "prefetch", type=number(1), default=DEFAULT_PREFETCH, show_default=True,
+              metavar="N",
               help="Samples read ahead per shard being read.")
 @click.option("--prefetch-bytes", type=SIZE, default=DEFAULT_PREFETCH_BYTES, show_default="2MiB",
               help="Bytes read ahead per shard being read (all buffers together: up to about 4 x -p x this).")
@@ -94,7 +96,7 @@ def main(
     stats = ReadStats()
     source = parallel_samples(
         reading.urls, readers=readers, prefetch=prefetch, prefetch_bytes=prefetch_bytes, order=order, seed=seed,
-        on_error=reading.on_error, dup=reading.dup, stats=stats, warn=warn, views=not shuffle_size, **reading.tar,
+        policy=reading.policy, stats=stats, warn=warn, views=not shuffle_size,
     )
     with contextlib.closing(source):
         samples = iter(source)

@@ -24,6 +24,7 @@ from .common import (
     output_option,
     progress,
     say,
+    shared_option,
     warn,
     write_tar,
     writer_options,
@@ -34,7 +35,7 @@ Examples:
   tarproc -p 8 -c 'gm mogrify -resize 256x256 sample.jpg' train-0000.tar > small-0000.tar
   tarcat 'train-{0000..0009}.tar' | tarproc -p 4 -c 'cwebp -quiet sample.jpg -o sample.webp' \\
       --exclude jpg | tarsplit -n 10000 -o webp
-  tarproc -c 'exiftool -json sample.jpg > sample.exif.json' --timeout 30 -e skip in.tar -o out.tar
+  tarproc -c 'exiftool -json sample.jpg > sample.exif.json' --command-timeout 30 -e skip in.tar -o out.tar
   tarproc -c 'file -b sample.*' --log info -f info in.tar | tar -xOf - --wildcards '*.info'
   tarproc -p 4 --map mymodule:resize in.tar > out.tar     # def resize(sample: dict) -> dict | None
 
@@ -53,7 +54,7 @@ def _names(values: tuple[str, ...]) -> list[str]:
 
 
 @click.command("tarproc", cls=TarprocCommand, epilog=EPILOG)
-@job_input_options  # --on-error here is about failing samples; damaged shards: --on-bad-shard
+@job_input_options  # damaged shards: --on-bad-shard (--on-error from 1.1); network: --read-timeout
 @output_option
 @click.option("-c", "--command", metavar="CMD", help="Shell command run by bash in each sample's directory.")
 @click.option("-s", "--script", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
@@ -61,15 +62,16 @@ def _names(values: tuple[str, ...]) -> list[str]:
 @click.option("--map", "function", metavar="MODULE:FUNCTION",
               help="Python function applied to each sample dict in worker processes (instead of -c); "
                    "also path/to/file.py:function.")
-@click.option("-p", "--procs", type=number(1, MAX_PROCESSES), default=None, metavar="N",
+@shared_option("-p", "--processes", "procs", type=number(1, MAX_PROCESSES), default=None, metavar="N",
               help="Jobs run at the same time  [default: number of CPUs].")
 @click.option("--window", type=number(1), default=None, metavar="N",
               help="Most samples in flight or waiting for an earlier one to finish  "
                    "[default: 4 x procs; 64 x procs with --map].")
 @click.option("--unordered", is_flag=True, help="Write samples as they finish, not in input order.")
-@click.option("--timeout", type=Finite(min=0, min_open=True), default=None, metavar="SEC",
+@shared_option("--command-timeout", "timeout", type=Finite(min=0, min_open=True), default=None, metavar="SEC",
               help="Kill a sample's command (its whole process group) after SEC seconds: an error.")
-@click.option("-e", "--on-error", "on_error", type=click.Choice(ON_JOB_ERROR), default="fail", show_default=True,
+@click.option("-e", "--on-command-error", "on_error", type=click.Choice(ON_JOB_ERROR), default="fail",
+              show_default=True,
               help="When a command fails or times out: stop with its key and output, drop the sample "
                    "(counted), or keep the input sample unchanged.")
 @click.option("-f", "--fields", multiple=True, metavar="LIST",
@@ -77,7 +79,7 @@ def _names(values: tuple[str, ...]) -> list[str]:
 @click.option("--exclude", multiple=True, metavar="LIST", help="Do not collect these fields (glob patterns).")
 @click.option("--log", "log_field", metavar="FIELD",
               help="Put the command's stdout and stderr into FIELD of the output sample, not on stderr.")
-@click.option("--tmpdir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
+@shared_option("--tmpdir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
               help="Where the sample directories (and the commands' output) go; a full one stops the run, "
                    "naming it  [default: $TMPDIR or /tmp].")
 @writer_options
@@ -110,7 +112,8 @@ def main(
         raise OptionError("give one of -c CMD, -s SCRIPT or --map MODULE:FUNCTION" +
                           (f" (not {' and '.join(given)})" if given else ""))
     if function is not None and timeout is not None:
-        raise OptionError("--timeout works with -c and -s only (a Python function can't be stopped safely)")
+        raise OptionError("--command-timeout works with -c and -s only (a Python function can't be stopped "
+                          "safely)")
     if function is not None and log_field is not None:
         raise OptionError("--log works with -c and -s only")
     workers = procs or os.cpu_count() or 1

@@ -24,6 +24,7 @@ from .common import (
     common_options,
     number,
     say,
+    shared_option,
     transport_options,
     warn,
     writer_options,
@@ -44,7 +45,7 @@ interval, then a summary. With -o it writes the samples it receives as a tar (th
 stderr): raw fields as they were sent (tarserve --raw round-trips byte for byte with -p 1),
 --label tensors as decimal text, arrays as .npy members (field NAME.npy). It ends when every
 sender has finished (end of stream), after --count batches, or with an error when a sender goes
-silent for --timeout seconds.
+silent for --idle-timeout seconds.
 
 \b
 Each batch is acknowledged to its sender once it is taken (with -o: once written), and the
@@ -61,14 +62,14 @@ as lost; with -o that is an error, and nothing is left under the output name.
 
 @click.command("tarrecv", cls=TarprocCommand, epilog=EPILOG)
 @click.argument("urls", nargs=-1, required=True, metavar="URL...")
-@click.option("-o", "--output", default=None, metavar="URL",
+@shared_option("-o", "--output", default=None, metavar="URL",
               help="Write the received samples as a tar here ('-' = stdout) instead of printing rates.")
-@click.option("--count", type=number(1), default=None, metavar="N", help="Stop after N batches.")
-@click.option("--senders", type=number(1, MAX_PROCESSES), default=None, metavar="N",
+@shared_option("--count", type=number(1), default=None, metavar="N", help="Stop after N batches.")
+@shared_option("--senders", type=number(1, MAX_PROCESSES), default=None, metavar="N",
               help="Wait for N sender processes to finish [default: all of the groups heard from].")
 @click.option("--interval", type=Finite(min=0.1), default=1.0, show_default=True, metavar="SECONDS",
               help="Seconds between rate lines.")
-@click.option("--stats", "show_stats", is_flag=True, help="Print the summary to stderr (with -o).")
+@shared_option("--stats", "show_stats", is_flag=True, help="Print the summary to stderr (with -o).")
 @transport_options(sending=False)
 @writer_options
 @common_options
@@ -90,8 +91,9 @@ def main(
     """
     if output is not None:
         check_output(output)  # before any sender is given credit
+    # the process is the command's: its malloc may be tuned for the batches (twice the rate)
     receiver = Receiver(list(urls), senders=senders, warn=warn, ack="auto" if output is None else "manual",
-                        **transport)
+                        reuse_memory=True, **transport)
     monitor = Monitor(receiver, interval, quiet, to=sys.stderr if output is not None else sys.stdout)
     try:
         batches = _batches(receiver, count, monitor)

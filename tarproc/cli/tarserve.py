@@ -6,6 +6,7 @@ import click
 from click.core import ParameterSource
 
 from ..errors import OptionError
+from ..fieldspec import DEFAULT_IMAGE_SPEC, SPEC_HELP
 from ..transport.serve import LAST_BATCH, ServeConfig, serve
 from ..transport.urls import is_zmq_url
 from .common import (
@@ -19,6 +20,7 @@ from .common import (
     progress,
     say,
     server_decode_options,
+    shared_option,
     shuffle_option,
     stats_option,
     transport_options,
@@ -69,7 +71,7 @@ batch goes through shared memory, not the socket.
 @click.option("--to", "destinations", multiple=True, metavar="URL",
               help="Where to send: zpush://host:port (default pattern), zpub://…, +ipc; repeatable.")
 @click.option("--raw", is_flag=True, help="Send the encoded fields unchanged; decode nothing.")
-@click.option("-p", "--senders", type=number(1, MAX_PROCESSES), default=1, show_default=True,
+@shared_option("-p", "--senders", type=number(1, MAX_PROCESSES), default=1, show_default=True,
               help="Sender processes, each reading its share of the shards (and decoding them); "
                    "at most one per shard.")
 @click.option("--epochs", type=number(1), default=1, show_default=True, help="Passes over the shards.")
@@ -78,9 +80,9 @@ batch goes through shared memory, not the socket.
 @shuffle_option
 @click.option("--last-batch", type=click.Choice(LAST_BATCH), default="keep", show_default=True,
               help="A last batch shorter than -b: send it, or drop it.")
-@click.option("--field", default="jpg;jpeg;png;webp", show_default=True, metavar="NAMES",
-              help="The image field: the first of these names a sample has.")
-@click.option("--output-field", default="image", show_default=True, metavar="NAME",
+@shared_option("--field", default=DEFAULT_IMAGE_SPEC, show_default=True, metavar="SPEC",
+              help=f"The image field: the first of these names a sample has. {SPEC_HELP}")
+@shared_option("--output-field", default="image", show_default=True, metavar="NAME",
               help="Name of the decoded image tensor.")
 @click.option("--label", "labels", multiple=True, metavar="FIELD",
               help="Send this text field (e.g. cls) as an int64 tensor; repeatable.")
@@ -134,7 +136,7 @@ def main(
         fields=None if fields is None else fields.replace(",", " ").split(),
         last_batch=last_batch, senders=senders, on_error=on_error, checkpoint=checkpoint,
         seed_given=click.get_current_context().get_parameter_source("seed") is not ParameterSource.DEFAULT,
-        reading={"on_error": reading.on_error, "dup": reading.dup, "network": reading.network, **reading.tar},
+        reading={"policy": reading.policy, "network": reading.network},
         **transport,  # type: ignore[arg-type]
     )
     report = None if raw or quiet or decoding.device != "auto" else (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -14,6 +15,7 @@ import click
 from .. import sinks
 from ..content import plural
 from ..errors import OptionError, SinkError, TarprocError
+from ..fieldspec import SPEC_HELP, legacy_note, parse_specs
 from ..imaging import (
     PROTOCOLS,
     ImageDecodeError,
@@ -38,9 +40,20 @@ from ..show import (
 )
 from ..sinks import open_sink
 from ..sniff import escape_text
-from ..stages import parse_fields, slice_samples
+from ..stages import SELECT_SPECS, field_pairs, slice_samples
 from ..tar import ReadStats
-from .common import Finite, ReadOptions, TarprocCommand, common_options, input_options, number, progress, say, warn
+from .common import (
+    Finite,
+    ReadOptions,
+    TarprocCommand,
+    common_options,
+    input_options,
+    number,
+    progress,
+    say,
+    shared_option,
+    warn,
+)
 
 EPILOG = """\b
 Examples:
@@ -80,18 +93,18 @@ colour half blocks elsewhere; --view-protocol overrides it.
 
 @click.command("tarshow", cls=TarprocCommand, epilog=EPILOG)
 @input_options
-@click.option("-c", "--count", type=number(0), default=None,
+@shared_option("-c", "--count", type=number(0), default=None,
               help="Show this many samples (--grid: this many images, default 16).")
-@click.option("--skip", type=number(0), default=0, help="Skip this many samples first.")
+@shared_option("--skip", type=number(0), default=0, help="Skip this many samples first.")
 @click.option("-f", "--fields", metavar="SPEC",
-              help="Fields to show, e.g. 'jpg,png cls' (first present of jpg/png, and cls); for --grid and "
-                   "--view the image fields.")
+              help="Fields to show, e.g. 'jpg;png cls' (first present of jpg/png, and cls); for --grid and "
+                   f"--view the image fields. {SPEC_HELP}")
 @click.option("-w", "--width", type=number(0), default=DEFAULT_WIDTH, show_default=True,
               help="Cut previews to this many characters (0: no limit).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per sample (with --summary: one document); UTF-8, see below.")
 @click.option("--summary", is_flag=True,
               help="Report on the whole stream instead: fields, sizes, and problems (a lint).")
-@click.option("--strict", is_flag=True, help="--summary: exit with status 1 if it finds problems, naming them.")
+@shared_option("--strict", is_flag=True, help="--summary: exit with status 1 if it finds problems, naming them.")
 @click.option("--grid", metavar="PATH",
               help="Write a contact sheet of images (format by suffix: .png, .jpg, .webp...; '-' = PNG to stdout).")
 @click.option("--columns", type=number(1), default=None, help="--grid: columns [default: a square].")
@@ -102,14 +115,14 @@ colour half blocks elsewhere; --view-protocol overrides it.
               help="--view: terminal graphics protocol.")
 @click.option("-d", "--delay", type=Finite(min=0), default=0.0, metavar="SEC",
               help="Wait this long after each sample.")
-@click.option("--force", is_flag=True, help="Write --grid - even when stdout is a terminal.")
+@shared_option("--force", is_flag=True, help="Write --grid - even when stdout is a terminal.")
 @click.option("--bytes-only", is_flag=True,
               help="--summary/--report: sizes and names only, no content statistics (faster).")
 @click.option("--report", metavar="PATH", help="Write a self-contained HTML report: summary, charts, problems, "
                                                "sample cards.")
 @click.option("--sample", "sample_size", type=number(0), default=None, metavar="N",
               help="--report: show this many samples chosen at random [default: 48].")
-@click.option("--seed", type=int, default=None, help="--report: seed of the random choice [default: 0].")
+@shared_option("--seed", type=int, default=None, help="--report: seed of the random choice [default: 0].")
 @click.option("--serve", is_flag=True, help="Start a local web viewer of the inputs (until Ctrl-C).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
               help="--serve: port to listen on (0: any free port).")
@@ -164,7 +177,12 @@ def main(
         raise OptionError("--columns and --thumb have no effect without --grid")
     if strict and not summary:
         raise OptionError("--strict works with --summary only")
-    spec = parse_fields(fields) if fields is not None else None
+    spec = None
+    if fields is not None:
+        specs = parse_specs(fields, dataclasses.replace(SELECT_SPECS, what="tarshow -f"))
+        if note := legacy_note(specs):
+            warn(note)
+        spec = field_pairs(specs)
 
     if summary or report is not None:
         if spec is not None or skip:
@@ -311,7 +329,7 @@ def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool
 
     try:
         summarize(
-            reading.urls, on_error=reading.on_error, count=count, warn=warn, summary=acc, wrap=wrap, **reading.tar,
+            reading.urls, policy=reading.policy, count=count, warn=warn, summary=acc, wrap=wrap,
         )
     except TarprocError:
         report()  # what was read up to the damage; the error itself goes to stderr (exit 1)
@@ -333,7 +351,7 @@ def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sam
 
     sample = DEFAULT_SAMPLE if sample_size is None else sample_size
     info = write_report(reading.urls, path, sample=sample, seed=seed, count=count, content=content,
-                        on_error=reading.on_error, warn=warn, wrap=wrap, wrap_cards=wrap_cards, **reading.tar)
+                        on_error=reading.on_error, warn=warn, wrap=wrap, wrap_cards=wrap_cards, policy=reading.policy)
     if not quiet:
         problems = f", {plural(len(info.problems), 'kind')} of problem" if info.problems else ", no problems found"
         where = "the report to stdout" if path == "-" else path

@@ -21,6 +21,7 @@ from .common import (
     progress,
     report_stats,
     seed_option,
+    shared_option,
     stats_option,
     write_tar,
     writer_options,
@@ -28,7 +29,7 @@ from .common import (
 
 EPILOG = """\b
 Examples:
-  tarsort 'train-{0000..0147}.tar' --memory 2GiB --tmpdir /scratch -o train-sorted.tar
+  tarsort 'train-{0000..0147}.tar' --buffer-size 2GiB --tmpdir /scratch -o train-sorted.tar
   tarsort --unique last a.tar b.tar | tarsplit -n 10000 -o merged   # b.tar's copies win
   tarsort -k cls --numeric --reverse shard.tar > by-class.tar
   tarsort -k json.label --missing last shard.tar | tar -tvf - | head
@@ -36,7 +37,7 @@ Examples:
 
 Keys and text values sort by code point (the C locale's byte order); --numeric reads values as
 integers or floats. The sort is stable: equal values keep their input order. Input larger than
---memory is sorted in temporary tar files under --tmpdir (removed when done, also on errors and
+--buffer-size is sorted in temporary tar files under --tmpdir (removed when done, also on errors and
 Ctrl-C); it needs as much free space there as the input takes.
 
 Duplicate keys are checked only when sorting by __key__, where they end up next to each other.
@@ -52,13 +53,13 @@ Duplicate keys are checked only when sorting by __key__, where they end up next 
 @click.option("-r", "--reverse", is_flag=True, help="Largest first (still stable).")
 @click.option("--random", "shuffle", is_flag=True, help="Shuffle: sort by a random key instead.")
 @seed_option("--random (same seed, same input: same order)")
-@click.option("-S", "--memory", type=SIZE, default=DEFAULT_MEMORY, show_default="512MiB",
+@click.option("-S", "--buffer-size", "memory", type=SIZE, default=DEFAULT_MEMORY, show_default="512MiB",
               help="Memory bound for buffered samples and merge buffers: 512M, 2GiB... (at least 256K).")
-@click.option("--tmpdir", "tmpdir", default=None, metavar="DIR",
+@shared_option("--tmpdir", "tmpdir", default=None, metavar="DIR",
               help="Directory for temporary runs [default: $TMPDIR or /tmp].")
 @click.option("-u", "--unique", type=click.Choice(UNIQUE_POLICIES), default=None,
               help="Keep the first or last (in input order) of samples with the same key, instead of an error.")
-@click.option("--missing", type=click.Choice(MISSING_POLICIES), default="error", show_default=True,
+@shared_option("--missing", type=click.Choice(MISSING_POLICIES), default="error", show_default=True,
               help="With -k: a sample lacking the field is an error, or sorts after all others.")
 @stats_option("samples read, runs spilled to disk, merge passes and duplicates dropped")
 @writer_options

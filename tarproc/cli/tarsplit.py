@@ -20,6 +20,7 @@ from .common import (
     number,
     progress,
     say,
+    shared_option,
     sliced_total,
     stats_option,
     writer_options,
@@ -49,7 +50,7 @@ first, and -v says which one closed each shard.
 
 @click.command("tarsplit", cls=TarprocCommand, epilog=EPILOG)
 @input_options
-@click.option("-o", "--output", required=True, metavar="PATTERN",
+@shared_option("-o", "--output", required=True, metavar="PATTERN",
               help="Shard names: a printf pattern (train-%06d.tar), a tar name (val.tar.gz -> val-000000.tar.gz), "
                    "a directory (out/ -> out/shard-000000.tar) or a prefix (train -> train-000000.tar); "
                    "any path or URL; compressed by suffix (.tar.gz, .tgz, .tar.zst, .tar.xz, .tar.bz2).")
@@ -63,7 +64,7 @@ first, and -v says which one closed each shard.
 @click.option("--post", metavar="CMD",
               help="Shell command run on each finished shard: '{}' is replaced by its path, else the path is appended.")
 @click.option("--manifest", metavar="FILE", help="Write one JSON line per shard: shard, samples, bytes, sha256...")
-@click.option("-v", "--verbose", is_flag=True, help="Report each shard on stderr, with the limit that closed it.")
+@shared_option("-v", "--verbose", is_flag=True, help="Report each shard on stderr, with the limit that closed it.")
 @stats_option("samples, members, bytes and skipped names")
 @writer_options
 @common_options

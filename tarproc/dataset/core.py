@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import array
 import collections
+import dataclasses
 import gc
 import itertools
 import json
@@ -24,6 +25,7 @@ import multiprocessing
 import os
 import random
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -31,6 +33,7 @@ from ..decode.spec import AugmentSpec, plan_key
 from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder
 from ..errors import (
     CompressionError,
+    DataWarning,
     DecodeError,
     IndexFileError,
     OptionError,
@@ -39,6 +42,7 @@ from ..errors import (
     SourceError,
     TarFormatError,
     TarprocError,
+    warn,
 )
 from ..index import COMPRESSED_SUFFIXES, default_index_url
 from ..samples import Sample, read_samples, read_samples_from
@@ -53,9 +57,9 @@ from ..sources import (
     shard_cache,
 )
 from ..sources.prefetch import DEPTH, Budget
-from ..sources.remote import DEFAULT_PREFETCH, DEFAULT_RETRIES, DEFAULT_TIMEOUT, Identity, identify, mark_reached
+from ..sources.remote import Identity, identify, mark_reached
 from ..stages import ShuffleBuffer, shuffle
-from ..tar import DEFAULT_MAX_MEMBER_SIZE
+from ..tar import ReadPolicy
 from .counts import manifest_digests, shard_counts, stale_index
 from .fields import (
     BatchBuffer,
@@ -260,8 +264,238 @@ class _Resume(NamedTuple):
     replan: _Resume | None = None
 
 
+DEFAULT_READ = ReadPolicy()
+DEFAULT_NETWORK = Network()
+# the flat keywords of older releases, and the object each now goes in
+_OLD_KEYWORDS = {"dup": "read", "max_member_size": "read", "cache_dir": "network", "cache_size": "network",
+                 "retries": "network", "timeout": "network", "prefetch": "network"}
+
+
+def _grouped_settings(read: ReadPolicy, network: Network, old: Mapping[str, Any]) -> tuple[ReadPolicy, Network]:
+    """``read`` and ``network``, or the objects that the deprecated flat keywords in ``old`` make
+    (said by one ``DeprecationWarning`` at the caller's line)."""
+    unknown = [name for name in old if name not in _OLD_KEYWORDS]
+    if unknown:
+        raise TypeError(f"Dataset() got an unexpected keyword argument {unknown[0]!r}")
+    if not isinstance(read, ReadPolicy):
+        raise OptionError(f"bad read {read!r}; give a tarproc.ReadPolicy(...)")
+    if not isinstance(network, Network):
+        raise OptionError(f"bad network {network!r}; give a tarproc.Network(...)")
+    if not old:
+        return read, network
+    groups: dict[str, dict[str, Any]] = {"read": {}, "network": {}}
+    for name, value in old.items():
+        groups[_OLD_KEYWORDS[name]][name] = value
+    given = {"read": read is not DEFAULT_READ, "network": network is not DEFAULT_NETWORK}
+    for group, names in groups.items():
+        if names and given[group]:
+            raise OptionError(f"give {', '.join(names)} inside {group}=..., not beside it (the flat keywords are "
+                              "deprecated)")
+    if groups["read"]:
+        read = ReadPolicy(**groups["read"])
+    if groups["network"]:
+        network = Network(**groups["network"])
+    spelled = ", ".join(f"{group}=tarproc.{'ReadPolicy' if group == 'read' else 'Network'}("
+                        + ", ".join(f"{k}={v!r}" for k, v in names.items()) + ")"
+                        for group, names in groups.items() if names)
+    flat = ", ".join(f"{name}=..." for name in old)
+    warnings.warn(f"Dataset({flat}) is deprecated: write {spelled}", DeprecationWarning, stacklevel=_caller_level())
+    return read, network
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` (for a ``warnings.warn`` in the function that calls this) of the first
+    frame outside ``tarproc.dataset``: the user's line that made the Dataset, whatever the subclass."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame: Any = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _shard_urls(urls: str | Iterable[str]) -> list[str]:
+    found = expand_urls([urls] if isinstance(urls, str) else list(urls))
+    if not found:
+        raise OptionError("no shards given")
+    if "-" in found:
+        raise OptionError("a training dataset reads its shards once per epoch: give paths or URLs, not stdin (-)")
+    return found
+
+
+def _check_batches(batch_size: int, shuffle: int, threads: int, tensors: str, pad: bool, drop_last: bool,
+                   repeat: bool, batches_per_epoch: int | None) -> None:
+    if batch_size < 1:
+        raise OptionError(f"bad batch size {batch_size}; must be >= 1")
+    if shuffle < 0:
+        raise OptionError(f"bad shuffle buffer {shuffle}; must be >= 0 (0: no sample shuffle)")
+    if tensors not in ("auto", "torch", "numpy"):
+        raise OptionError(f"bad tensors {tensors!r}; use auto, torch or numpy")
+    if batches_per_epoch is not None and (batches_per_epoch < 1 or not repeat):
+        raise OptionError("batches_per_epoch needs repeat=True and must be >= 1")
+    if threads < 1:
+        raise OptionError(f"bad threads {threads}; must be >= 1")
+    if pad and drop_last:
+        raise OptionError("pad=True and drop_last=True contradict each other: pad fills the last batches, drop_last drops them")
+
+
+def _check_decoding(device: str, decode_in: str) -> None:
+    if device not in DEVICES:
+        raise OptionError(f"bad device {device!r}; use one of {', '.join(DEVICES)}")
+    if decode_in not in ("auto", "worker", "main"):
+        raise OptionError(f"bad decode_in {decode_in!r}; use auto, worker or main")
+    if decode_in == "main" and device == "cpu":
+        raise OptionError("decode_in='main' is for the DALI backends (dali-cpu, gpu)")
+    if decode_in == "worker" and device == "gpu":
+        raise OptionError("device='gpu' decodes in the main process: CUDA can't run in forked DataLoader workers")
+
+
+def _check_on_error(on_error: str) -> None:
+    if on_error not in ON_ERROR:
+        raise OptionError(f"bad on_error {on_error!r}; use one of {', '.join(ON_ERROR)}")
+
+
+def _check_rank(rank: int | None, world_size: int | None) -> None:
+    if (rank is None) != (world_size is None):
+        raise OptionError("give both rank and world_size, or neither (then RANK/WORLD_SIZE or torch.distributed)")
+    if rank is not None and world_size is not None and not 0 <= rank < world_size:
+        raise OptionError(f"bad rank {rank} of world size {world_size}")
+
+
+def _check_part_size(part_size: object) -> None:
+    if part_size in ("auto", None):
+        return
+    if isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < 0:
+        raise OptionError(f"bad part_size {part_size!r}; use 'auto', a number of samples, or None (whole shards)")
+
+
+def _check_pad_marked(pad: bool, selection: list[list[str]] | None) -> None:
+    if pad and selection is not None and not any("__valid__" in alts for alts in selection):
+        raise OptionError("pad=True marks the padding in __valid__: add '__valid__' to to_tuple")
+
+
 class Dataset:
-    """Batches for training from sharded tar files; see ``docs/training.md``.
+    """Batches for training from sharded tar files, for a PyTorch ``DataLoader`` or a plain loop.
+
+    Each epoch reads the shards' samples once, shuffles them, batches them inside the readers (the
+    DataLoader's workers: give the DataLoader ``batch_size=None``), decodes and augments the images
+    (and audio, video), and hands out torch tensors (numpy arrays without torch). With sample counts,
+    which it finds by itself, every sample is in exactly one batch of an epoch and every rank takes
+    the same number of steps. Recipes and measurements: ``docs/training.md``.
+
+    Args:
+        urls: the shards: a string (brace lists ``train-{0000..0147}.tar``, ``::`` joins) or a list
+            of strings; paths, ``http(s)://``, ``s3://``, ``gs://`` and other fsspec URLs,
+            ``pipe:CMD``. Not stdin (``-``): each epoch reads the shards again.
+
+    Args (batches):
+        batch_size: input samples per batch (default 64, >= 1). With counts, a rank's last batch of
+            an epoch holds what it has left: 1 to ``batch_size + 1`` samples.
+        drop_last: only full batches (default False); what is left out is counted in
+            ``ds.dropped``. Not with ``pad``.
+        pad: give every rank the same number of samples by padding with copies of the epoch's
+            first samples, marked ``__valid__ = False`` (default False). Needs sample counts, and
+            ``"__valid__"`` in ``to_tuple`` when that is given. Not with ``drop_last``.
+        to_tuple: the columns of a batch, e.g. ``("jpg;png", "cls")``: field names, ``;`` between
+            alternatives (the first the sample has); ``__key__``, ``__url__``, ``__valid__`` and
+            ``FIELD.lengths`` (with ``collate="pad"``) too. Default None: a batch is a dict.
+        collate: how a batch's rows become columns. ``"stack"`` (default, also None): numbers
+            become int64/float64 arrays, arrays of one shape are stacked, anything else a list;
+            ``"pad"``: 1-D and 2-D arrays padded with zeros at the end to the batch's longest, their
+            lengths in ``FIELD.lengths``; a function: takes the batch's rows (dicts, or tuples with
+            ``to_tuple``) and returns the batch (module-level, for spawned workers).
+        map: a function of each sample dict (raw fields, after the shuffle, before decoding) that
+            returns the sample to use, or None to drop it (the batch is one shorter, the number of
+            batches unchanged). Default None.
+        tensors: ``"auto"`` (default: torch tensors when torch is installed, else numpy),
+            ``"torch"`` or ``"numpy"``.
+
+    Args (shuffling and epochs):
+        shuffle: samples in the shuffle buffer of each reader, filled before the first comes out
+            (default 0: no sample shuffle).
+        shuffle_shards: shuffle the shard order (and parts) each epoch; default None: when
+            ``shuffle`` is set.
+        part_size: with shuffled shards and counts, read the shards in parts of this many samples,
+            all parts in one seeded order, for a better mix. ``"auto"`` (default): 256 where a reader
+            can start mid-shard (local plain shards, shards with an index; not with a shard cache),
+            else whole shards; a number >= 0; None or 0: whole shards.
+        seed: seeds the shard order, the shuffle and the augmentations, mixed with the epoch
+            (default 0): the same seed and epoch give the same batches.
+        repeat: an endless stream of passes, each a new epoch's order (default False).
+        batches_per_epoch: with ``repeat=True``, end each iteration after this many batches per
+            rank (>= 1), a nominal epoch; default None.
+
+    Args (decoding):
+        decode: an ``AugmentSpec`` (decode, crop, flip, jitter, normalize the image field named by
+            ``image``), or a dict of field names to specs (one ``AugmentSpec`` at most, plus
+            ``AudioSpec`` and ``VideoSpec``), e.g. ``{"jpg": AugmentSpec(size=224), "flac":
+            AudioSpec()}``. Default None: images stay bytes (or go through ``handlers``). A spec
+            without a seed gets ``seed``.
+        device: the image decoder: ``"cpu"`` (default: libjpeg-turbo, Pillow), ``"dali-cpu"`` or
+            ``"gpu"`` (NVIDIA DALI; ``pip install 'tarproc[gpu]'``).
+        decode_in: where images are decoded: ``"auto"`` (default: the workers, the main process
+            for ``"gpu"``), ``"worker"`` (not with ``"gpu"``) or ``"main"`` (the DALI devices only).
+            Decoding in the main process needs ``ds.loader()`` with workers.
+        image: the image field's names, ``;`` between alternatives (default
+            ``"jpg;jpeg;png;webp"``); not with a dict ``decode``, whose key names them.
+        threads: decoding threads per reader (default 1, >= 1).
+        handlers: decoders of other fields by full name (``"seg.png"``) or last extension
+            (``"cls"``), e.g. ``{"cls": int, "txt": None}`` (None keeps bytes); they extend and
+            override the defaults (``cls`` -> int, ``txt`` -> str, ``json``, ``npy``, ``npz``,
+            ``pth``, ``msgpack``, ``cbor``, ``FIELD.gz``, ...). Default None.
+        default_handlers: use the default handlers under ``handlers`` (default True).
+
+    Args (distribution):
+        lengths: the sample count of each shard, which the equal-steps plan needs. One of:
+            ``"auto"`` (default): found for each shard, from an index file beside it (``tarindex``,
+            or a DALI index), else for a local shard a walk over its headers (remembered in the
+            cache), else for a remote shard a count remembered for its version or the shard read
+            once (into the shard cache with ``network.cache_dir``); ``pipe:`` shards have none.
+            ``"count"``: the same (an older name). A path: a ``tarsplit --manifest`` file (JSON
+            lines; its ``sha256`` are checked by the shard cache) or a wids descriptor. A list of
+            counts in the order of the shards. A dict of URL to count. ``None`` (or False): no
+            counts: the readers split the shards, and the ranks end each epoch together when the
+            first runs dry (with ``ds.loader()`` and ``torch.distributed``; ``ds.lost`` counts what
+            was left out). A count that turns out wrong is a ``ShardCountError`` while reading.
+        rank: this process's rank, with ``world_size``: give both or neither. Default None:
+            ``RANK``/``WORLD_SIZE`` (torchrun), else ``torch.distributed``, else 0 of 1.
+        world_size: the number of ranks (see ``rank``); ``0 <= rank < world_size``.
+
+    Args (errors, reading and the network):
+        on_error: a sample that can't be used (an image or media field that won't decode, a
+            failing handler or ``map``): ``"fail"`` (default: a ``DecodeError``/``SampleError``
+            naming the shard, the key and the field), ``"skip"`` (dropped, said once as a
+            ``DataWarning``, counted in ``ds.decode_stats.skipped``), or ``"skip-shard"``: that, and
+            a shard that can't be read leaves the epoch, as ``read=ReadPolicy(on_error="skip-shard")``.
+        read: how the shards are read, a ``tarproc.ReadPolicy``: ``dup`` (a field twice in a
+            sample), ``max_member_size``, ``links``, ``ignore_zeros``, and ``on_error``: with
+            ``"skip-shard"`` a shard that can't be read (damage, its retries used up) is left for
+            the rest of the epoch, said as a ``DataWarning`` and counted in ``ds.skipped_shards``
+            and ``ds.lost``; with counts, the batches it was planned for are filled with copies
+            marked ``__valid__ = False``. Default ``ReadPolicy()``: every problem is an error.
+        network: how remote shards are read, a ``tarproc.Network``: ``retries``, ``timeout``,
+            ``prefetch`` (bytes read ahead), ``min_speed``/``speed_time``, and ``cache_dir``:
+            where the counts are kept (``DIR/counts``; default ``$TARPROC_CACHE_DIR``, else
+            ``~/.cache/tarproc``) and, for remote shards, verified copies (``DIR/shards``), at most
+            ``cache_size`` bytes of them. Default ``Network()``.
+
+    Deprecated keywords (one release; each gives a ``DeprecationWarning``): ``dup`` and
+    ``max_member_size`` (use ``read=ReadPolicy(...)``); ``cache_dir``, ``cache_size``,
+    ``retries``, ``timeout`` and ``prefetch`` (use ``network=Network(...)``). Giving one of them
+    beside its object is an ``OptionError``.
+
+    Raises:
+        OptionError: a parameter out of range, of the wrong kind, or contradicting another (the
+            message names it); ``TypeError`` for a keyword the Dataset doesn't take.
+        ShardCountError: a shard said to be empty holds samples.
+        SourceError: a shard that can't be opened while counting.
+
+    Iterate it (or ``ds.loader(num_workers=N)``, a DataLoader that can resume: ``state_dict()``,
+    ``load_state_dict()``); ``ds.set_epoch(e)`` sets the next epoch; ``len(ds)`` is the batches per
+    rank of an epoch (with counts). Errors in workers reach the main process as one-line
+    ``DatasetError``; warnings are ``tarproc.TarprocWarning`` (``warnings`` module).
+
+    Example:
 
     >>> import os, tempfile, tarproc
     >>> path = os.path.join(tempfile.mkdtemp(), "s.tar")
@@ -271,6 +505,10 @@ class Dataset:
     >>> ds = Dataset(path, to_tuple=("cls", "txt"), batch_size=2, tensors="numpy")
     >>> [(b[0].tolist(), b[1]) for b in ds], len(ds)
     ([([0, 1], ['t0', 't1']), ([2, 3], ['t2', 't3']), ([4], ['t4'])], 3)
+
+    A training loop: ``Dataset("train-{0000..0147}.tar", decode=AugmentSpec(size=224,
+    random_crop=True, flip=0.5), shuffle=1000, to_tuple=("jpg", "cls"), read=ReadPolicy(dup="warn"),
+    network=Network(cache_dir="/nvme/cache"))``, then ``for images, labels in ds.loader(8): ...``.
     """
 
     def __init__(
@@ -279,8 +517,17 @@ class Dataset:
         *,
         batch_size: int = 64,
         shuffle: int = 0,
+        drop_last: bool = False,
+        pad: bool = False,
+        to_tuple: Sequence[str] | None = None,
+        collate: str | Collate | None = None,
+        map: Callable[[Sample], Sample | None] | None = None,  # noqa: A002 - the user-facing name
+        tensors: str = "auto",
         shuffle_shards: bool | None = None,
+        part_size: int | str | None = "auto",
         seed: int = 0,
+        repeat: bool = False,
+        batches_per_epoch: int | None = None,
         decode: AugmentSpec | Mapping[str, Any] | None = None,
         device: str = "cpu",
         decode_in: str = "auto",
@@ -288,54 +535,23 @@ class Dataset:
         threads: int = 1,
         handlers: Mapping[str, Handler | None] | None = None,
         default_handlers: bool = True,
-        to_tuple: Sequence[str] | None = None,
-        collate: str | Collate | None = None,
-        map: Callable[[Sample], Sample | None] | None = None,  # noqa: A002 - the user-facing name
-        drop_last: bool = False,
-        pad: bool = False,
-        repeat: bool = False,
-        batches_per_epoch: int | None = None,
         lengths: Any = "auto",
         rank: int | None = None,
         world_size: int | None = None,
         on_error: str = "fail",
-        tensors: str = "auto",
-        dup: str = "error",
-        max_member_size: int = DEFAULT_MAX_MEMBER_SIZE,
-        cache_dir: str | None = None,
-        cache_size: int | None = None,
-        part_size: int | str | None = "auto",
-        retries: int = DEFAULT_RETRIES,
-        timeout: float | None = DEFAULT_TIMEOUT,
-        prefetch: int = DEFAULT_PREFETCH,
+        read: ReadPolicy = DEFAULT_READ,
+        network: Network = DEFAULT_NETWORK,
+        **deprecated: Any,
     ) -> None:
-        self.urls = expand_urls([urls] if isinstance(urls, str) else list(urls))
-        if not self.urls:
-            raise OptionError("no shards given")
-        if "-" in self.urls:
-            raise OptionError("a training dataset reads its shards once per epoch: give paths or URLs, not stdin (-)")
-        if batch_size < 1:
-            raise OptionError(f"bad batch size {batch_size}; must be >= 1")
-        if shuffle < 0:
-            raise OptionError(f"bad shuffle buffer {shuffle}; must be >= 0 (0: no sample shuffle)")
-        if device not in DEVICES:
-            raise OptionError(f"bad device {device!r}; use one of {', '.join(DEVICES)}")
-        if decode_in not in ("auto", "worker", "main"):
-            raise OptionError(f"bad decode_in {decode_in!r}; use auto, worker or main")
-        if decode_in == "main" and device == "cpu":
-            raise OptionError("decode_in='main' is for the DALI backends (dali-cpu, gpu)")
-        if decode_in == "worker" and device == "gpu":
-            raise OptionError("device='gpu' decodes in the main process: CUDA can't run in forked DataLoader workers")
-        if on_error not in ON_ERROR:
-            raise OptionError(f"bad on_error {on_error!r}; use one of {', '.join(ON_ERROR)}")
-        if tensors not in ("auto", "torch", "numpy"):
-            raise OptionError(f"bad tensors {tensors!r}; use auto, torch or numpy")
-        if batches_per_epoch is not None and (batches_per_epoch < 1 or not repeat):
-            raise OptionError("batches_per_epoch needs repeat=True and must be >= 1")
-        if threads < 1:
-            raise OptionError(f"bad threads {threads}; must be >= 1")
-        if pad and drop_last:
-            raise OptionError("pad=True and drop_last=True contradict each other: pad fills the last batches, drop_last drops them")
+        # validate
+        read, network = _grouped_settings(read, network, deprecated)
+        self.urls = _shard_urls(urls)
+        _check_batches(batch_size, shuffle, threads, tensors, pad, drop_last, repeat, batches_per_epoch)
+        _check_decoding(device, decode_in)
+        _check_rank(rank, world_size)
+        _check_on_error(on_error)
+        _check_part_size(part_size)
+        # store
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.shuffle_shards = bool(shuffle) if shuffle_shards is None else shuffle_shards
@@ -351,56 +567,23 @@ class Dataset:
         self.handlers = merge_handlers(handlers, default_handlers)
         self.collate = make_collate(collate)
         self.selection = parse_selection(to_tuple) if to_tuple is not None else None
-        if pad and self.selection is not None and not any("__valid__" in alts for alts in self.selection):
-            raise OptionError("pad=True marks the padding in __valid__: add '__valid__' to to_tuple")
+        _check_pad_marked(pad, self.selection)
         self.map = map
         self.drop_last = drop_last
         self.pad = pad
         self.repeat = repeat
         self.batches_per_epoch = batches_per_epoch
         self.rank, self.world_size = rank, world_size
-        if (rank is None) != (world_size is None):
-            raise OptionError("give both rank and world_size, or neither (then RANK/WORLD_SIZE or torch.distributed)")
-        if rank is not None and world_size is not None and not 0 <= rank < world_size:
-            raise OptionError(f"bad rank {rank} of world size {world_size}")
-        remote = [u for u in self.urls if is_fsspec_url(u)]
-        # the shard cache is for remote shards, the counts' cache for all (default_cache_dir() without cache_dir)
-        self.network = Network(retries, timeout, prefetch, cache_dir if remote else None,
-                               cache_size if remote else None)
-        self._identities = _identities(remote, self.network) if self.network.cache_dir is not None else {}
-        self._digests = manifest_digests(lengths, remote) if self.network.cache_dir is not None else {}
-        found = shard_counts(self.urls, lengths, cache_dir=cache_dir, warn=_warn, network=self.network,
-                             identities=self._identities, rank=self.rank_world()[0], world=self.rank_world()[1])
-        self.lengths: dict[str, int] | None = found.counts
-        self.count_sources = found.sources
-        cache = shard_cache(self.network)
-        if cache is not None:  # the indexes counted were copied into the cache: readers seek with those copies
-            indexes = [default_index_url(u) for u in remote if self.count_sources.get(u, "").startswith("index ")]
-            self._identities.update(_identities(indexes, self.network))
-            cache.learn(self._identities, self._digests)
-            finish_fills(self.network)  # published before DataLoader workers fork
-        self.uncounted = found.missing
-        for url, n in (self.lengths or {}).items():
-            if not n and not self.count_sources.get(url, "").startswith("counted"):
-                # no reader's plan takes a shard said to be empty: check now that it is
-                samples = read_samples(url, dup=dup, max_member_size=max_member_size)
-                if next(samples, None) is not None:
-                    raise ShardCountError(url, 1 + sum(1 for _ in samples), 0, self.count_sources.get(url, "given"))
-        if part_size == "auto":
-            # parts only where a reader can start anywhere in a shard, else it would read what it skips;
-            # whole shards where remote ones are cached: a shard read whole is what becomes an entry
-            part_size = DEFAULT_PART_SIZE if (self.lengths is not None and all(self._seekable(u) for u in self.urls)
-                                              and self.network.cache_dir is None) else None
-        if part_size is not None and (isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < 0):
-            raise OptionError(f"bad part_size {part_size!r}; use 'auto', a number of samples, or None (whole shards)")
-        self.part_size = part_size or None
-        if pad and self.lengths is None:
-            raise OptionError(f"pad=True needs sample counts, and {_few(self.uncounted)} have none: {COUNT_HINT}")
         self.on_error = on_error
         self._on_bad_sample = "fail" if on_error == "fail" else "skip"  # skip-shard skips bad samples too
+        self._skips_shards = on_error == "skip-shard" or read.on_error == "skip-shard"
+        self.read = read
+        # the readers raise what a shard does wrong: the dataset skips the shard (and counts the loss) itself
+        self._reading_policy = dataclasses.replace(read, on_error="fail")
         self.tensors = tensors
-        self.dup = dup
-        self.max_member_size = max_member_size
+        remote = [u for u in self.urls if is_fsspec_url(u)]
+        # the shard cache is for remote shards, the counts' cache for all (default_cache_dir() without cache_dir)
+        self.network = network if remote else dataclasses.replace(network, cache_dir=None, cache_size=None)
         self._tally = Tally()
         self._backend = ""  # the decode backend this process used
         self._clock = EpochClock()
@@ -414,12 +597,50 @@ class Dataset:
         self._warned_uncounted = False
         self._offsets: dict[str, _Offsets] = {}  # shard -> where its samples begin (see _offset)
         self.seeks = 0  # parts read from their first sample on, not from the shard's start (this process)
+        # plan: the counts, then how the shards are cut
+        self._find_counts(lengths, remote, network.cache_dir)
+        self.part_size = self._choose_part_size(part_size)
+        if pad and self.lengths is None:
+            raise OptionError(f"pad=True needs sample counts, and {_few(self.uncounted)} have none: {COUNT_HINT}")
+
+    def _find_counts(self, lengths: Any, remote: list[str], cache_dir: str | None) -> None:
+        """The shards' sample counts (``lengths``), with their versions learned by the shard cache."""
+        cached = self.network.cache_dir is not None
+        self._identities = _identities(remote, self.network) if cached else {}
+        self._digests = manifest_digests(lengths, remote) if cached else {}
+        found = shard_counts(self.urls, lengths, cache_dir=cache_dir, network=self.network,
+                             identities=self._identities, rank=self.rank_world()[0], world=self.rank_world()[1],
+                             policy=self._reading_policy)
+        self.lengths: dict[str, int] | None = found.counts
+        self.count_sources = found.sources
+        cache = shard_cache(self.network)
+        if cache is not None:  # the indexes counted were copied into the cache: readers seek with those copies
+            indexes = [default_index_url(u) for u in remote if self.count_sources.get(u, "").startswith("index ")]
+            self._identities.update(_identities(indexes, self.network))
+            cache.learn(self._identities, self._digests)
+            finish_fills(self.network)  # published before DataLoader workers fork
+        self.uncounted = found.missing
+        for url, n in (self.lengths or {}).items():
+            if not n and not self.count_sources.get(url, "").startswith("counted"):
+                # no reader's plan takes a shard said to be empty: check now that it is
+                samples = read_samples(url, policy=self._reading_policy)
+                if next(samples, None) is not None:
+                    raise ShardCountError(url, 1 + sum(1 for _ in samples), 0, self.count_sources.get(url, "given"))
+
+    def _choose_part_size(self, part_size: int | str | None) -> int | None:
+        if part_size == "auto":
+            # parts only where a reader can start anywhere in a shard, else it would read what it skips;
+            # whole shards where remote ones are cached: a shard read whole is what becomes an entry
+            seekable = self.lengths is not None and all(self._seekable(u) for u in self.urls)
+            return DEFAULT_PART_SIZE if seekable and self.network.cache_dir is None else None
+        return (int(part_size) or None) if part_size is not None else None
 
     def _say(self, message: str, kind: str, counted_in: str = "") -> None:
         """A warning that can come every epoch (a skipped sample, a skipped shard): said the first
         time, by whichever process of this dataset meets it, then only counted (``counted_in``)."""
         if self._tally.first(kind):
-            _warn(message + (f" (later ones are not said, only counted: {counted_in})" if counted_in else " (said once)"))
+            warn(message + (f" (later ones are not said, only counted: {counted_in})" if counted_in else " (said once)"),
+                 DataWarning)
 
     def _warn_skipped(self, message: str) -> None:
         self._say(message, "skipped sample", "ds.decode_stats.skipped")
@@ -740,7 +961,7 @@ class Dataset:
         refill = None
         if assignment.batches is not None:
             sizes = assignment.batches[skip_batches:]
-            if self.on_error == "skip-shard":  # what a skipped shard lost is filled in: the ranks stay in step
+            if self._skips_shards:  # what a skipped shard lost is filled in: the ranks stay in step
                 refill = _Refill(self.batch_size, self._say)
                 samples = refill.watch(samples)
         decoder = None
@@ -819,7 +1040,7 @@ class Dataset:
                 yielded += 1
                 yield sample
         except (SourceError, TarFormatError, CompressionError) as e:
-            if self.on_error != "skip-shard":
+            if not self._skips_shards:
                 raise
             try:
                 lost: int | None = part.size - yielded
@@ -836,10 +1057,10 @@ class Dataset:
         end = self._end_byte(part)
         samples: Iterator[Sample]
         if offset is not None or end is not None:  # an index is at hand: from the part's first sample to its last
-            samples = read_samples_from(part.url, offset or 0, dup=self.dup, max_member_size=self.max_member_size,
+            samples = read_samples_from(part.url, offset or 0, policy=self._reading_policy,
                                         network=self.network, prefetcher=ahead, end=end)
         else:
-            samples = read_samples(part.url, dup=self.dup, max_member_size=self.max_member_size,
+            samples = read_samples(part.url, policy=self._reading_policy,
                                    network=self.network, prefetcher=ahead)
         start = part.first if offset is not None else 0
         for next_part in following:
@@ -1119,11 +1340,6 @@ def _identities(urls: list[str], network: Network) -> dict[str, Identity]:
     with ThreadPoolExecutor(16) as pool:
         found = pool.map(lambda u: identify(u, network.timeout, network), urls)
         return {url: identity for url, identity in zip(urls, found, strict=True) if identity is not None}
-
-
-def _warn(message: str) -> None:
-    """A Dataset warning on stderr: ``tarproc: warning: MESSAGE``."""
-    print(f"tarproc: warning: {message}", file=sys.stderr, flush=True)
 
 
 class _Offsets(NamedTuple):

@@ -44,9 +44,19 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from ..errors import CompressedShardError, IndexFileError, LinkError, OptionError, SourceError
+from .. import errors
+from ..errors import (
+    CompressedShardError,
+    DataWarning,
+    IndexFileError,
+    LinkError,
+    OptionError,
+    SourceError,
+    TarprocWarning,
+)
 from ..index import INDEX_FORMAT, INDEX_VERSION, build_index, default_index_url
-from ..samples import _warn_stderr, read_samples
+from ..samples import read_samples
+from ..tar import ReadPolicy
 from ..sources import is_fsspec_url, local_path, open_source, settings, shard_cache
 from ..sources.remote import Identity, Network, identify
 
@@ -88,6 +98,7 @@ def shard_counts(
     identities: Mapping[str, Identity] | None = None,
     rank: int = 0,
     world: int = 1,
+    policy: ReadPolicy = ReadPolicy(),
 ) -> ShardCounts:
     """The sample count of every URL from ``lengths`` (see the module docstring).
 
@@ -95,7 +106,8 @@ def shard_counts(
     its ``cache_dir``, into the shard cache, which the epochs then read). ``identities``: their
     versions, when known already (else a HEAD request each). ``rank`` of ``world``: the ranks of
     a node start at different shards and wait for each other's downloads; rank 0 says what
-    happens on stderr, with a progress bar.
+    happens on stderr, with a progress bar. ``policy``: how a shard that is counted by reading it is
+    read (the readers' own policy, so that a count is what an epoch will find).
 
     >>> shard_counts(["a.tar", "b.tar"], [3, 4])
     ShardCounts(counts={'a.tar': 3, 'b.tar': 4}, sources={'a.tar': 'given', 'b.tar': 'given'}, missing=[])
@@ -106,7 +118,7 @@ def shard_counts(
     if lengths is None or lengths is False:
         return ShardCounts(None, {}, urls)
     if isinstance(lengths, str) and lengths in ("auto", "count"):
-        counter = _Counter(cache_dir, warn if warn is not None else _warn_stderr, network, identities or {})
+        counter = _Counter(cache_dir, warn, network, identities or {}, policy)
         found: dict[str, int] = {}
         sources: dict[str, str] = {}
         missing: list[str] = []
@@ -295,13 +307,20 @@ def stale_index(url: str, shard: os.stat_result, index_path: str, size: int | No
 
 
 class _Counter:
-    def __init__(self, cache_dir: str | None, warn: Callable[[str], None], network: Network | None,
-                 identities: Mapping[str, Identity]) -> None:
+    def __init__(self, cache_dir: str | None, warn: Callable[[str], None] | None, network: Network | None,
+                 identities: Mapping[str, Identity], policy: ReadPolicy = ReadPolicy()) -> None:
+        self.policy = policy
         self.cache = _Cache(cache_dir if cache_dir is not None else default_cache_dir())
-        self.warn = warn
+        self._warn_to = warn  # the caller's callback, else a warning of the module (tarproc.errors.warn)
         self.network = network if network is not None else settings()
         self.identities = dict(identities)
         self.warned: set[str] = set()
+
+    def warn(self, message: str, category: type[TarprocWarning] = TarprocWarning) -> None:
+        if self._warn_to is not None:
+            self._warn_to(message)
+        else:
+            errors.warn(message, category)
 
     def count(self, url: str) -> tuple[int, str] | None:
         """A local shard's count (its index, the counts' cache, or counted now); None for stdin and pipe:."""
@@ -404,11 +423,11 @@ class _Counter:
                 if path is None and not wait and not shards.broken:
                     return None  # another process fills it now
             try:
-                n = _count_file(path if path is not None else url, self.network)
+                n = _count_file(path if path is not None else url, self.network, self.policy)
             except SourceError:
                 if path is None:
                     raise
-                n = _count_file(url, self.network)  # the copy was evicted meanwhile (cache_size)
+                n = _count_file(url, self.network, self.policy)  # the copy was evicted meanwhile (cache_size)
             if key is not None:
                 self.cache.put(key, n)
         return n, "counted"
@@ -431,7 +450,7 @@ class _Counter:
             if index_url not in self.warned:
                 self.warned.add(index_url)
                 self.warn(f"{index_url}: stale index ({what}); counting {url} instead (rebuild the index with: "
-                          f"tarindex {url})")
+                          f"tarindex {url})", DataWarning)
             break
         return self._count_local(url, path, st)
 
@@ -440,7 +459,7 @@ class _Counter:
         cached = self.cache.get(key)
         if cached is not None:
             return cached, "counted (cache)"
-        n = _count_file(url)
+        n = _count_file(url, policy=self.policy)
         try:
             after = os.stat(path)
         except OSError:
@@ -450,14 +469,15 @@ class _Counter:
         return n, "counted"
 
 
-def _count_file(url: str, network: Network | None = None) -> int:
-    """The samples of a shard, read once: a local file's headers only (its index), else the stream."""
+def _count_file(url: str, network: Network | None = None, policy: ReadPolicy = ReadPolicy()) -> int:
+    """The samples of a shard, read once as ``policy`` says: a local file's headers only (its index),
+    else the stream."""
     if local_path(url) is not None:
         try:
-            return len(build_index(url))
+            return len(build_index(url, policy=policy))
         except (CompressedShardError, LinkError):
             pass  # compressed, or links: not indexable for random access, but read as a stream all the same
-    return sum(1 for _ in read_samples(url, network=network))
+    return sum(1 for _ in read_samples(url, network=network, policy=policy))
 
 
 def _sidecar_urls(url: str) -> list[str]:

@@ -32,6 +32,7 @@ from ..decode.spec import AugmentSpec
 from ..decode.stage import DEFAULT_FIELDS, parse_field_list
 from ..decode.video import VideoSpec
 from ..errors import DecodeError, MissingDependencyError, OptionError, SampleError
+from ..fieldspec import Accepts, parse_spec
 from ..samples import Sample
 from ..tar import DEFAULT_MAX_MEMBER_SIZE
 
@@ -267,20 +268,26 @@ def parse_decoding(decode: Any, image: str = DEFAULT_FIELDS, seed: int = 0) -> D
 decode_media = decode_media_fields  # the dataset's name for it
 
 
+# what a to_tuple column takes of the field-spec grammar (tarproc/fieldspec.py): alternatives,
+# and any __name__ the pipeline adds (__key__, __url__, __valid__, ...)
+TUPLE_SPECS = Accepts("a to_tuple column", meta=None, unique=False)
+
+
 def parse_selection(columns: Sequence[str]) -> list[list[str]]:
-    """``("jpg;png", "cls")`` -> ``[["jpg", "png"], ["cls"]]``: each column takes the first field the
-    sample has (``__key__`` and ``__url__`` allowed).
+    """``("jpg;png", "cls")`` -> ``[["jpg", "png"], ["cls"]]``: each column is a field spec
+    (``tarproc.fieldspec``) of alternatives and takes the first field the sample has (``__key__``,
+    ``__url__`` and the other ``__names__`` allowed).
 
     >>> parse_selection(["jpg;png", "cls"])
     [['jpg', 'png'], ['cls']]
     """
+    if isinstance(columns, str):
+        raise OptionError(f"bad to_tuple {columns!r}; give a sequence of columns, like ('jpg;png', 'cls')")
     out = []
     for column in columns:
-        names = [n.strip().lower() if not n.strip().startswith("__") else n.strip() for n in column.replace(",", ";").split(";")]
-        names = [n for n in names if n]
-        if not names:
-            raise OptionError(f"bad column {column!r}; expected field names like jpg;png")
-        out.append(names)
+        if not isinstance(column, str):
+            raise OptionError(f"bad to_tuple column {column!r}; give field names like 'jpg;png'")
+        out.append(list(parse_spec(column, TUPLE_SPECS).fields))
     if not out:
         raise OptionError("to_tuple needs at least one column")
     return out

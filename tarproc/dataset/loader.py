@@ -13,9 +13,9 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..errors import DataWarning, warn
 from .core import COUNT_HINT, Position, Taken
 from .core import Dataset as _Core
-from .core import _warn as warn
 from .fields import BatchBuffer, as_numpy
 
 try:  # torch stays optional at runtime
@@ -96,19 +96,37 @@ class Dataset(_Core, IterableDataset):  # type: ignore[misc, valid-type]
         return _together(super().__iter__(), self)
 
     def loader(self, num_workers: int = 0, **kwargs: Any) -> Loader:
-        """A ``Loader`` (a DataLoader that tracks the position for ``state_dict``) over this dataset."""
+        """A ``Loader`` over this dataset: a DataLoader with ``num_workers`` workers (and the other
+        DataLoader ``kwargs``) that keeps the position for ``state_dict``; see ``Loader``."""
         return Loader(self, num_workers=num_workers, **kwargs)
 
 
 class Loader:
     """``DataLoader(dataset, batch_size=None, num_workers=N, ...)`` that also keeps the position.
 
-    Iterate it as a DataLoader. ``state_dict()`` says, per reader, how many samples the training
-    loop has received this epoch; ``load_state_dict()`` makes the next iteration continue from
-    there, nothing repeated or skipped. With ``device="gpu"`` the workers batch encoded images and
-    the Loader decodes them here with DALI, on the GPU. A worker's error arrives as one
-    ``DatasetError`` line naming the shard, key and field; a worker that dies is a ``DatasetError``
-    naming the shards it was reading.
+    Made by ``ds.loader(num_workers=N)``. Iterate it as a DataLoader. ``state_dict()`` says where
+    the training loop stands in the epoch; ``load_state_dict()`` makes the next iteration continue
+    from there, nothing repeated or skipped (on any number of ranks and workers, with counts).
+    With ``device="gpu"`` the workers batch encoded images and the Loader decodes them here with
+    DALI, on the GPU. Without counts, on several ranks, the ranks end each epoch together (an
+    all-reduce per step).
+
+    Args:
+        dataset: the ``tarproc.Dataset`` to read.
+        num_workers: DataLoader worker processes (default 0: read in this process); each is one
+            reader of the epoch's plan.
+        kwargs: the other ``torch.utils.data.DataLoader`` arguments (``persistent_workers``,
+            ``pin_memory``, ``prefetch_factor``, ``multiprocessing_context``...); not
+            ``batch_size``: the dataset batches in its workers.
+
+    Raises:
+        OptionError: torch is not installed, or a ``batch_size`` is given.
+        DatasetError: (while iterating) a worker's error, as one line naming the shard, key and
+            field and the worker; a worker that died, naming the shards it was reading.
+
+    Example: ``for images, labels in ds.loader(num_workers=8): ...``; then
+    ``torch.save({"data": loader.state_dict()}, path)`` and, after a restart,
+    ``loader.load_state_dict(torch.load(path)["data"])``.
     """
 
     def __init__(self, dataset: Dataset, num_workers: int = 0, **kwargs: Any) -> None:
@@ -166,11 +184,19 @@ class Loader:
                 ds._main_decoder = None
 
     def state_dict(self) -> dict[str, Any]:
-        """The position: with sample counts, the same on every rank (save rank 0's); else per rank."""
+        """The position, as plain JSON-able data: the epoch, its plan and the steps taken. With
+        sample counts it is the same on every rank (save rank 0's) and resumes any layout; without
+        counts, and for ``repeat=True`` streams, it is per rank (save each rank's)."""
         return self.dataset._state(self._epoch, self.workers, self._steps, self._taken)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` on the next iteration; a state that can't be used is refused here."""
+        """Continue from ``state`` (a ``state_dict()``) on the next iteration: every remaining
+        sample of its epoch once, the batches exactly as an uninterrupted run's on the same layout.
+
+        Raises:
+            OptionError: a state that can't be used here (another seed, shard list or counts,
+                another layout where one is needed, a damaged field), naming the field.
+        """
         self.dataset.load_state_dict(state, workers=self.workers)
         self._epoch, self._steps, self._taken = None, 0, {}
 
@@ -215,7 +241,7 @@ def _together(batches: Iterator[Any], ds: _Core, tagged: bool = False) -> Iterat
         if lost.item() and not ds._warned_uncounted and dist.get_rank() == 0:
             ds._warned_uncounted = True
             warn(f"lengths=None: the epoch ended when the first rank ran out, leaving out {int(lost.item()):,} samples "
-                 "the other ranks held (said once; ds.lost counts every epoch's)")
+                 "the other ranks held (said once; ds.lost counts every epoch's)", DataWarning)
         return
 
 

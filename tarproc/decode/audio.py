@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MediaError, OptionError
-from .media import MAX_SAMPLE_RATE, _audio_stream, _ffmpeg_reason, import_av, is_wav, open_container, wav_header
+from .media import MAX_SAMPLE_RATE, audio_stream, ffmpeg_reason, import_av, is_wav, open_container, wav_header
 
 DEFAULT_MAX_SECONDS = 3600.0
 MAX_CHANNELS = 64
@@ -170,7 +170,7 @@ def _read_av(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.
     """The first audio stream decoded by PyAV, at its own rate."""
     av = import_av()
     with open_container(data) as container:
-        stream = _audio_stream(container)
+        stream = audio_stream(container)
         if stream is None:
             raise MediaError("no decoder for its audio stream" if container.streams.audio else "no audio stream")
         rate = stream.codec_context.sample_rate
@@ -189,7 +189,7 @@ def _read_av(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.
                     raise MediaError(f"audio is over max_seconds {spec.max_seconds:g}")
         except av.FFmpegError as e:
             if not chunks:
-                raise MediaError(f"cannot decode the audio: {_ffmpeg_reason(e)}") from None
+                raise MediaError(f"cannot decode the audio: {ffmpeg_reason(e)}") from None
             # damage after some good frames: keep what decoded, as for a stream cut short
     if not total:
         raise MediaError("no audio samples decode")

@@ -182,7 +182,8 @@ def wav_header(data: bytes | bytearray | memoryview) -> WavHeader:
 # everything else: PyAV
 
 
-def _ffmpeg_reason(e: BaseException) -> str:
+def ffmpeg_reason(e: BaseException) -> str:
+    """What an error from FFmpeg (PyAV) says, on one line, for a ``MediaError``."""
     reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
     return " ".join(str(reason).split())
 
@@ -197,9 +198,9 @@ def open_container(data: bytes | bytearray | memoryview) -> Iterator[Any]:
     try:
         container = av.open(io.BytesIO(bytes(data)), mode="r", metadata_errors="replace")
     except av.FFmpegError as e:
-        raise MediaError(f"cannot read the media: {_ffmpeg_reason(e)}") from None
+        raise MediaError(f"cannot read the media: {ffmpeg_reason(e)}") from None
     except (ValueError, OSError, EOFError) as e:
-        raise MediaError(f"cannot read the media: {_ffmpeg_reason(e)}") from None
+        raise MediaError(f"cannot read the media: {ffmpeg_reason(e)}") from None
     try:
         if container.format.name.endswith("_pipe") or container.format.name == "image2":
             raise MediaError(f"not audio or video (FFmpeg reads it as {container.format.name})")
@@ -208,12 +209,12 @@ def open_container(data: bytes | bytearray | memoryview) -> Iterator[Any]:
         container.close()
 
 
-def _audio_stream(container: Any) -> Any:
+def audio_stream(container: Any) -> Any:
     """The first audio stream FFmpeg has a decoder for, or None."""
     return next((s for s in container.streams.audio if s.codec_context is not None), None)
 
 
-def _video_stream(container: Any) -> Any:
+def video_stream(container: Any) -> Any:
     """The first video stream that FFmpeg has a decoder for and that is not an attached picture
     (an MP3's cover art), or None."""
     for stream in container.streams.video:
@@ -251,8 +252,8 @@ def probe(data: bytes | bytearray | memoryview) -> MediaInfo:
         h = wav_header(data)
         return MediaInfo("audio", h.codec, h.duration, h.sample_rate, h.channels, None, None, None)
     with open_container(data) as container:
-        video = _video_stream(container)
-        audio = _audio_stream(container)
+        video = video_stream(container)
+        audio = audio_stream(container)
         if video is None and audio is None:
             if container.streams.audio or container.streams.video:
                 raise MediaError("no decoder for its audio or video stream (an unknown codec, or damage)")
@@ -282,7 +283,7 @@ def poster_frame(data: bytes | bytearray | memoryview, max_size: int = 256) -> I
     if is_wav(data):
         raise MediaError("no video stream (the data is WAV audio)")
     with open_container(data) as container:
-        stream = _video_stream(container)
+        stream = video_stream(container)
         if stream is None:
             raise MediaError("no video stream")
         av = import_av()
@@ -293,7 +294,7 @@ def poster_frame(data: bytes | bytearray | memoryview, max_size: int = 256) -> I
             else:
                 raise MediaError("the video has no frame that decodes")
         except av.FFmpegError as e:
-            raise MediaError(f"cannot decode the video: {_ffmpeg_reason(e)}") from None
+            raise MediaError(f"cannot decode the video: {ffmpeg_reason(e)}") from None
     image = image.convert("RGB")
     image.thumbnail((max_size, max_size))
     return image

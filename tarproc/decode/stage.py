@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import DecodeError, OptionError
+from ..fieldspec import DEFAULT_IMAGE_SPEC, field_list
 from ..samples import Sample
 from ..stages import chunked
 from .cpu import CpuDecoder, ImageError, Job
@@ -21,7 +22,7 @@ from .spec import AugmentSpec, plan_key
 
 DEVICES = ("auto", "cpu", "dali-cpu", "gpu")
 DECODE_ON_ERROR = ("fail", "skip")
-DEFAULT_FIELDS = "jpg;jpeg;png;webp"
+DEFAULT_FIELDS = DEFAULT_IMAGE_SPEC  # "jpg;jpeg;png;webp": the image extensions the decoders read
 
 Decoder = CpuDecoder | DaliDecoder
 
@@ -74,11 +75,13 @@ def make_decoder(
 
 
 def parse_field_list(field: str) -> list[str]:
-    """``"jpg;jpeg,png"`` -> ``["jpg", "jpeg", "png"]`` (the first one a sample has is decoded)."""
-    names = [f.strip().lower() for f in field.replace(",", ";").split(";") if f.strip()]
-    if not names:
-        raise OptionError(f"bad field list {field!r}; expected names like jpg;jpeg;png")
-    return names
+    """``"jpg;jpeg,png"`` -> ``["jpg", "jpeg", "png"]`` (the first one a sample has is decoded): a
+    field spec (``tarproc.fieldspec``) of alternatives only.
+
+    >>> parse_field_list("jpg;jpeg,PNG")
+    ['jpg', 'jpeg', 'png']
+    """
+    return field_list(field, "the decode field")
 
 
 def decoded_batches(

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MediaError, OptionError
-from .media import _ffmpeg_reason, _video_stream, import_av, is_wav, open_container
+from .media import ffmpeg_reason, import_av, is_wav, open_container, video_stream
 from .spec import DEFAULT_MAX_PIXELS
 
 LAYOUTS = ("THWC", "TCHW")
@@ -104,7 +104,7 @@ def decode_video(data: bytes | bytearray | memoryview, spec: VideoSpec, key: str
         raise MediaError("no video stream (the data is WAV audio)")
     av = import_av()
     with open_container(data) as container:
-        stream = _video_stream(container)
+        stream = video_stream(container)
         if stream is None:
             raise MediaError("no video stream")
         ctx = stream.codec_context
@@ -130,7 +130,7 @@ def decode_video(data: bytes | bytearray | memoryview, spec: VideoSpec, key: str
                 raise MediaError("the video has no frame that decodes")
             arrays = [_pixels(frame, spec) for frame in picked]
         except av.FFmpegError as e:
-            raise MediaError(f"cannot decode the video: {_ffmpeg_reason(e)}") from None
+            raise MediaError(f"cannot decode the video: {ffmpeg_reason(e)}") from None
     while len(arrays) < spec.frames:  # shorter than the clip: the last frame stays on screen
         arrays.append(arrays[-1])
     clip = np.stack(arrays)

@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 from ..errors import OptionError, TarprocError
-from .run import Attempt, JobOptions, LiveSet, Task, _now_iso, run_task
+from .run import Attempt, JobOptions, LiveSet, Task, now_iso, run_task
 
 
 class DaskError(TarprocError):
@@ -115,7 +115,7 @@ class DaskEngine:
             raise DaskError("a task was cancelled by the cluster (did the scheduler restart?)")
         error = future.exception()
         status = "killed" if type(error).__name__ == "KilledWorker" else "error"
-        return Attempt(status, None, 0.0, socket.gethostname(), _now_iso(), f"{type(error).__name__}: {error}")
+        return Attempt(status, None, 0.0, socket.gethostname(), now_iso(), f"{type(error).__name__}: {error}")
 
     def close(self, cancel: bool) -> None:
         try:

@@ -14,7 +14,7 @@ A record::
 A shard is done when it has an ``ok`` record of the same ``command``: two jobs over the same ids
 (``{0000..0999}``) that share a journal don't skip each other's shards.
 
-``status`` is ok, failed (non-zero exit), timeout (killed after --timeout), killed (a signal, or
+``status`` is ok, failed (non-zero exit), timeout (killed after --command-timeout), killed (a signal, or
 a Dask worker that died) or error (the command could not be started).
 """
 

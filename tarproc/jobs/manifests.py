@@ -57,7 +57,7 @@ class ClusterJob:
         options = self.options
         args = ["--index", index, "-s", spec, "--retries", str(retries), "--backoff", f"{options.backoff:g}", "-q"]
         if options.timeout is not None:
-            args += ["--timeout", f"{options.timeout:g}"]
+            args += ["--command-timeout", f"{options.timeout:g}"]
         if self.journal:
             args += ["--journal", self.journal]
         if options.log_dir:

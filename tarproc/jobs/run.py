@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import TarprocError
+from ..procgroup import signal_group, start_group
 from .journal import Journal
 from .spec import shard_argv
 
@@ -110,7 +111,8 @@ class JobOptions:
 # one attempt
 
 
-def _now_iso() -> str:
+def now_iso() -> str:
+    """The time now in UTC, as the journal writes it (ISO 8601, microseconds, ``Z``)."""
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -124,13 +126,6 @@ def _tail(f: Any, limit: int = TAIL_BYTES) -> str:
 def _log_name(shard: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in shard).strip(".") or "shard"
     return safe + ".log"
-
-
-def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _die_with(parent: int) -> Callable[[], None]:
@@ -204,7 +199,7 @@ class LiveSet:
             self.stopped = True
             pids = set(self._pids)
         for pid in pids:
-            _kill_group(pid, signal.SIGTERM)
+            signal_group(pid, signal.SIGTERM)
         try:
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline:
@@ -215,7 +210,7 @@ class LiveSet:
         finally:  # a second Ctrl-C cuts the wait short, not the kill
             with self._lock:
                 for pid in pids & self._pids:
-                    _kill_group(pid)
+                    signal_group(pid)
 
 
 def run_attempt(
@@ -229,7 +224,7 @@ def run_attempt(
     """Run one command in its own process group; its stdout and stderr go to ``log_path`` (or a
     temporary file) and the last 2 KB of them into the result. On timeout (and always when it
     ends) the whole group is killed, so nothing it started outlives it."""
-    start, t0 = _now_iso(), time.monotonic()
+    start, t0 = now_iso(), time.monotonic()
     host = socket.gethostname()
     try:
         log = open(log_path, "w+b") if log_path else tempfile.TemporaryFile()  # noqa: SIM115
@@ -237,27 +232,27 @@ def run_attempt(
         return Attempt("error", None, 0.0, host, start, f"cannot write the log {log_path}: {e.strerror}")
     with log:
         try:
-            proc = subprocess.Popen(
+            proc = start_group(
                 _kept(argv) if die_with_parent else list(argv), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=log, start_new_session=True, env={**os.environ, **(env or {})},
+                stderr=log, env={**os.environ, **(env or {})},
                 preexec_fn=_die_with(os.getpid()) if die_with_parent else None,
             )
         except OSError as e:
             detail = f"{argv[0]}: {e.strerror}"
             return Attempt("error", 127, time.monotonic() - t0, host, start, detail)
         if live is not None and not live.add(proc.pid):
-            _kill_group(proc.pid)
+            signal_group(proc.pid)
         timed_out = False
         try:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
-            _kill_group(proc.pid)  # what it left running in the background
+            signal_group(proc.pid)  # what it left running in the background
             code = proc.wait()
         finally:
             if proc.returncode is None:  # interrupted while waiting
-                _kill_group(proc.pid)
+                signal_group(proc.pid)
                 proc.wait()
             if live is not None:
                 live.discard(proc.pid)

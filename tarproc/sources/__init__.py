@@ -287,31 +287,12 @@ class _RawAdapter:
         return self.source._raw_read(n)
 
 
-def stop_process_group(proc: subprocess.Popen[Any]) -> None:
-    """End a ``pipe:`` child started in its own session, and all it started, then reap it.
-
-    SIGTERM first, SIGKILL after 5 seconds; no zombie is left either way.
-    """
-    import subprocess
-
-    if proc.poll() is None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            try:
-                proc.wait(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    proc.wait()
-
-
 def _reap(proc: subprocess.Popen[Any], url: str, early: bool) -> None:
     """Wait for a pipe child; stop it first if we stopped reading early (its status is moot then)."""
     if early:
-        stop_process_group(proc)
+        from ..procgroup import stop_group
+
+        stop_group(proc)
         return
     status = proc.wait()
     if status != 0 and status != 141 and status != -signal.SIGPIPE:
@@ -377,13 +358,10 @@ def open_source(
             raise SourceError("pipe: needs a command, e.g. 'pipe:curl -s URL'", url)
         import subprocess
 
-        proc = subprocess.Popen(
-            cmd,
-            shell=True,
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # so an early stop can kill the whole pipeline it starts
-        )
+        from ..procgroup import start_group
+
+        # a group of its own: an early stop kills the whole pipeline it starts
+        proc = start_group(cmd, shell=True, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         if on_start is not None:
             on_start(proc)
         assert proc.stdout is not None
@@ -441,7 +419,7 @@ def shard_cache(network: Network) -> ShardCache | None:
     if cache is None:
         from .cache import ShardCache
 
-        cache = _caches[key] = ShardCache(network.cache_dir, network.cache_size, warn=remote.warn_stderr)
+        cache = _caches[key] = ShardCache(network.cache_dir, network.cache_size)  # a CacheWarning each
     return cache
 
 

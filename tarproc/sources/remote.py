@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
-from ..errors import OptionError, SourceError, TarprocError
+from ..errors import NetworkWarning, OptionError, SourceError, TarprocError, warn
 
 DEFAULT_RETRIES = 5
 DEFAULT_TIMEOUT = 60.0  # seconds a connect or a single read may take
@@ -44,15 +44,43 @@ _T = TypeVar("_T")
 
 @dataclasses.dataclass(frozen=True)
 class Network:
-    """How remote shards are read: retries, the per-read timeout, read-ahead and the shard cache.
+    """How remote shards are read: retries, timeouts, read-ahead and the shard cache.
 
-    ``retries``: attempts after a failed read or open (0: none); ``timeout``: seconds a connect or
-    a single read may wait (None: no limit); ``prefetch``: bytes read ahead of a reader, of the
-    shard it reads and of its next ones (up to ``prefetch.DEPTH``, opened meanwhile), together (0:
-    none); ``cache_dir``: keep verified copies of remote
-    shards there (``sources.cache``), at most ``cache_size`` bytes of them (None: no bound);
-    ``min_speed``: bytes/s under which a read is a failure when it lasts ``speed_time`` seconds (the
-    time spent waiting in reads, averaged; 0: no floor), retried as a cut connection is.
+    A frozen value, checked when it is made (``OptionError`` naming the field). Give it to
+    ``tarproc.Dataset(urls, network=Network(...))``; the commands make theirs from ``--retries``,
+    ``--timeout``, ``--prefetch``, ``--cache``, ``--cache-size``, ``--min-speed`` and
+    ``--speed-time``. Local files and ``pipe:`` commands ignore it.
+
+    Attributes:
+        retries: attempts after a failed read or open (default 5; 0: none). A read that fails in a
+            way that may pass (a reset, a timeout, a short body, a 5xx or 429 answer, a read under
+            ``min_speed``) waits, then goes on at the byte reached with a range request; each retry
+            is a ``NetworkWarning``. The count starts again after a retry that gets
+            ``min_speed * speed_time`` bytes further.
+        timeout: seconds a connect or a single read may wait (default 60; None: no limit; > 0).
+            ``http(s)://`` only: fsspec stores take their own (``FSSPEC_S3='{"config_kwargs": ...}'``).
+        prefetch: bytes read ahead of each reader, in the shard it reads and its next ones (up to
+            4, opened meanwhile), all together (default 32 MiB; 0: no read-ahead).
+        cache_dir: a folder of this machine for verified copies of remote shards
+            (``DIR/shards``: each shard downloaded once per node, later epochs read the copies;
+            see ``tarproc.sources.cache``); the Dataset also keeps its sample counts there
+            (``DIR/counts``). Default None: no shard cache (the counts go to
+            ``$TARPROC_CACHE_DIR``, else ``~/.cache/tarproc``).
+        cache_size: bytes the copies in ``cache_dir`` may take, the least recently used evicted
+            first (default None: no bound; > 0; needs ``cache_dir``).
+        backoff: seconds before the first retry, doubled at each next one with jitter, at most 30
+            (default 0.5); a ``Retry-After`` answer waits what it asks.
+        min_speed: bytes per second under which a read is a failure when it lasts ``speed_time``
+            seconds (the time spent waiting in reads, averaged), retried as a cut connection is
+            (default 1024; 0: no floor), as curl's ``--speed-limit``.
+        speed_time: the seconds of ``min_speed`` (default 30; > 0).
+
+    >>> Network(retries=8, cache_dir="/nvme/tarproc").prefetch
+    33554432
+    >>> Network(timeout=0)
+    Traceback (most recent call last):
+    ...
+    tarproc.errors.OptionError: bad timeout 0; must be > 0 seconds (or None: no limit)
     """
 
     retries: int = DEFAULT_RETRIES
@@ -101,13 +129,9 @@ def settings() -> Network:
 
 
 def warn_stderr(message: str) -> None:
-    """Where a reader's warnings go when the caller gives no ``warn``: one line on stderr, named
-    after the program as the commands name theirs (``tarcat: warning: URL: ...``)."""
-    path = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else ""
-    prog = os.path.basename(path)
-    if prog == "__main__.py":  # python -m PACKAGE
-        prog = os.path.basename(os.path.dirname(path))
-    print(f"{prog}: warning: {message}" if prog else f"warning: {message}", file=sys.stderr, flush=True)
+    """Where a reader's warnings go when the caller gives no ``warn``: a ``NetworkWarning``
+    (``tarproc.errors.warn``); the commands print it as ``tarcat: warning: URL: ...``."""
+    warn(message, NetworkWarning)
 
 
 _reached: set[str] = set()  # hosts (netloc) that answered a request of this process

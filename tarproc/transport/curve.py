@@ -30,7 +30,7 @@ def generate_keys(directory: str | os.PathLike[str], *, force: bool = False) -> 
     root = Path(directory)
     existing = [p for p in (root / f"{SERVER}.key_secret", root / f"{CLIENT}.key_secret") if p.exists()]
     if existing and not force:
-        raise SinkError(f"{existing[0]} exists; use --force to replace the keys (old clients stop working)")
+        raise SinkError(f"{existing[0]} exists; use --overwrite to replace the keys (old clients stop working)")
     try:
         if not root.exists():  # an existing directory keeps its mode: it may be shared, or "."
             root.mkdir(parents=True)

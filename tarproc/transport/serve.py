@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DecodeError, OptionError, SampleError, TarprocError, TransportError
+from ..fieldspec import DEFAULT_IMAGE_SPEC
 from ..samples import Sample, field_names, read_samples
 from ..stages import chunked, shuffle
 from ..tar import ReadStats
@@ -54,7 +55,7 @@ class ServeConfig:
     spec: Any = None  # tarproc.decode.AugmentSpec when decoding
     device: str = "auto"
     threads: int = 1
-    image_field: str = "jpg;jpeg;png;webp"
+    image_field: str = DEFAULT_IMAGE_SPEC
     output_field: str = "image"
     labels: list[str] = field(default_factory=list)  # text fields sent as int64 tensors
     fields: list[str] | None = None  # other fields to send (None: all)

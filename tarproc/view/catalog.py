@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from ..content import sniff_content
 from ..errors import IndexFileError, OptionError, SourceError, TarprocError
+from ..fieldspec import IMAGE_FORMATS
 from ..index import IndexedShard, IndexEntry, default_index_url
 from ..sources import local_path, open_source
 from ..sources.remote import url_to_fs
@@ -40,11 +41,13 @@ PREVIEW_BYTES = 1 << 16  # text-like fields up to this size are read for a page 
 FILTER_READ_LIMIT = 1 << 20  # a field bigger than this is not read to test a filter (no match)
 SNIFF_LIMIT = 4096  # a field with an unknown extension, up to this size, is read to see what it is
 
+# the image formats a browser shows (format -> Content-Type); their extensions come from the one list
+_BROWSER_IMAGES = {"jpeg": "image/jpeg", "png": "image/png", "gif": "image/gif", "webp": "image/webp",
+                   "bmp": "image/bmp", "avif": "image/avif"}
 # extension (the last part of a field name) -> (kind, Content-Type); kind drives the page
 _TYPES: dict[str, tuple[str, str]] = {
-    "jpg": ("image", "image/jpeg"), "jpeg": ("image", "image/jpeg"), "png": ("image", "image/png"),
-    "gif": ("image", "image/gif"), "webp": ("image", "image/webp"), "bmp": ("image", "image/bmp"),
-    "avif": ("image", "image/avif"), "ico": ("image", "image/x-icon"), "svg": ("image", "image/svg+xml"),
+    **{ext: ("image", _BROWSER_IMAGES[fmt]) for ext, fmt in IMAGE_FORMATS.items() if fmt in _BROWSER_IMAGES},
+    "ico": ("image", "image/x-icon"), "svg": ("image", "image/svg+xml"),
     "wav": ("audio", "audio/wav"), "mp3": ("audio", "audio/mpeg"), "flac": ("audio", "audio/flac"),
     "ogg": ("audio", "audio/ogg"), "oga": ("audio", "audio/ogg"), "opus": ("audio", "audio/ogg"),
     "m4a": ("audio", "audio/mp4"), "aac": ("audio", "audio/aac"), "weba": ("audio", "audio/webm"),

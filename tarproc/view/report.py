@@ -569,7 +569,7 @@ def write_report(
     """Read ``urls`` once and write the report to ``path`` (a local path, '-' or a URL ``open_sink``
     takes). ``count`` stops after that many samples; ``on_error="skip-shard"`` records a damaged
     shard and goes on, ``"fail"`` raises (and writes nothing). ``wrap``: wraps each shard's member
-    iterator (a progress bar); ``tar``: ``links`` and ``ignore_zeros`` as for ``Summary.add_shard``."""
+    iterator (a progress bar); ``tar``: ``policy`` (a ``ReadPolicy``) as for ``Summary.add_shard``."""
     if sample < 0:
         raise OptionError(f"bad sample size {sample}; must be >= 0")
     urls = list(urls)

@@ -437,8 +437,8 @@ def test_no_tar_is_read_from_a_terminal(tmp_path):
     ("tarcat", ["x{a,b.tar"], 2, "unbalanced braces in 'x{a,b.tar'"),
     ("tarcat", ["x{1..99999999}.tar"], 2, "'x{1..99999999}.tar' expands to more than 1,000,000 URLs"),
     ("tarcat", ["x{1..2000}{1..2000}.tar"], 2, "expands to more than 1,000,000 URLs"),
-    ("tarcreate", ["--key", "%.2147483647d", "PLAN"], 2, "bad key format '%.2147483647d': a width or precision over 255"),
-    ("tarcreate", ["--key", "%.300d", "PLAN"], 2, "bad key format '%.300d'"),
+    ("tarcreate", ["--key-format", "%.2147483647d", "PLAN"], 2, "bad key format '%.2147483647d': a width or precision over 255"),
+    ("tarcreate", ["--key-format", "%.300d", "PLAN"], 2, "bad key format '%.300d'"),
     ("tarcreate", ["PLAN-NUL"], 1, "row 1, column txt: path 'x\\x00y' contains a NUL byte"),
     ("tarcreate", ["PLAN-SURROGATE"], 1, "row 1, column txt: text that is not valid Unicode ('\\ud800' at character 0)"),
 ], ids=["slice", "braces", "brace-range", "brace-product", "key-precision", "key-width", "nul-path", "surrogate"])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 
 import pytest
+from tarhelpers import PATIENCE, wait_for
 
 
 def test_manifest_in_a_missing_directory_fails_before_any_shard(cli, shards, tmp_path):
@@ -55,13 +55,14 @@ def test_post_does_not_eat_tarsplits_stdin(cli, shards, tmp_path):
 
 def test_sighup_cleans_up_like_sigterm(scripts, tmp_path):
     out = tmp_path / "x.tar"
+    started = tmp_path / "started"
     proc = subprocess.Popen(
-        [scripts.tarcat, "pipe:head -c 20000 /dev/zero | tail -c 0; sleep 30", "-o", str(out)],
+        [scripts.tarcat, f"pipe:touch {started}; head -c 20000 /dev/zero | tail -c 0; sleep 600", "-o", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
-    time.sleep(1.0)
+    wait_for(started.exists, what="tarcat starting its pipe: command")
     proc.send_signal(signal.SIGHUP)
-    _, err = proc.communicate(timeout=20)
+    _, err = proc.communicate(timeout=PATIENCE)  # were the pipe waited for, this would time out
     assert proc.returncode == 128 + signal.SIGHUP, err
     assert not out.exists()
     assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []

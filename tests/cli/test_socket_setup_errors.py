@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tarhelpers import free_port
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses Linux processes and ipc sockets")
 TIMEOUT = 30  # a hang fails; a set-up error ends in well under a second
@@ -51,12 +52,6 @@ def taken_port():  # type: ignore[no-untyped-def]
     holder.listen()
     yield holder.getsockname()[1]
     holder.close()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def sending(shard: Path, *urls: str, extra: tuple[object, ...] = ()) -> tuple[int, str]:
@@ -119,7 +114,7 @@ def test_options_zmq_would_refuse_are_usage_errors(shard) -> None:  # type: igno
                         (("--heartbeat", "1e300"), "bad heartbeat interval 1e+300 s; must be at most 214748 s"),
                         (("--heartbeat", "1e6"), "bad heartbeat interval"),
                         (("--send-timeout", "1e300"), "bad send timeout")):
-        for url in ("zpush://127.0.0.1:7999", f"zpub://:{free_port()}"):
+        for url in (f"zpush://127.0.0.1:{free_port()}", f"zpub://:{free_port()}"):
             code, err = sending(shard, url, extra=extra)
             assert code == 2 and said in one_line(err)
     code, err = run("tarrecv", f"zpull://:{free_port()}", "--hwm", 2**31)
@@ -144,15 +139,15 @@ def refuse(self, opt, value):
         raise zmq.ZMQError(zmq.EINVAL)
     return real(self, opt, value)
 zmq.Socket.setsockopt = zmq.Socket.set = refuse  # options set by name (socket.curve_server = ...) too
-feed = sys.argv[3]
+feed, port = sys.argv[3], sys.argv[4]
 def with_keys():
     from tarproc.transport.curve import generate_keys
     generate_keys(feed + "-keys")
-    return Sender("zpush://127.0.0.1:7999", curve=feed + "-keys")
-make = {"push": lambda: Sender("zpush://127.0.0.1:7999"), "pub": lambda: Sender(f"zrpub+ipc://{feed}"),
+    return Sender(f"zpush://127.0.0.1:{port}", curve=feed + "-keys")
+make = {"push": lambda: Sender(f"zpush://127.0.0.1:{port}"), "pub": lambda: Sender(f"zrpub+ipc://{feed}"),
         "curve": with_keys,
         "pull": lambda: Receiver([f"zpull+ipc://{feed}-a", f"zpull+ipc://{feed}-b"]),
-        "sub": lambda: Receiver("zsub://127.0.0.1:7999")}
+        "sub": lambda: Receiver(f"zsub://127.0.0.1:{port}")}
 try:
     make[sys.argv[2]]()
 except TransportError as e:
@@ -167,7 +162,8 @@ except TransportError as e:
 def test_an_option_zmq_refuses_is_an_error_and_no_hang(option, side, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Any option the socket refuses (here made to) ends the process at once with a TransportError."""
     try:
-        done = subprocess.run([sys.executable, "-c", REFUSED, option, side, tmp_path / "feed"], capture_output=True, timeout=TIMEOUT)
+        done = subprocess.run([sys.executable, "-c", REFUSED, option, side, tmp_path / "feed", str(free_port())],
+                              capture_output=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{side} hung after {option} was refused")
     assert done.returncode == 3, done.stderr.decode()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -19,16 +18,16 @@ def test_first_image_by_default(cli, shards):
     r = cli.run(tarfirst, shards.paths)
     assert r.exit_code == 0, r.stderr
     assert r.stdout_bytes == data_of(shards, 0, "jpg")
-    r = cli.run(tarfirst, [*shards.paths, "-n", "2"])  # sample 1 has a png instead of a jpg
+    r = cli.run(tarfirst, [*shards.paths, "--nth", "2"])  # sample 1 has a png instead of a jpg
     assert r.stdout_bytes == data_of(shards, 1, "png")
 
 
 def test_fields_nth_key_regex(cli, shards):
-    assert cli.run(tarfirst, [*shards.paths, "-f", "cls", "-n", "6"]).stdout == "5"
-    assert cli.run(tarfirst, [*shards.paths, "-f", "png;jpg", "-n", "3"]).stdout_bytes == data_of(shards, 2, "jpg")
+    assert cli.run(tarfirst, [*shards.paths, "-f", "cls", "--nth", "6"]).stdout == "5"
+    assert cli.run(tarfirst, [*shards.paths, "-f", "png;jpg", "--nth", "3"]).stdout_bytes == data_of(shards, 2, "jpg")
     r = cli.run(tarfirst, [*shards.paths, "--key", "s2/0009", "-f", "json"])
     assert r.stdout == '{"i": 9}'
-    r = cli.run(tarfirst, [*shards.paths, "--regex", r"^s1/.*\.json$", "-n", "2", "-v"])
+    r = cli.run(tarfirst, [*shards.paths, "--regex", r"^s1/.*\.json$", "--nth", "2", "-v"])
     assert r.stdout == '{"i": 5}'
     assert r.stderr == f"tarfirst: wrote s1/0005.json (8 bytes) from {shards.paths[1]}\n"
 
@@ -37,7 +36,7 @@ def test_nothing_matches_exit_1_naming_inputs(cli, shards):
     r = cli.run(tarfirst, [shards.paths[0], "-f", "flac"])
     assert r.exit_code == 1 and r.stdout == ""
     assert cli.one_line_error(r, "tarfirst") == f"tarfirst: error: no member with fields flac in {shards.paths[0]}"
-    r = cli.run(tarfirst, [*shards.paths, "-f", "png", "-n", "4"])
+    r = cli.run(tarfirst, [*shards.paths, "-f", "png", "--nth", "4"])
     assert cli.one_line_error(r, "tarfirst") == (
         f"tarfirst: error: no member with fields png in {', '.join(shards.paths)} (found 3, asked for number 4)"
     )
@@ -52,7 +51,7 @@ def test_stops_reading_before_damage(cli, shards, tmp_path):
     cut.write_bytes(data[:7000])
     r = cli.run(tarfirst, [cut, "-f", "cls"])
     assert r.exit_code == 0 and r.stdout == "0"
-    r = cli.run(tarfirst, [cut, "-f", "cls", "-n", "4"])  # further in, the damage is found and named
+    r = cli.run(tarfirst, [cut, "-f", "cls", "--nth", "4"])  # further in, the damage is found and named
     assert r.exit_code == 1 and str(cut) in cli.one_line_error(r, "tarfirst") and "at byte" in r.stderr
 
 
@@ -76,7 +75,7 @@ def test_stdin(cli, shards):
     assert r.stdout == "4"
 
 
-@pytest.mark.parametrize("args", [["-n", "0"], ["--regex", "("], ["-f", ";"]])
+@pytest.mark.parametrize("args", [["--nth", "0"], ["--regex", "("], ["-f", ";"]])
 def test_usage_errors_exit_2(cli, shards, args):
     assert cli.run(tarfirst, [shards.paths[0], *args]).exit_code == 2
 
@@ -84,14 +83,12 @@ def test_usage_errors_exit_2(cli, shards, args):
 def test_real_pipe_source_is_stopped_early(cli, tmp_path):
     # 3 MB of samples, then a producer that would go on for a minute: tarfirst ends at once
     path = cli.write_tar(tmp_path / "big.tar", ({"__key__": f"k{i:03d}", "bin": bytes(100_000)} for i in range(30)))
-    t0 = time.monotonic()
-    p = subprocess.run(
-        [sys.executable, "-m", "tarproc.cli.tarfirst", f"pipe:cat {path}; sleep 60", "--regex", r"k001\.bin"],
-        capture_output=True, timeout=50,
+    p = subprocess.run(  # the timeout, under the producer's minute, fails a tarfirst that waited for it
+        [sys.executable, "-m", "tarproc.cli.tarfirst", f"pipe:cat {path}; sleep 600", "--regex", r"k001\.bin"],
+        capture_output=True, timeout=60,
     )
     assert p.returncode == 0, p.stderr
     assert p.stdout == bytes(100_000)
-    assert time.monotonic() - t0 < 20
 
 
 def test_verbose_escapes_the_member_name(cli, tmp_path):

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from tarhelpers import live_processes_with, settled
+from tarhelpers import live_processes_with, settled, wait_for
 
 from tarproc.cli.tarjob import main as tarjob
 
@@ -75,7 +75,7 @@ def test_resume_skips_done_shards_and_force_reruns(cli, here):
     assert r.exit_code == 0, r.stderr
     assert "tarjob: skipped 4 done" in r.stderr and "5 shards: 1 done, 4 skipped, 0 failed" in r.stderr
     assert [(here / f"{s}.runs").read_text().count("run") for s in range(5)] == [1, 1, 1, 2, 1]
-    r = run(cli, ["-q", "--force", *args])
+    r = run(cli, ["-q", "--redo", *args])
     assert r.exit_code == 0 and r.stderr == ""
     assert ok_counts(journal()) == {"0": 2, "1": 2, "2": 2, "3": 2, "4": 2}
 
@@ -95,9 +95,9 @@ def test_failure_is_reported_with_its_output_tail(cli, here):
 
 
 def test_timeout(cli, here):
-    t0 = time.monotonic()
-    r = run(cli, ["-s", "{1..2}", "--timeout", "0.3", "--retries", "0", "--", "bash", "-c", "sleep {}0"])
-    assert r.exit_code == 1 and time.monotonic() - t0 < 10
+    # 1000 and 2000 s: past pytest's timeout, were the jobs waited for
+    r = run(cli, ["-s", "{1..2}", "--timeout", "0.3", "--retries", "0", "--", "bash", "-c", "sleep {}000"])
+    assert r.exit_code == 1
     assert "tarjob: shard 1 timed out after 0.3 s" in r.stderr
     assert [r["status"] for r in journal()] == ["timeout", "timeout"]
 
@@ -166,9 +166,7 @@ def test_stop_kills_running_commands_and_records_nothing(here, sig, status):
     marker = f"tarjob-stop-{sig}-{os.getpid()}"
     command = f"touch {{}}.started; sleep 30; : {marker}"
     proc = tarjob_process(["-q", "-s", "{0..3}", "-j", "2", "--", "bash", "-c", command], cwd=here)
-    deadline = time.monotonic() + 10
-    while len(list(here.glob("*.started"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: len(list(here.glob("*.started"))) >= 2, what="two jobs starting")
     assert live_processes_with(marker)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=10)
@@ -265,10 +263,14 @@ def test_slurm_script_runs_locally(cli, here, spec):
 # -------------------------------------------------------------------------------------------
 # Dask: a real LocalCluster (scheduler here, worker processes, all on 127.0.0.1)
 
+needs_dask = pytest.mark.skipif(importlib.util.find_spec("distributed") is None,
+                                reason="distributed is not installed (pip install 'tarproc[dask]')")
 # on a worker, the command's parent is the keeper (see run.py): the worker is the keeper's parent
 WORKER_PID = "echo $(ps -o ppid= -p $PPID)"
 
 
+@pytest.mark.slow
+@needs_dask
 def test_dask_local_cluster(cli, here):
     r = run(cli, ["-s", "{0..5}", "--dask", "local", "-j", "2", "--retries", "1", "--backoff", "0.05", "--",
                   "bash", "-c", f"{WORKER_PID} > {{}}.worker; [ {{}} != 4 ] || [ -e 4.worker.seen ] || "
@@ -282,6 +284,8 @@ def test_dask_local_cluster(cli, here):
     assert len(workers) <= 2 and str(os.getpid()) + "\n" not in workers  # ran in the worker processes
 
 
+@pytest.mark.slow
+@needs_dask
 @pytest.mark.parametrize("allowed_failures", ["0", "3"])
 def test_dask_worker_killed_mid_run(here, allowed_failures):
     """SIGKILL the worker running shard 1. Dask reschedules its task on another worker (3: the
@@ -291,11 +295,8 @@ def test_dask_worker_killed_mid_run(here, allowed_failures):
                            "--", "bash", "-c", cmd], cwd=here,
                           env={"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": allowed_failures})
     victim = here / "1.pids"
-    deadline = time.monotonic() + 30
-    while not victim.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.1)
-    os.kill(int(victim.read_text().split()[0]), signal.SIGKILL)
+    pids = wait_for(lambda: victim.exists() and victim.read_text().split(), what="shard 1's worker saying its pid")
+    os.kill(int(pids[0]), signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     records = journal(here / "tarjob.jsonl")

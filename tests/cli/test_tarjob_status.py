@@ -98,7 +98,7 @@ def test_many_failures_are_cut_short(cli, here):
 
 @pytest.mark.parametrize("args, text", [
     (["--dry-run"], "--status and --dry-run can't be used together"),
-    (["--force"], "--status and --force can't be used together"),
+    (["--redo"], "--status and --redo can't be used together"),
     (["--slurm", "job.sh"], "--slurm and --status can't be used together"),
     (["--only", "10"], "SPEC has 10 shards"),
     (["--", "echo", "hi"], "the command has no '{}'"),

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from tarhelpers import live_processes_with, settled
+from tarhelpers import live_processes_with, settled, wait_for
+
+from tarproc.jobs.run import STOP_GRACE
 
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -49,14 +51,13 @@ def test_a_stopped_run_lets_the_writers_remove_their_temporary_files(cli, here, 
          "tarproc", "-q", "-p", "1", "-c", "sleep 0.2", "in-{}.tar", "-o", "out-{}.tar"],
         cwd=here, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 30
-    while len(cli.leftovers(here)) < 2 and time.monotonic() < deadline:  # both shards being written
-        time.sleep(0.05)
+    wait_for(lambda: len(cli.leftovers(here)) >= 2, what="both shards being written")
     assert len(cli.leftovers(here)) == 2
     t0 = time.monotonic()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + sig, err
-    assert time.monotonic() - t0 < 4  # they ended on SIGTERM: no wait for the SIGKILL
+    # they ended on SIGTERM: a SIGKILL comes STOP_GRACE seconds after it, never sooner
+    assert time.monotonic() - t0 < STOP_GRACE
     assert cli.leftovers(here) == [] and list(here.glob("out-*")) == []
     assert (here / "tarjob.jsonl").read_text() == ""

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import zmq
+from tarhelpers import connect_and_hang_up, send_stray, wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses Linux processes and ipc sockets")
 TIMEOUT = 90
@@ -35,13 +35,6 @@ def finish(process: subprocess.Popen, timeout: float = TIMEOUT) -> tuple[int, st
     return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-def wait_for(condition, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def kill(process: subprocess.Popen) -> None:
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=TIMEOUT)
@@ -54,9 +47,10 @@ def samples(n: int, prefix: str = "k", size: int = 300) -> list[dict[str, object
 
 
 CONSUMER = """
-import sys, time
+import os, sys, time
 from tarproc.transport import Receiver
 url, log, delay, loader = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "torch"
+hold = sys.argv[5] if len(sys.argv) > 5 else None  # while this file exists, take nothing
 if loader:
     from torch.utils.data import DataLoader  # before the receiver binds: importing torch takes a while
 receiver = Receiver(url, timeout=60, wait=60)
@@ -69,19 +63,24 @@ with open(log, "a") as out:
         for key in keys:
             out.write(f"{int(epoch)} {int(again)} {key}\\n")
         out.flush()
-        time.sleep(delay)
+        time.sleep(delay)  # a consumer's work: part of the scenario
+        while hold and os.path.exists(hold):
+            time.sleep(0.01)
     out.write("END\\n")
 """
 
 
-def consumer(url: str, log: Path, delay: float, loader: str = "plain") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CONSUMER, url, str(log), str(delay), loader], stderr=subprocess.PIPE)
+def consumer(url: str, log: Path, delay: float, loader: str = "plain", hold: Path | None = None) -> subprocess.Popen:
+    extra = [str(hold)] if hold else []
+    return subprocess.Popen([sys.executable, "-c", CONSUMER, url, str(log), str(delay), loader, *extra],
+                            stderr=subprocess.PIPE)
 
 
 def test_receivers_killed_and_restarted_lose_nothing(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Two receivers, two sender processes, three epochs; one receiver (a DataLoader over
-    ``Receiver.dataset()``) is SIGKILLed every 1.2 s and restarted. What the consumers took is every key once per epoch, and every second copy
-    came marked as sent again."""
+    ``Receiver.dataset()``) is SIGKILLed while it takes batches, and restarted, four times. What the
+    consumers took is every key once per epoch, and every second copy came marked as sent again."""
+    pytest.importorskip("torch")  # receiver "a" is a DataLoader's
     keys = []
     for shard in range(4):
         data = samples(90, prefix=f"s{shard}-")
@@ -89,17 +88,24 @@ def test_receivers_killed_and_restarted_lose_nothing(cli, tmp_path) -> None:  # 
         keys += [s["__key__"] for s in data]
     urls = [f"zpull+ipc://{tmp_path}/feed-{name}" for name in "ab"]
     logs = {name: [] for name in "ab"}
+    # "b" takes nothing while "a" restarts (importing torch takes seconds on a busy machine): the
+    # stream must not be over before "a" was killed a few times
+    hold = tmp_path / "hold-b"
 
     def run(name: str) -> subprocess.Popen:
         log = tmp_path / f"log-{name}-{len(logs[name])}"
         logs[name].append(log)
-        # "b" takes its time: while "a" restarts (importing torch takes seconds on a busy machine) the
-        # stream goes to "b" alone, and must not be over before "a" was killed a few times
-        return consumer(urls["ab".index(name)], log, 0.03 if name == "a" else 0.08, "torch" if name == "a" else "plain")
+        if name == "a":
+            return consumer(urls[0], log, 0.03, "torch")
+        return consumer(urls[1], log, 0.08, "plain", hold=hold)
+
+    def lines(log: Path) -> int:
+        return len(log.read_text().splitlines()) if log.exists() else 0
 
     def taken_lines() -> int:
-        return sum(len(log.read_text().splitlines()) for log in logs["a"] + logs["b"] if log.exists())
+        return sum(lines(log) for log in logs["a"] + logs["b"])
 
+    hold.touch()  # until "a" has started for the first time
     receivers = {name: run(name) for name in "ab"}
     sender = start("tarserve", "--raw", f"{tmp_path}/in-{{0..3}}.tar", "--to",
                    f"zpush+ipc://{tmp_path}/feed-{{a,b}}", "-p", 2, "--epochs", 3, "-b", 3, "-q", "--stats",
@@ -109,14 +115,17 @@ def test_receivers_killed_and_restarted_lose_nothing(cli, tmp_path) -> None:  # 
     # after every sender has gone would wait for them in vain
     while kills < 4:
         current = logs["a"][-1]
-        wait_for(lambda log=current: sender.poll() is not None
-                 or (log.exists() and len(log.read_text().splitlines()) >= 6), timeout=60)
-        time.sleep(0.3)
+        wait_for(lambda log=current: sender.poll() is not None or lines(log) >= 3, timeout=TIMEOUT)
+        hold.unlink(missing_ok=True)  # "a" is back and taking batches: "b" goes on too
+        # "a" takes a few batches more: it is killed while it takes them
+        wait_for(lambda log=current: sender.poll() is not None or lines(log) >= 9, timeout=TIMEOUT)
         if sender.poll() is not None or taken_lines() > 0.6 * 3 * len(keys):
             break
+        hold.touch()
         kill(receivers["a"])
         kills += 1
         receivers["a"] = run("a")
+    hold.unlink(missing_ok=True)
     code, _, err = finish(sender)
     assert code == 0, err
     for process in receivers.values():
@@ -153,7 +162,7 @@ def test_tarrecv_killed_mid_stream_resumes_into_one_identical_file(cli, tmp_path
     wait_for(lambda: state.exists() and json.loads(state.read_text())["samples"] >= 500)
     kill(receiver)
     assert not out.exists() and (tmp_path / "y.tar.part").exists()
-    time.sleep(0.3)
+    time.sleep(0.3)  # the scenario: a receiver down for a moment before it is started again
     second = start("tarrecv", f"zpull+{feed}", "-o", out, "--stats")
     code, _, err = finish(sender)
     assert code == 0, err
@@ -236,13 +245,7 @@ def test_a_checkpoint_of_other_options_is_refused(cli, tmp_path) -> None:  # typ
 
 def send_by_hand(feed: str, frames: list[bytes]) -> None:
     """One message to a receiver bound at ``feed``, from a socket that is no tarproc sender."""
-    context = zmq.Context()
-    rogue = context.socket(zmq.DEALER)
-    rogue.connect(feed)
-    rogue.send_multipart(frames)
-    time.sleep(0.5)
-    rogue.close(0)
-    context.term()
+    send_stray(feed, [frames])
 
 
 def test_an_oversized_message_is_refused_and_reception_goes_on(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -290,12 +293,7 @@ def test_an_older_tarproc_is_told_apart_from_garbage(tmp_path) -> None:  # type:
     feed = f"ipc://{tmp_path}/feed"
     receiver = start("tarrecv", f"zpull+{feed}", "--wait", 2)
     wait_for((tmp_path / "feed").exists)  # bound
-    context = zmq.Context()
-    old = context.socket(zmq.PUSH)
-    old.connect(feed)
-    time.sleep(0.5)
-    old.close(0)
-    context.term()
+    connect_and_hang_up(feed, "PUSH")
     code, _, err = finish(receiver)
     assert code == 1 and "wire format v1" in err and "no sender for 2 s" in err
 

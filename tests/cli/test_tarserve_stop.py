@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from tarhelpers import wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses Linux processes and ipc sockets")
 TIMEOUT = 90
@@ -50,13 +51,6 @@ def lines(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
-def wait_for(condition, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def shards(cli, tmp_path: Path, count: int, per_shard: int) -> tuple[list[Path], list[str]]:  # type: ignore[no-untyped-def]
     paths, keys = [], []
     for shard in range(count):
@@ -85,7 +79,7 @@ def test_a_polite_stop_with_a_checkpoint_is_a_pause(cli, tmp_path, senders, how)
     assert "Traceback" not in err and "error" not in err, err
     taken = len(lines(log))
     assert taken < len(keys), "the stream ended before the stop: make it longer"
-    time.sleep(5)  # past the consumer's timeout of 4 s
+    time.sleep(5)  # the scenario: a pause past the consumer's timeout of 4 s
     assert consumer.poll() is None, consumer.stderr.read().decode() if consumer.stderr else ""
     code, err = finish(tarserve(*args))
     assert code == 0 and "(resumed from" in err, err
@@ -115,7 +109,7 @@ def test_tarrecv_writes_one_whole_tar_through_a_pause(cli, tmp_path) -> None:  #
     wait_for(lambda: (tmp_path / "y.tar.part").exists() and (tmp_path / "y.tar.part").stat().st_size > 200_000)
     sender.send_signal(signal.SIGTERM)
     assert finish(sender)[0] == 143
-    time.sleep(5)
+    time.sleep(5)  # the scenario: a pause past the receiver's timeout of 4 s
     assert receiver.poll() is None, receiver.stderr.read().decode() if receiver.stderr else ""
     code, err = finish(tarserve(*args))
     assert code == 0, err

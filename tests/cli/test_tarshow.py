@@ -598,17 +598,16 @@ def test_report_ctrl_c_leaves_nothing(content_shard, tmp_path):
     import signal
     import time
 
+    from tarhelpers import wait_for
+
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     source = f"pipe:cat {content_shard}; sleep 60"
     proc = subprocess.Popen([sys.executable, "-m", "tarproc.cli.tarshow", source, "--report", str(out_dir / "r.html"),
                              "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
-        while not os.listdir(out_dir) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert os.listdir(out_dir), "the report's temporary file never appeared"
-        time.sleep(0.3)
+        wait_for(lambda: os.listdir(out_dir), what="the report's temporary file appearing")
+        time.sleep(0.3)  # the scenario: a signal while it waits on its input
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:

@@ -10,10 +10,11 @@ import sys
 import time
 
 import pytest
+from tarhelpers import PATIENCE, wait_for
 
 from tarproc.cli.tarsort import main as tarsort
 
-SPILL = ["--memory", "256KiB"]  # small enough that the shards below go through temporary runs
+SPILL = ["--buffer-size", "256KiB"]  # small enough that the shards below go through temporary runs
 
 
 def keys(items):
@@ -186,7 +187,7 @@ def command(*args):
 def test_subprocess_pipeline_with_head(data, tmp_path):
     paths, expected, tmp = data
     cmd = (
-        f"set -o pipefail; cat {paths[0]} | {' '.join(command('-', '--memory', '256KiB', '--tmpdir', tmp))}"
+        f"set -o pipefail; cat {paths[0]} | {' '.join(command('-', '--buffer-size', '256KiB', '--tmpdir', tmp))}"
         " | tar -tf - | head -n 3"
     )
     r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
@@ -205,21 +206,15 @@ def test_sigterm_while_spilling_removes_the_runs(cli, tmp_path):
     out.mkdir()
     # 3 MB of a shard, then a stall (pipes are read in 1 MiB blocks): tarsort has spilled runs
     # and waits for more input when the signal comes
-    source = f"pipe:head -c {os.path.getsize(shard) - 1024} '{shard}'; exec sleep 60"
-    p = subprocess.Popen(command(source, "--memory", "256KiB", "--tmpdir", tmp, "-o", out / "s.tar"),
+    source = f"pipe:head -c {os.path.getsize(shard) - 1024} '{shard}'; exec sleep 600"
+    p = subprocess.Popen(command(source, "--buffer-size", "256KiB", "--tmpdir", tmp, "-o", out / "s.tar"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            runs = [n for d in os.listdir(tmp) for n in os.listdir(tmp / d) if n.endswith(".tar")]
-            if len(runs) >= 2:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("tarsort spilled no runs")
-        time.sleep(0.2)
+        wait_for(lambda: len([n for d in os.listdir(tmp) for n in os.listdir(tmp / d) if n.endswith(".tar")]) >= 2,
+                 what="tarsort spilling two runs")
+        time.sleep(0.2)  # the scenario: a signal while it waits for more input
         p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=20)
+        _, err = p.communicate(timeout=PATIENCE)
     finally:
         if p.poll() is None:
             p.terminate()  # not kill: let it remove its runs and stop its pipe: child

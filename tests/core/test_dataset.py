@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -517,6 +519,12 @@ def _drop_seven(sample: dict) -> dict:
     return sample
 
 
+def _show_on_stderr(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    file: object = None, line: str | None = None) -> None:
+    """Python's own ``warnings.showwarning``: the warning on stderr."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_decode_stats_add_up_over_workers_and_skipped_samples_are_said_once(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], workers: int
@@ -525,13 +533,17 @@ def test_decode_stats_add_up_over_workers_and_skipped_samples_are_said_once(
     ds = Dataset(paths, batch_size=4, to_tuple=("__key__", "jpg", "cls"), decode=AugmentSpec(size=16), map=_drop_seven,
                  on_error="skip", device="cpu", tensors="numpy" if workers == 0 else "torch")
     out = 0
-    for _epoch in range(2):
-        batches = list(DataLoader(ds, batch_size=None, num_workers=workers) if workers else ds)
-        out += sum(len(b[0]) for b in batches)
+    with warnings.catch_warnings():
+        # shown on stderr as Python shows them outside pytest, which records a forked worker's
+        # warnings in that worker's memory only
+        warnings.showwarning = _show_on_stderr
+        for _epoch in range(2):
+            batches = list(DataLoader(ds, batch_size=None, num_workers=workers) if workers else ds)
+            out += sum(len(b[0]) for b in batches)
     stats = ds.decode_stats
     # every sample read is either out with its image decoded, or skipped: 3 bad of 10, per shard, per epoch
     assert (out, stats.decoded, stats.skipped) == (28, 28, 12)
     err = capfd.readouterr().err
     said = [line for line in err.splitlines() if "skipped:" in line]
-    assert len(said) == 1 and said[0].startswith("tarproc: warning: skipped: ")
+    assert len(said) == 1 and ": DataWarning: skipped: " in said[0]
     assert "later ones are not said, only counted: ds.decode_stats.skipped" in said[0]

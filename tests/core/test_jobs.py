@@ -148,9 +148,9 @@ def test_attempt_captures_output_tail_and_status():
 
 
 def test_attempt_timeout_kills_the_group():
-    t0 = time.monotonic()
-    a = run_attempt(["bash", "-c", "sleep 30 & sleep 30"], timeout=0.3)
-    assert a.status == "timeout" and time.monotonic() - t0 < 5
+    # 600 s: past pytest's timeout, were the group waited for
+    a = run_attempt(["bash", "-c", "sleep 600 & sleep 600"], timeout=0.3)
+    assert a.status == "timeout"
     assert a.reason(0.3) == "timed out after 0.3 s"
 
 
@@ -194,10 +194,10 @@ def test_closing_early_kills_running_commands(tmp_path):
     import threading
 
     def stop_soon() -> None:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # not a test failure: the main thread's asserts say what happened
         while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
-        time.sleep(0.1)
+        time.sleep(0.1)  # the scenario: a Ctrl-C while both jobs run
         os.kill(os.getpid(), 2)  # SIGINT: KeyboardInterrupt in the main thread, inside the loop
 
     threading.Thread(target=stop_soon, daemon=True).start()

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from tarhelpers import live_processes_with, settled
+from tarhelpers import PATIENCE, live_processes_with, settled, wait_for
 
 from tarproc.errors import OptionError
 from tarproc.jobs import JobOptions
@@ -34,10 +34,7 @@ def test_a_dying_worker_takes_the_whole_command_with_it(tmp_path):
         "from tarproc.jobs.run import run_attempt\n"
         f"run_attempt(['bash', '-c', 'sleep 30.{marker} & sleep 30.{marker}; : {marker}'], die_with_parent=True)\n"
     )])
-    deadline = time.monotonic() + 10
-    while len(live_processes_with(marker)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert len(live_processes_with(marker)) >= 3  # the keeper, bash, two sleeps
+    wait_for(lambda: len(live_processes_with(marker)) >= 3, what="the keeper, bash and the sleeps running")
     worker.kill()
     worker.wait()
     assert settled(lambda: live_processes_with(marker)) == []
@@ -47,17 +44,15 @@ def test_stopping_a_run_kills_its_commands_on_the_worker():
     """Ctrl-C on the client: cancelling a Dask future leaves a started task running; the client
     then runs _stop_run on every worker."""
     marker = f"{time.time_ns()}"
-    options = JobOptions(["bash", "-c", f"sleep 30 & sleep 30; : {marker} {{}}"])
+    options = JobOptions(["bash", "-c", f"sleep 600 & sleep 600; : {marker} {{}}"])  # only a kill ends it
     task = options.task("a", 0)
     result = []
     thread = threading.Thread(target=lambda: result.append(_remote_attempt(task, options, marker)))
-    t0 = time.monotonic()
     thread.start()
-    while not live_processes_with(marker) and time.monotonic() - t0 < 10:
-        time.sleep(0.02)
+    wait_for(lambda: live_processes_with(marker), what="the job's processes starting")
     _stop_run(marker)
-    thread.join(10)
-    assert result and result[0].status == "killed" and time.monotonic() - t0 < 10
+    thread.join(PATIENCE)
+    assert result and result[0].status == "killed"
     assert settled(lambda: live_processes_with(marker)) == []
     late = _remote_attempt(task, options, marker)  # a task that starts after the stop
     assert late.status == "killed"

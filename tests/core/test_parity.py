@@ -12,6 +12,7 @@ import tarfile
 import pytest
 
 import tarproc.tar as tario
+import tarproc.tar.reader as tar_reader
 from tarproc.errors import TarprocError
 
 
@@ -26,7 +27,7 @@ def compare(monkeypatch, kit, c_scan):
         return result
 
     def run(scan, data, keyed, chunked, kw):
-        monkeypatch.setattr(tario, "_scan", scan)
+        monkeypatch.setattr(tar_reader, "_scan", scan)
         if chunked is None:
             stream = io.BytesIO(data)
         else:

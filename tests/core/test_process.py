@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from tarhelpers import live_group_members, live_processes_with, settled
+from tarhelpers import live_group_members, live_processes_with, settled, wait_for
 
 from tarproc.errors import OptionError
 from tarproc.process import JobError, JobStats, field_filter, load_function, map_samples, shell_samples
@@ -24,8 +23,8 @@ def fields(samples) -> list[tuple[str, dict]]:
 
 
 def processes_with(marker: str) -> list[int]:
-    """Live processes running ``marker``, after up to 2 s for killed ones to go."""
-    return settled(lambda: live_processes_with(marker), timeout=2.0, interval=0.05)
+    """Live processes running ``marker``, once killed ones are gone (or after a minute)."""
+    return settled(lambda: live_processes_with(marker), interval=0.05)
 
 
 @pytest.fixture
@@ -187,10 +186,9 @@ def test_on_error_skip_and_keep(tmp):
 
 @pytest.mark.parametrize("policy", ["fail", "skip", "keep"])
 def test_timeout_kills_the_whole_group(tmp, policy):
-    marker = f"31.{os.getpid()}{ord(policy[0])}"
+    marker = f"631.{os.getpid()}{ord(policy[0])}"  # seconds: past pytest's timeout, were the group waited for
     cmd = f'if [ "$INDEX" = 1 ]; then (sleep {marker}; echo late > sample.late) & sleep {marker}; fi'
     stats = JobStats()
-    start = time.monotonic()
     run = shell_samples(make(3), cmd, workers=2, timeout=0.5, on_error=policy, tmpdir=str(tmp), stats=stats,
                         warn=lambda m: None)
     if policy == "fail":
@@ -201,29 +199,24 @@ def test_timeout_kills_the_whole_group(tmp, policy):
         assert [s["__key__"] for s in out] == (["k000", "k002"] if policy == "skip" else ["k000", "k001", "k002"])
         assert "late" not in out[1]
         assert stats.timed_out == 1
-    assert time.monotonic() - start < 10
     assert processes_with(marker) == []
     assert os.listdir(tmp) == []
 
 
 def test_background_jobs_are_killed_when_the_command_exits(tmp):
-    marker = f"32.{os.getpid()}"
-    start = time.monotonic()
+    marker = f"632.{os.getpid()}"  # seconds: past pytest's timeout, were the jobs waited for
     out = list(shell_samples(make(2), f"sleep {marker} & echo started", tmpdir=str(tmp), on_log=lambda *a: None))
-    assert len(out) == 2 and time.monotonic() - start < 10
-    time.sleep(0.1)
+    assert len(out) == 2
     assert processes_with(marker) == []
 
 
 def test_closing_early_kills_running_commands_and_removes_directories(tmp):
-    marker = f"33.{os.getpid()}"
+    marker = f"633.{os.getpid()}"  # seconds: past pytest's timeout, were the commands waited for
     run = shell_samples(make(10), f'[ "$INDEX" = 0 ] || sleep {marker}', workers=3, tmpdir=str(tmp))
     assert next(run)["__key__"] == "k000"
-    time.sleep(0.3)  # the others are sleeping now
-    assert len(os.listdir(tmp)) >= 1 and live_processes_with(marker)
-    start = time.monotonic()
+    wait_for(lambda: live_processes_with(marker), what="the other commands sleeping")
+    assert len(os.listdir(tmp)) >= 1
     run.close()
-    assert time.monotonic() - start < 5
     assert processes_with(marker) == []
     assert os.listdir(tmp) == []
 
@@ -422,11 +415,11 @@ def test_map_workers_end_when_their_parent_is_killed(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "tarproc.cli.tarproc", "-q", "-p", "2", "--map", "slowmod:slow",
                              str(data), "-o", os.devnull], env=env, start_new_session=True,
                             stderr=subprocess.DEVNULL)
-    time.sleep(2)  # workers started and busy
+    # the forked workers share the parent's process group
+    wait_for(lambda: len(live_group_members(proc.pid)) >= 3, what="tarproc and its two workers running")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    # the forked workers share the parent's process group
-    assert settled(lambda: live_group_members(proc.pid), timeout=10) == [], "--map workers outlived their parent"
+    assert settled(lambda: live_group_members(proc.pid)) == [], "--map workers outlived their parent"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-import tarproc.tar as tario
+import tarproc.tar.writer as tar_writer
 from tarproc.errors import SourceError, TarprocError
 from tarproc.sinks import open_sink
 from tarproc.sources import open_source
@@ -178,7 +178,7 @@ def test_written_ranges_are_the_same_bytes_to_every_destination(kit, tmp_path, m
     """A file (sendfile), a file opened to append (sendfile refuses: read and write), a pipe,
     a sha256 sink, a gzip sink and a BytesIO: all get what writing the bytes gives."""
     if writer_path == "python":
-        monkeypatch.setattr(tario, "_pack", None)
+        monkeypatch.setattr(tar_writer, "_pack", None)
     raw = _archives(kit)["big-members"]
     src = tmp_path / "a.tar"
     src.write_bytes(raw)

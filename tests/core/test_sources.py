@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import time
 
 import pytest
 from tarhelpers import children, live_group_members, settled
@@ -183,10 +182,7 @@ def test_early_stop_through_read_samples_generator(tar_file):
     gen.close()
     assert [s["__key__"] for s in first] == ["0000", "0001"]
     # no child process of ours is left running or unreaped
-    deadline = time.monotonic() + 5
-    while set(children()) - before and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert set(children()) - before == set()
+    assert settled(lambda: list(set(children()) - before)) == []
 
 
 def test_error_while_reading_pipe_kills_and_reaps(tmp_path):

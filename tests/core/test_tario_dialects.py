@@ -392,7 +392,7 @@ def test_pure_python_env_var_disables_fast_path():
     import subprocess
     import sys
 
-    code = "import tarproc.tar as t; print(t._scan is None)"
+    code = "import tarproc.tar.reader as t; print(t._scan is None)"
     env = dict(os.environ, TARPROC_PURE_PYTHON="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tarhelpers import free_port
 
 from tarproc.errors import WireError
 from tarproc.transport import Receiver, decode, encode_batch
@@ -124,14 +125,6 @@ def test_a_decoded_stream_over_ipc_goes_through_shared_memory_unchanged(tmp_path
     over_ipc = received(tmp_path, shard, f"zpush+ipc://{tmp_path}/feed", keep)
     assert over_ipc[:2] == over_tcp[:2]  # the same batches, byte for byte
     assert set(over_ipc[2]) == {mmap.mmap} and mmap.mmap not in set(over_tcp[2])
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_a_forked_child_letting_go_of_a_batch_does_not_give_its_block_back() -> None:

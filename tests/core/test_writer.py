@@ -1,7 +1,7 @@
 """TarWriter: deterministic, standard archives that GNU tar and tarfile read back exactly.
 
 Every test runs twice: with the C writer (``tarproc._speedups.pack``) and with the pure-Python
-reference writer (``tario._pack`` set to None); test_writer_parity.py compares the two byte for byte.
+reference writer (``tar.writer._pack`` set to None); test_writer_parity.py compares the two byte for byte.
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import tarfile
 import pytest
 from tarhelpers import c_or_python
 
-import tarproc.tar as tario
+import tarproc.tar.writer as tar_writer
 from tarproc.errors import SampleError
 from tarproc.tar import TarWriter, encode_value, iter_members, tar_end_size
 
-_C_PACK = tario._pack  # None when the extension is not built (or TARPROC_PURE_PYTHON is set)
+_C_PACK = tar_writer._pack  # None when the extension is not built (or TARPROC_PURE_PYTHON is set)
 
 
 @pytest.fixture(autouse=True, params=["c-writer", "python-writer"])
 def writer_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with the C writer, then with the Python one (module global read at each call)."""
-    return c_or_python(request, monkeypatch, tario, "_pack", _C_PACK)
+    return c_or_python(request, monkeypatch, tar_writer, "_pack", _C_PACK)
 
 
 NAME_100 = "n" * 96 + ".txt"

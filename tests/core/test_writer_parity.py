@@ -15,10 +15,11 @@ import pytest
 from tarhelpers import built
 
 import tarproc.tar as tario
+import tarproc.tar.writer as tar_writer
 from tarproc.errors import TarprocError
 from tarproc.tar import TarWriter, iter_members
 
-C_PACK = tario._pack  # what the import found: None when the extension is not built
+C_PACK = tar_writer._pack  # what the import found: None when the extension is not built
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def _write_both(monkeypatch: pytest.MonkeyPatch, c_pack: Any, script: Any, **opt
     results = []
     counting = CountingPack(c_pack)
     for pack in (counting, None):
-        monkeypatch.setattr(tario, "_pack", pack)
+        monkeypatch.setattr(tar_writer, "_pack", pack)
         buf = io.BytesIO()
         errors: list[tuple[str, str]] = []
         w = TarWriter(buf, **options)
@@ -161,14 +162,14 @@ def test_write_sample_in_one_call_where_every_value_is_bytes(monkeypatch, c_pack
     encode, big or non-contiguous data, upper-case or '/' fields, a released view) is left to the
     rest of the writer, with the same result or error."""
     calls = {"done": 0}
-    real = tario._pack_samples
+    real = tar_writer._pack_samples
 
     def counting(*args: Any) -> Any:
         result = real(*args)
         calls["done"] += result[2]  # samples packed
         return result
 
-    monkeypatch.setattr(tario, "_pack_samples", counting)
+    monkeypatch.setattr(tar_writer, "_pack_samples", counting)
     released = memoryview(b"gone")
     released.release()
 
@@ -231,7 +232,7 @@ def test_write_samples_loops_in_c_as_write_sample_does(monkeypatch, c_pack):
         raise OSError("the input broke")
 
     for pack in (c_pack, None):
-        monkeypatch.setattr(tario, "_pack", pack)
+        monkeypatch.setattr(tar_writer, "_pack", pack)
         buf = io.BytesIO()
         w = TarWriter(buf)
         with pytest.raises(OSError, match="the input broke") as caught:
@@ -267,7 +268,7 @@ def test_write_samples_refuses_writes_from_its_own_iterator(monkeypatch, c_pack)
     """The C loop holds the buffer's state while the samples' iterator runs: a write to the same
     writer from there is an error, not bytes overwritten."""
     for pack in (c_pack, None):
-        monkeypatch.setattr(tario, "_pack", pack)
+        monkeypatch.setattr(tar_writer, "_pack", pack)
         w = TarWriter(io.BytesIO())
 
         def samples(w: TarWriter = w) -> Any:
@@ -327,7 +328,7 @@ def test_errors_are_the_python_writers_and_writing_goes_on(monkeypatch, c_pack):
 
 def test_a_closed_writer_refuses_on_both_paths(monkeypatch, c_pack):
     for pack in (c_pack, None):
-        monkeypatch.setattr(tario, "_pack", pack)
+        monkeypatch.setattr(tar_writer, "_pack", pack)
         w = TarWriter(io.BytesIO())
         w.close()
         with pytest.raises(ValueError, match="closed"):
@@ -377,10 +378,10 @@ def test_pack_checks_its_arguments(c_pack):
         c_pack(buf, 0, 42, 0, templates, 1 << 16)
     with pytest.raises(TypeError):
         c_pack(b"read-only", 0, [], 0, templates, 1 << 16)
-    assert c_pack(buf, 0, [("a", b"x" * 5000)], 0, templates, 1 << 16) == (0, 0, tario._PACK_PYTHON)  # never fits
-    assert c_pack(buf, 100, [("a", b"x" * 5000)], 0, templates, 1 << 16) == (100, 0, tario._PACK_FULL)
-    assert c_pack(buf, 0, [("a", b"x" * 5000)], 0, templates, 4096) == (512, 0, tario._PACK_BIG)
-    assert c_pack(buf, 0, [("a", b"x")], 1, templates, 1 << 16) == (0, 1, tario._PACK_DONE)
+    assert c_pack(buf, 0, [("a", b"x" * 5000)], 0, templates, 1 << 16) == (0, 0, tar_writer._PACK_PYTHON)  # never fits
+    assert c_pack(buf, 100, [("a", b"x" * 5000)], 0, templates, 1 << 16) == (100, 0, tar_writer._PACK_FULL)
+    assert c_pack(buf, 0, [("a", b"x" * 5000)], 0, templates, 4096) == (512, 0, tar_writer._PACK_BIG)
+    assert c_pack(buf, 0, [("a", b"x")], 1, templates, 1 << 16) == (0, 1, tar_writer._PACK_DONE)
 
 
 KEYS = ["s0001", "dir/sub/s2", "é/日本/k", "a" * 300, "./x", "a.b", "dir/", "", "__meta__/x", "___", "__ab__",
@@ -412,10 +413,10 @@ def test_sample_members_is_the_same_on_both_paths(monkeypatch, c_pack):
             sample[field] = rng.choice(VALUES) if rng.random() < 0.4 else rng.randbytes(rng.randint(0, 50))
         if rng.random() < 0.02:
             sample[5] = b"a field that is not a str"
-        monkeypatch.setattr(tario, "_pack", c_pack)
+        monkeypatch.setattr(tar_writer, "_pack", c_pack)
         fast = _outcome(tario.sample_members, sample)
-        by_c += tario._members(sample) is not None
-        monkeypatch.setattr(tario, "_pack", None)
+        by_c += tar_writer._members(sample) is not None
+        monkeypatch.setattr(tar_writer, "_pack", None)
         assert fast == _outcome(tario.sample_members, sample), sample
     assert by_c > 300  # the C function took the common case
 
@@ -425,7 +426,7 @@ def test_tarproc_pure_python_turns_the_c_writer_off():
     import subprocess
     import sys
 
-    code = "import tarproc.tar as t; print(t._pack is None and t._members is None and t._scan is None)"
+    code = "import tarproc.tar.reader as r, tarproc.tar.writer as w; print(w._pack is None and w._members is None and r._scan is None)"
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TARPROC_PURE_PYTHON="1"),
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"

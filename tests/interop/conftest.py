@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -20,12 +19,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from tarhelpers import run, samples, tar_bytes, tarfile_members, write_tar
+from tarhelpers import free_port, run, samples, tar_bytes, tarfile_members, write_tar
 
 from tarproc.cli.tarcat import main as tarcat_main
 from tarproc.cli.tarsplit import main as tarsplit_main
 
 VENV_BIN = Path(sys.executable).parent
+# what torchrun runs (it imports torch at the top), not a test module
+collect_ignore = ["torchrun_job.py"]
 
 
 @pytest.fixture(autouse=True)
@@ -101,12 +102,6 @@ def gnu_tar(*args: Any, check: bool = True, **kw: Any) -> subprocess.CompletedPr
 def make_sample(key: str, i: int, size: int = 300) -> dict[str, Any]:
     body = (f"{key}:".encode() + bytes(range(256)) * (size // 256 + 1))[:size]
     return {"__key__": key, "jpg": body, "cls": str(i).encode(), "json": b'{"i": %d}' % i}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

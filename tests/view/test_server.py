@@ -501,11 +501,9 @@ def test_stop_does_not_wait_for_a_stalled_download(dataset, tmp_path):
             stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             stalled.sendall(b"GET /media/0/0/bin HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert stalled.recv(64).startswith(b"HTTP/1.1 200")  # and then read no more
-            time.sleep(0.5)
-            t0 = time.monotonic()
+            time.sleep(0.5)  # the scenario: the server's send is stuck on the full socket
             proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
-            assert time.monotonic() - t0 < 10
+            proc.wait(timeout=30)  # a server that waited for the stalled client for ever: TimeoutExpired
     finally:
         if proc.poll() is None:
             proc.kill()

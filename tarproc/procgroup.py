@@ -1,0 +1,52 @@
+"""Process groups: start a child as the leader of a group of its own, and signal all of it at once.
+
+A command run through a shell (``pipe:CMD``, ``tarproc -c``, ``tarjob``) starts children of its
+own; a signal to the shell alone would leave them running. A child started in a new session
+leads a new process group, which holds everything it starts: one ``killpg`` reaches them all.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported where used: the commands that start no child start without it
+    import subprocess
+
+
+def start_group(args: Any, **popen: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(args, **popen)``, the child in a session (and process group) of its own."""
+    import subprocess
+
+    return subprocess.Popen(args, start_new_session=True, **popen)
+
+
+def signal_group(pid: int, sig: int = signal.SIGKILL) -> bool:
+    """Send ``sig`` to the process group that ``pid`` leads; False where that group is gone (or
+    no longer ours to signal), which is no error: it ended by itself."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def stop_group(proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
+    """End a child started by ``start_group``, and all it started, then reap it: SIGTERM first,
+    SIGKILL after ``grace`` seconds. No zombie is left either way."""
+    import subprocess
+
+    if proc.poll() is None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not signal_group(proc.pid, sig):
+                break
+            try:
+                proc.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    proc.wait()
+
+
+__all__ = ["signal_group", "start_group", "stop_group"]

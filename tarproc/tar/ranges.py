@@ -1,0 +1,187 @@
+"""Member data left in a plain local file: ``FileRange`` (handed out with ``refs``), ``Unread`` (sizes
+only, for indexing), and the stream probes the reader uses to skip data rather than read it.
+
+A stream is a plain local file when it has ``file_origin()`` (the file and the offset of its next
+byte) and ``skipper()`` (a function moving it on without reading); ``sources.Source`` has both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import SourceError, TarFormatError
+from .headers import BLOCK
+
+PIECE = 16 << 20  # large member data is read in pieces of at most this many bytes
+
+SKIP_CHUNK = 4 << 10  # read size when data is skipped: a header, and the small members after it
+
+
+class FileRange:
+    """Member data left where it is in a plain local file, not read (the reader's ``refs``): ``size``
+    bytes at ``offset`` of ``file``, an open ``io.FileIO``. ``len`` is the size. A writer copies it
+    file to file in the kernel (``Sink.write_range``: ``os.sendfile``) or, where it must see the
+    bytes (compression, sha256), reads it (``read``).
+
+    It is valid while the file is open: the samples of ``read_samples(refs=True)`` must be written
+    out as they come, each before the next is asked for (``tarcat``, ``tarsplit``). Once the file is
+    closed, ``fileno`` and ``read`` raise ``ValueError`` -- never another file's bytes."""
+
+    __slots__ = ("file", "offset", "size", "url")
+
+    def __init__(self, file: Any, offset: int, size: int, url: str | None = None) -> None:
+        self.file, self.offset, self.size, self.url = file, offset, size, url
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is FileRange and self.file is other.file and self.offset == other.offset
+                and self.size == other.size)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"FileRange({self.url!r}, offset={self.offset}, size={self.size})"
+
+    def fileno(self) -> int:
+        return self.file.fileno()  # type: ignore[no-any-return]
+
+    def read(self) -> bytes:
+        """The bytes (``os.pread``); a file that no longer holds them all is a ``SourceError``."""
+        data = self.read_available()
+        if len(data) < self.size:
+            raise self.shrank(self.offset + len(data))
+        return data
+
+    def read_available(self) -> bytes:
+        """The bytes, fewer where the file now ends before their end."""
+        fd, parts, at, end = self.fileno(), [], self.offset, self.offset + self.size
+        while at < end:
+            piece = os.pread(fd, min(end - at, PIECE), at)
+            if not piece:
+                break
+            parts.append(piece)
+            at += len(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def shrank(self, at: int) -> SourceError:
+        """The error for a file that ends at ``at``, before the end of this data: it was cut while read."""
+        return SourceError(f"the file ends at byte {at}, inside member data that was there when it was read "
+                           f"(expected {self.size} bytes at byte {self.offset}); was it changed while being read?",
+                           self.url)
+
+
+MemberData = bytes | bytearray | memoryview | FileRange  # what the writer writes as a member's data
+
+
+def file_origin(stream: Any) -> tuple[Any, int] | None:
+    """For a stream that is a plain local file (``Source.file_origin``): the file, and the file
+    offset of the stream's next byte; else None."""
+    where = getattr(stream, "file_origin", None)
+    return where() if where is not None else None  # type: ignore[no-any-return]
+
+
+def range_maker(stream: Any, url: str | None) -> Callable[[int, int], FileRange] | None:
+    """For ``refs``: a function making the ``FileRange`` of (stream offset, size) where the stream
+    is a plain local file that can be skipped in (``file_origin``), else None."""
+    found = file_origin(stream)
+    if found is None:
+        return None
+    file, origin = found
+    return lambda offset, size: FileRange(file, origin + offset, size, url)
+
+
+def fetcher(stream: Any, url: str | None) -> Callable[[int, int], bytes | FileRange] | None:
+    """For fetch: a function reading the data at (stream offset, size) at once, with one pread
+    into a bytes object of its own, where the stream is a plain local file (``range_maker``), else
+    None. Where the file ends before the data's end (a damaged size field must not make it
+    allocate what the header claims), or that read gives fewer bytes, or the data is over
+    ``PIECE`` (one read can't give 2 GiB), it gives their ``FileRange`` instead: the reader then
+    moves past the data, and reads it in pieces (``fetch_range``) or calls it truncated."""
+    found = file_origin(stream)
+    if found is None:
+        return None
+    file, origin = found
+    fd, pread = file.fileno(), os.pread
+    file_size = os.fstat(fd).st_size
+
+    def fetch(offset: int, size: int) -> bytes | FileRange:
+        nonlocal file_size
+        at = origin + offset
+        if size > PIECE:
+            return FileRange(file, at, size, url)
+        if at + size > file_size:
+            file_size = os.fstat(fd).st_size  # a file written as it is read may have grown
+            if at + size > file_size:
+                return FileRange(file, at, size, url)
+        data = pread(fd, size, at)
+        return data if len(data) == size else FileRange(file, at, size, url)
+
+    return fetch
+
+
+class Unread:
+    """In place of the data of a member that was skipped, not read (``skip_data``): its ``len`` is
+    the member's size; it has no bytes."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def make_unread(offset: int, size: int) -> Unread:
+    """The ``ref`` of a reader that only needs sizes (``MemberScan``): an ``Unread``."""
+    return Unread(size)
+
+
+def stream_skipper(stream: Any) -> Callable[[int], int] | None:
+    """The stream's ``skipper()`` (``n`` bytes forward, unread; returns how many it moved): a
+    plain local file has one (``sources.Source.skipper``); None for anything else."""
+    make = getattr(stream, "skipper", None)
+    return make() if make is not None else None  # type: ignore[no-any-return]
+
+
+def with_data(item: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    """A scanner's item, ``(name, data, offset)`` or ``(key, field, data, offset)``, with other data."""
+    return (*item[:-2], data, item[-1])
+
+
+def fetch_range(data: FileRange, start: int, url: str | None, name: str | None) -> bytes:
+    """The bytes of member data left in the file (``fetch``), read at once; ``start``: the stream
+    offset of the data. The seek past it found the file long enough; a shorter read means that the
+    file was cut since: the ``TarFormatError`` that reading the same bytes as a stream gives."""
+    got = data.read_available()
+    if len(got) < data.size:
+        raise TarFormatError(url, start + len(got), f"truncated member data (expected {data.size} bytes, got "
+                             f"{len(got)})", name)
+    return got
+
+
+def fetched_item(item: tuple[Any, ...], url: str | None, name: str | None) -> tuple[Any, ...]:
+    """A scanner's item with its ``FileRange`` read (``fetch_range``): the same item with the bytes."""
+    return with_data(item, fetch_range(item[-2], item[-1] + BLOCK, url, name))
+
+
+def skip_member(skip: Callable[[int], int], stream_pos: int, start: int, size: int, url: str | None,
+                 name: str | None) -> int:
+    """Move a stream that is at ``stream_pos`` past the rest of member data of ``size`` bytes at
+    ``start`` and its padding, without reading them; returns where the stream is then. A stream
+    that ends first is a ``TarFormatError``, the same as where the data is read."""
+    end, padded_end = start + size, start + ((size + 511) & ~511)
+    need = padded_end - stream_pos
+    if need > 0:
+        moved = skip(need)
+        stream_pos += moved
+        if moved < need:
+            if stream_pos < end:
+                raise TarFormatError(url, stream_pos, f"truncated member data (expected {size} bytes, got "
+                                     f"{stream_pos - start})", name)
+            raise TarFormatError(url, stream_pos, "truncated member padding", name)
+    return stream_pos
