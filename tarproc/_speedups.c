@@ -7,7 +7,7 @@
  * -- at the first header it does not handle itself: any non-regular type, a checksum that does not
  * match the unsigned sum, a size that is not plain octal or is over the limit, an empty name, a name
  * ending in '/' (an old-style directory entry), or a
- * member whose data and padding are not entirely in `buf`. The Python parser (tarproc.tario) then
+ * member whose data and padding are not entirely in `buf`. The Python parser (tarproc/tar/reader.py) then
  * handles that header: it is the reference implementation and produces every error message.
  *
  * Items are (name, data, offset) or, with keyed=True, (key, field, data, offset), where offset
@@ -17,7 +17,7 @@
  * A member's data is a bytes copy; with views > 0 and buf a bytes object, data of views bytes or
  * more is a read-only memoryview of buf instead (no copy; it keeps buf alive while it lives).
  * With refs > 0, a member of refs bytes or more whose header is in buf but whose data runs past its
- * end is the last item: its data is ref(data_offset, size) (tario.FileRange: the data is left in
+ * end is the last item: its data is ref(data_offset, size) (tar.FileRange: the data is left in
  * the file) and new_pos is past the end of buf, where the next header is; the caller moves the
  * stream there and checks that the data and padding were all there.
  *
@@ -129,7 +129,7 @@ static const unsigned char *member_name(const unsigned char *h, unsigned char *o
     return out;
 }
 
-/* The key rule (tario.split_key): the index of the dot that ends the key -- the first dot of the
+/* The key rule (tar.split_key, in tar/headers.py): the index of the dot that ends the key -- the first dot of the
    name's last path component, not its first character -- or -1 where the name has no key; *start
    is where the key begins, after any leading "./" ('tar -C dir .'). */
 static Py_ssize_t key_dot(const unsigned char *np, Py_ssize_t nlen, Py_ssize_t *start)
@@ -480,7 +480,7 @@ static int sample_add(IndexSample *s, const unsigned char *np, Py_ssize_t nlen, 
     return 0;
 }
 
-/* Pax records (tario._parse_pax's syntax, read strictly: a decimal length, a space, KEY=VALUE, a
+/* Pax records (tar/headers.py parse_pax's syntax, read strictly: a decimal length, a space, KEY=VALUE, a
    newline; NUL padding after the last) that the index can take: 1 where none of them sets a key
    the reader takes but path (linkpath, size, GNU.sparse.*), with *path the value of the last path
    record (NULL: none) and *path_len its length; 0 for anything else (the reference reads it). */
@@ -881,7 +881,7 @@ stop:;
 /* "__key__", "__url__" and "samples", made once (PyInit__speedups) */
 static PyObject *str_key, *str_url, *str_samples;
 
-/* tario.FileRange, once tario has registered it (set_range_type): member data left in a file. */
+/* tar.FileRange, once tar/writer.py has registered it (set_range_type): member data left in a file. */
 static PyObject *range_type = NULL;
 
 static PyObject *set_range_type(PyObject *self, PyObject *type)
@@ -896,14 +896,14 @@ static PyObject *set_range_type(PyObject *self, PyObject *type)
 }
 
 /* ------------------------------------------------------------------------------------------
- * The writer: tarproc.tario.TarWriter is the reference; this does the same for the common case.
+ * The writer: tarproc.tar.TarWriter (tar/writer.py) is the reference; this does the same for the common case.
  *
  * pack(buf, used, members, start, templates, direct) -> (used, next, status)
  *
  * Writes members[start:] -- (name: str, data: bytes | bytearray | memoryview) tuples -- into the
  * writable buffer `buf` from offset `used` on: header(s), data, zero padding to 512 bytes. The
  * headers are TarWriter's: a ustar header where the UTF-8 name fits 100 bytes or splits at a slash
- * into a 155-byte prefix and a 100-byte name (the same split as tario._split_ustar), else a GNU
+ * into a 155-byte prefix and a 100-byte name (the same split as tar/writer.py's _split_ustar), else a GNU
  * ././@LongLink record (the name and a NUL, padded) before a header holding the name's first 100
  * bytes. `templates` holds TarWriter's three header kinds, 512 bytes each, with every constant
  * field (mode, owner, mtime, typeflag, magic) filled in, an empty name and prefix and the checksum
@@ -918,7 +918,7 @@ static PyObject *set_range_type(PyObject *self, PyObject *type)
  *               (lone surrogates: Python's surrogateescape), data that is not one contiguous
  *               buffer, or headers that do not fit even an empty buf;
  *   PACK_BIG    members[next] has `direct` bytes of data or more, or data left in a file (a
- *               tario.FileRange, see set_range_type): its header(s) are in buf, and the
+ *               tar.FileRange, see set_range_type): its header(s) are in buf, and the
  *               caller writes buf[:used], then the data itself (not copied) and its padding.
  */
 enum { PACK_DONE = 0, PACK_FULL = 1, PACK_PYTHON = 2, PACK_BIG = 3 };
@@ -1084,7 +1084,7 @@ static PyObject *pack(PyObject *self, PyObject *args)
             break;
         }
         PyObject *name = PyTuple_GET_ITEM(item, 0), *data = PyTuple_GET_ITEM(item, 1);
-        /* data left in a file (tario.FileRange) is written by the caller, as big data is */
+        /* data left in a file (tar.FileRange) is written by the caller, as big data is */
         int is_range = range_type != NULL && (PyObject *)Py_TYPE(data) == range_type;
         if (!PyUnicode_Check(name) ||
             !(is_range || PyBytes_Check(data) || PyByteArray_Check(data) || PyMemoryView_Check(data))) {
@@ -1146,12 +1146,12 @@ fail:
 }
 
 /* ------------------------------------------------------------------------------------------
- * members(sample) -> (key, [(name, value), ...]) or None: tario.sample_members for the common
+ * members(sample) -> (key, [(name, value), ...]) or None: tar.sample_members for the common
  * case, where that gives the same without raising: a dict whose "__key__" is a str that passes
- * tario.check_key, whose fields are str of ASCII without upper case, '/' or NUL (so no two can
+ * tar.check_key, whose fields are str of ASCII without upper case, '/' or NUL (so no two can
  * differ only in case), at least one of them not starting with "__" (those are skipped), and
  * whose values are bytes (or what encode_value passes on as it is: a memoryview of single bytes, a
- * tario.FileRange). Members are "KEY.FIELD" in sorted field order. None for anything else:
+ * tar.FileRange). Members are "KEY.FIELD" in sorted field order. None for anything else:
  * the Python function then does it, or raises the error it names.
  */
 
@@ -1848,7 +1848,7 @@ static PyMethodDef methods[] = {
     {"index_file", index_file, METH_VARARGS,
      "index_file(fd, origin, max_member_size, entry_type) -> (entries, size, members, nbytes, directories) or None"},
     {"jsonl_lines", jsonl_lines, METH_VARARGS, "jsonl_lines(entries, encode) -> bytes or None: a tarproc index's sample lines"},
-    {"set_range_type", set_range_type, METH_O, "set_range_type(tario.FileRange): data that pack and members pass on"},
+    {"set_range_type", set_range_type, METH_O, "set_range_type(tar.FileRange): data that pack and members pass on"},
     {"pack_samples", pack_samples, METH_VARARGS,
      "pack_samples(buf, used, samples, templates, direct, last_key) -> (used, members, count, last_key, status, item)"},
     {"pack", pack, METH_VARARGS, "pack(buf, used, members, start, templates, direct) -> (used, next, status)"},

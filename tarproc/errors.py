@@ -9,8 +9,12 @@ class), so a training script filters or routes them as any other; the commands p
 
 from __future__ import annotations
 
+import functools
+import pickle
 import sys
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 
 class TarprocError(Exception):
@@ -262,6 +266,46 @@ def warn(message: str, category: type[TarprocWarning] = TarprocWarning, stacklev
                            module=where.get("__name__", "<string>"), registry={}, module_globals=where)
 
 
+def warner(callback: Callable[[str], None] | None,
+           category: type[TarprocWarning] = TarprocWarning) -> Callable[[str], None]:
+    """Where the warnings of a function with a public ``warn=`` parameter go: the caller's
+    ``callback`` where one is given (it counts them, shows them, collects them for a report), else
+    ``warn(message, category)``. The result pickles (a worker process may be handed it).
+
+    >>> said = []
+    >>> warner(said.append, DataWarning)("s.tar: sample 'k1' skipped"); said
+    ["s.tar: sample 'k1' skipped"]
+    """
+    if callback is not None:
+        return callback
+    return functools.partial(warn, category=category, stacklevel=1)  # stacklevel 1: the line that says it
+
+
+def warnings_setup() -> tuple[list[Any], Any] | None:
+    """How this process shows warnings (its filters and ``warnings.showwarning``), for a worker
+    process it starts: ``adopt_warnings_setup(it)`` in the worker shows them alike. A forked
+    worker has them already; a spawned one starts with Python's defaults, and a command's warnings
+    would come out in Python's two-line format. None where the setup doesn't pickle."""
+    setup = (list(warnings.filters), warnings.showwarning)
+    try:
+        pickle.dumps(setup)
+    except Exception:  # noqa: BLE001 - a hook of the caller's that can't travel: the worker keeps its own
+        return None
+    return setup
+
+
+def adopt_warnings_setup(setup: tuple[list[Any], Any] | None) -> None:
+    """In a worker process: show warnings as the process that started it does (``warnings_setup``)."""
+    if setup is None:
+        return
+    filters, show = setup
+    warnings.filters[:] = filters  # type: ignore[index]  # a list (typeshed says Sequence)
+    mutated = getattr(warnings, "_filters_mutated", None)  # resets the caches of warnings already seen
+    if mutated is not None:
+        mutated()
+    warnings.showwarning = show
+
+
 def warn_stderr(message: str) -> None:
-    """The readers' default ``warn`` callback (kept under its old name): a ``DataWarning``."""
+    """The readers' old default ``warn`` callback (kept under its old name): a ``DataWarning``."""
     warn(message, DataWarning)

@@ -49,14 +49,15 @@ from typing import Any, NamedTuple, TypeGuard
 from .compression import detect
 from .errors import (
     CompressedShardError,
+    DataWarning,
     IndexFileError,
     LinkError,
     OptionError,
     SourceError,
     TarFormatError,
     TarprocError,
+    warner,
 )
-from .errors import warn_stderr as _warn_stderr
 from .samples import Sample, group_keyed
 from .sources import Network, is_fsspec_url, local_path, open_source
 from .sources.remote import url_to_fs
@@ -347,7 +348,8 @@ def build_index(
         policy: how to read it (``ReadPolicy``; its ``on_error`` is the caller's to apply). The
             policy's keywords given directly (``dup=`` ...) still work, deprecated.
         stats: counters to fill in (``ReadStats``).
-        warn: where warnings go (default: stderr).
+        warn: a callback that takes each warning instead (default: ``warnings.warn`` with a
+            ``DataWarning``, see ``tarproc.errors.warn``).
     """
     policy = policy_with_keywords(policy, old, SAMPLE_FIELDS, "build_index")
     check_random_access(url)
@@ -624,7 +626,7 @@ class IndexedShard:
     An index records the size of its shard; one made for another size is *stale*, and ``stale``
     says what then: ``"error"`` (the default) raises ``IndexFileError`` naming the index, the shard
     and the ``tarindex`` command that rebuilds it; ``"rebuild"`` scans the shard to index it in
-    memory, after one warning through ``warn`` (by default a line on stderr, as ``read_samples``).
+    memory, after one warning through ``warn`` (by default a ``DataWarning``, as ``read_samples``).
 
     ``fields`` limits what is read to those fields (a sample lacking one is returned without it).
     Local files are read with ``os.pread`` on one descriptor (safe to share between threads); other
@@ -732,7 +734,7 @@ class IndexedShard:
         fix = _rebuild_command(self.url, index_url)
         if stale == "error":
             raise IndexFileError(f"stale index: {where}; rebuild it with: {fix}", index_url or self.url)
-        (warn or _warn_stderr)(
+        warner(warn, DataWarning)(
             f"{index_url or self.url}: stale index ({where}); indexing {self.url} in memory instead "
             f"(rebuild the index with: {fix})"
         )

@@ -48,8 +48,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .errors import OptionError, TarprocError
-from .errors import warn_stderr as _warn_stderr
+from .errors import DataWarning, OptionError, TarprocError, warner
 from .procgroup import signal_group
 from .samples import Sample, group_keyed
 from .sources import Source, expand_urls, local_path, open_source
@@ -443,7 +442,7 @@ def parallel_samples(
         raise OptionError("stdin ('-') can be read only once")
     return _interleave(
         url_list, readers, prefetch, prefetch_bytes, order, seed, policy,
-        stats if stats is not None else ReadStats(), warn if warn is not None else _warn_stderr, views,
+        stats if stats is not None else ReadStats(), warner(warn, DataWarning), views,
     )
 
 
@@ -470,6 +469,8 @@ def _interleave(
     def read_shard(index: int, local: ReadStats, shard_warn: Callable[[str], None]) -> Iterator[Sample]:
         url = urls[index]
         local.shards += 1
+        if local.warn is None:
+            local.warn = shard_warn  # the reader's own warnings (a link left out) go where the grouper's go
         with _open(url, index, pool) as stream:
             members: Iterator[Any] = iter_keyed_members(stream, url, policy=policy, stats=local, views=views,
                                                         refs=views)

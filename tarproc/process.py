@@ -43,8 +43,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_connections
 from typing import Any
 
-from .errors import JobError, OptionError, TarprocError
-from .errors import warn_stderr as _warn_stderr
+from .errors import DataWarning, JobError, OptionError, TarprocError, adopt_warnings_setup, warner, warnings_setup
 from .procgroup import signal_group, start_group
 from .samples import Sample
 from .tar import DEFAULT_MAX_MEMBER_SIZE
@@ -611,7 +610,7 @@ def _shell(
     warn: Callable[[str], None] | None,
 ) -> Iterator[Sample]:
     pool = _ShellPool(job, workers)
-    yield from _run_pool(samples, pool, window, ordered, on_error, stats, on_log, warn or _warn_stderr, "command")
+    yield from _run_pool(samples, pool, window, ordered, on_error, stats, on_log, warner(warn, DataWarning), "command")
 
 
 
@@ -688,9 +687,12 @@ def end_with_parent(parent: int) -> None:
 
 
 def _map_worker(
-    spec: str, sys_path: list[str], slot: int, current: Any, tasks: Any, results: Connection, parent: int
+    spec: str, sys_path: list[str], slot: int, current: Any, tasks: Any, results: Connection, parent: int,
+    shown: Any = None,
 ) -> None:
-    """A worker process: take chunks of ``(index, sample)``, reply with pickled outcome lists."""
+    """A worker process: take chunks of ``(index, sample)``, reply with pickled outcome lists.
+    ``shown``: how the parent shows warnings (``errors.warnings_setup``), for a spawned worker."""
+    adopt_warnings_setup(shown)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole terminal group: the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     end_with_parent(parent)
@@ -737,7 +739,9 @@ class _MapPool(_Pool):
     def __init__(self, spec: str, workers: int, chunk: int) -> None:
         import multiprocessing as mp
 
-        ctx: Any = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        ctx: Any = mp.get_context(method)
+        shown = warnings_setup() if method != "fork" else None  # a forked worker has the parent's
         self._chunk = chunk
         self._buffer: list[tuple[int, Sample]] = []
         self._tasks = ctx.Queue()
@@ -750,7 +754,7 @@ class _MapPool(_Pool):
             self._current[i] = -1
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
-                target=_map_worker, args=(spec, list(sys.path), i, self._current, self._tasks, writer, os.getpid()),
+                target=_map_worker, args=(spec, list(sys.path), i, self._current, self._tasks, writer, os.getpid(), shown),
                 name=f"tarproc-map-{i}", daemon=True,
             )
             proc.start()
@@ -853,7 +857,7 @@ def _map(
     keep: Callable[[str], bool] | None,
 ) -> Iterator[Sample]:
     pool = _MapPool(function, workers, chunk)
-    for sample in _run_pool(samples, pool, window, ordered, on_error, stats, None, warn or _warn_stderr,
+    for sample in _run_pool(samples, pool, window, ordered, on_error, stats, None, warner(warn, DataWarning),
                             f"function {function}"):
         if keep is not None:
             sample = {k: v for k, v in sample.items() if k.startswith("__") or keep(k)}

@@ -15,8 +15,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .errors import DuplicateError, OptionError, TarprocError
-from .errors import warn_stderr as _warn_stderr
+from .errors import DataWarning, DuplicateError, OptionError, TarprocError, warner
 from .tar import (
     DUP_POLICIES,
     ON_ERROR_POLICIES,
@@ -99,8 +98,8 @@ def group_samples(
 
     ``dup`` decides what happens with a field that occurs twice in a sample, or a key that
     reappears after other keys (a tar not made with ``--sort=name``): ``"error"`` raises
-    ``DuplicateError`` naming both offsets; ``"warn"`` reports it through ``warn`` and drops the
-    duplicate; ``"skip"`` drops it silently (both count ``stats.duplicates``).
+    ``DuplicateError`` naming both offsets; ``"warn"`` reports it through ``warn`` (default: a
+    ``DataWarning``) and drops the duplicate; ``"skip"`` drops it silently (both count ``stats.duplicates``).
     """
     keyed = ((*split_key(name), data, offset) for name, data, offset in members)
     return group_keyed(keyed, url, dup=dup, stats=stats, warn=warn)
@@ -119,9 +118,7 @@ def group_keyed(
     _check_dup_policy(dup)
     if stats is None:
         stats = ReadStats()
-    if warn is None:
-        warn = _warn_stderr
-    return _group(members, url, dup, stats, warn)
+    return _group(members, url, dup, stats, warner(warn, DataWarning))
 
 
 class _Rules:
@@ -261,7 +258,8 @@ def read_samples(
             ``warn`` and goes on with the next; the default ``"fail"`` raises. The policy's
             keywords given directly (``dup=``, ``on_error=`` ...) still work, deprecated.
         stats: counters to fill in (``ReadStats``).
-        warn: where warnings go (default: stderr).
+        warn: a callback that takes each warning instead (default: ``warnings.warn`` with a
+            ``DataWarning``, see ``tarproc.errors.warn``).
         views: for samples written out at once (``tarcat``, ``tarsplit``): values of 64 KiB or
             more may be read-only memoryviews of what was read, not bytes (see
             ``iter_keyed_members``).
@@ -287,11 +285,10 @@ def read_samples(
     policy = policy_with_keywords(policy, old, SAMPLE_FIELDS, "read_samples")
     if stats is None:
         stats = ReadStats()
-    if warn is None:
-        warn = _warn_stderr
     network = network if network is not None else settings()
-    if stats.warn is None:
+    if stats.warn is None and warn is not None:
         stats.warn = warn  # the reader's own warnings (a symbolic link left out) go where the grouper's go
+    warn = warner(warn, DataWarning)
     url_list = expand_urls([urls] if isinstance(urls, str) else urls)
     if prefetcher is not None:
         yield from _read_shards(url_list, prefetcher, network, policy, stats, warn, views, refs)
@@ -348,7 +345,7 @@ def read_samples_from(
         members = iter_keyed_members(stream, url, policy=policy, stats=stats)
         placed = ((key, field, data, at + offset) for key, field, data, at in members)
         try:
-            yield from _group(placed, url, policy.dup, stats, _warn_stderr)
+            yield from _group(placed, url, policy.dup, stats, warner(None, DataWarning))
         except TarFormatError as e:
             raise type(e)(url, e.offset + offset, e.reason, e.member) from None
 

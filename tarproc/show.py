@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .content import IMAGE_TYPES, median_of_counts, plural, sniff_content, tarfirst_command
-from .errors import TarprocError
+from .errors import DataWarning, TarprocError, warner
 from .samples import field_names, is_metadata_name
 from .sniff import escape_surrogates, escape_text, sniff_type
 from .tar import ReadPolicy, ReadStats, iter_keyed_members
@@ -716,7 +716,8 @@ def summarize(
 ) -> Summary:
     """Summarize the members of all ``urls``, read as ``policy`` says. With its ``on_error="fail"`` a
     damaged shard raises (the partial summary is in ``summary`` if one was passed); ``"skip-shard"``
-    records it and goes on. The policy's keywords given directly still work, deprecated."""
+    records it, warns (``warn``, a callback; default a ``DataWarning``) and goes on. The policy's
+    keywords given directly still work, deprecated."""
     policy = policy_with_keywords(policy, old, (*TAR_FIELDS, "on_error"), "summarize")
     summary = summary if summary is not None else Summary()
     for url in urls:
@@ -726,8 +727,7 @@ def summarize(
             if policy.on_error == "fail":
                 summary.finish()
                 raise
-            if warn is not None:
-                warn(f"{e}; skipping the rest of this shard")
+            warner(warn, DataWarning)(f"{e}; skipping the rest of this shard")
         if summary.stopped_early:
             break
     summary.finish()

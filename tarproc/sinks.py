@@ -107,7 +107,7 @@ class Sink:
         self._wrote(pieces)
 
     def write_range(self, data: Any) -> None:
-        """Write member data left in a local file (``tario.FileRange``): where the destination is a
+        """Write member data left in a local file (``tar.FileRange``): where the destination is a
         file descriptor and nothing compresses (nor hashes, but from the file written), the kernel
         copies it (``os.sendfile``: file to file, pipe or socket, never through this process); else
         it is read and written."""

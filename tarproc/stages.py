@@ -64,11 +64,8 @@ SELECT_SPECS = Accepts("tarcat -f", rename=True, unique=False, legacy_rename=Tru
 
 
 def parse_fields(spec: str) -> list[tuple[str, list[str]]]:
-    """Parse a field spec (``tarproc.fieldspec``): outputs separated by spaces, each
-    ``[NAME=]ALT1;ALT2``; the old ``NEW:OLD1,OLD2`` is still read (see ``field_pairs``).
-
-    The output field takes the value of the first alternative the sample has; without ``NAME=``
-    it is named after the first alternative.
+    """Parse tarcat's and tarshow's field specs (the grammar: ``tarproc.fieldspec``): renames and
+    alternatives, and the old ``NEW:OLD1,OLD2`` (see ``field_pairs``).
 
     >>> parse_fields("image=jpg;jpeg;png cls")
     [('image', ['jpg', 'jpeg', 'png']), ('cls', ['cls'])]

@@ -1,15 +1,15 @@
 """Tables of samples: column specs and cell values (tar2tsv), table formats, and plans (tarcreate).
 
-Column specs (``parse_columns``) are field specs (``tarproc.fieldspec``), the whole grammar:
-columns separated by spaces, alternatives by ``;`` (the first one a sample has gives the cell),
-``NAME=SPEC`` renames a column (the header is the spec text otherwise). An alternative is
+Column specs (``parse_columns``) are field specs, the whole grammar (``tarproc.fieldspec``
+describes it); the first alternative a sample has gives the cell, and the header is the spec's
+name. A cell holds:
 
-- ``__key__`` or ``__url__``;
-- a field (``cls``, ``seg.png``): its text, decoded as UTF-8;
-- a dotted JSON path into a JSON field (``json.label``, ``meta.json.boxes.0``): the field is the
-  name up to its first ``json`` component; strings as they are, other values as compact JSON;
-- ``FIELD:size``, ``FIELD:sha256``, ``FIELD:type`` (``sniff_type``): for binary fields; a
-  modifier on the last alternative applies to all (``jpg;png:size`` = ``jpg:size;png:size``).
+- for ``__key__`` and ``__url__``, the sample's key and its shard;
+- for a field (``cls``, ``seg.png``), its text, decoded as UTF-8;
+- for a JSON path (``json.label``), the value there: a string as it is, other values as compact
+  JSON;
+- for ``:size``, ``:sha256`` and ``:type`` (``sniff_type``), a binary field's size, hex digest
+  or kind.
 
 Binary is never dumped raw: a field that is not UTF-8 text (or holds control characters other
 than tab, newline, CR and FF) without a ``:size|:sha256|:type`` modifier is an error naming the
@@ -79,8 +79,8 @@ def parse_alternative(text: str) -> Alternative:
 
 
 def parse_columns(spec: str) -> list[Column]:
-    """Parse a column spec (``tarproc.fieldspec``): space-separated columns, ``;`` between
-    alternatives, ``NAME=`` to rename (the header is the spec text otherwise).
+    """Parse tar2tsv's columns: field specs, the whole grammar (``tarproc.fieldspec``); a column's
+    header is its ``NAME=``, else its spec text.
 
     >>> [(c.name, [a.field for a in c.alternatives]) for c in parse_columns("__key__ img=jpg;png cls")]
     [('__key__', ['__key__']), ('img', ['jpg', 'png']), ('cls', ['cls'])]

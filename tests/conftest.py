@@ -74,11 +74,20 @@ def _source(obj: Any) -> str:
         return ""
 
 
+def _scripts_of(module: Any, text: str) -> str:
+    """The module's string constants (SCRIPT, CONSUMER...) that ``text`` names: scripts a test runs."""
+    names = set(re.findall(r"\b[A-Z][A-Z0-9_]+\b", text))
+    return "\n".join(value for name, value in vars(module).items() if name in names and isinstance(value, str))
+
+
 def _markers_of(item: pytest.Item, module_text: str) -> Iterator[str]:
     path = Path(str(item.path))
     where = path.relative_to(_TESTS).as_posix() if path.is_relative_to(_TESTS) else ""
     fixtures = set(getattr(item, "fixturenames", ()))
     function_text = _source(getattr(item, "function", None))
+    module = getattr(item, "module", None)
+    if module is not None:
+        function_text += _scripts_of(module, function_text)
     for marker, files in _BY_FILE.items():
         if where in files or fixtures & _BY_FIXTURE.get(marker, set()):
             yield marker

@@ -23,6 +23,7 @@ import click
 
 from .. import __version__
 from ..errors import OptionError, TarprocError
+from ..fieldspec import SPEC_HELP
 from ..samples import DUP_POLICIES, ON_ERROR_POLICIES, Sample, read_samples
 from ..shards import parse_size
 from ..sinks import open_sink, remove_live_temporaries
@@ -277,27 +278,47 @@ def warn(message: str) -> None:
     say(f"{_PROG[0]}: warning: {message}" if _PROG else f"warning: {message}")
 
 
+class _WarningLines:
+    """A ``warnings.showwarning`` that prints each ``tarproc.TarprocWarning`` as one line,
+    ``PROG: warning: MESSAGE``, and shows other warnings as ``shown`` does. A class, not a closure:
+    it pickles, so a worker process started by spawn shows warnings alike (``errors.warnings_setup``)."""
+
+    def __init__(self, prog: str | None, shown: Any = None) -> None:
+        self.prog, self.shown = prog, shown
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the other warnings' display stays behind (the stdlib's own no longer pickles once replaced):
+        # a worker shows them as Python does
+        return type(self), (self.prog,)
+
+    def __call__(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+        import warnings
+
+        from ..errors import TarprocWarning
+
+        if issubclass(category, TarprocWarning):
+            say(f"{self.prog}: warning: {message}" if self.prog else f"warning: {message}")
+        elif self.shown is not None:
+            self.shown(message, category, filename, lineno, file, line)
+        else:  # as Python's own warnings.showwarning
+            with contextlib.suppress(OSError, AttributeError):
+                (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 @contextlib.contextmanager
 def _warnings_as_lines() -> Iterator[None]:
     """For a command's run: each warning of the core (a ``tarproc.TarprocWarning``, given through
-    ``warnings.warn``) printed by ``warn`` as one line, every time; other warnings shown as Python
-    shows them. The process's filters and ``warnings.showwarning`` are restored after."""
+    ``warnings.warn``) printed as ``warn`` prints, one line, every time; other warnings shown as
+    Python shows them. The process's filters and ``warnings.showwarning`` are restored after.
+    Worker processes forked meanwhile inherit this; the library hands it to spawned ones."""
     import warnings
 
     from ..errors import TarprocWarning
 
     with warnings.catch_warnings():
-        shown = warnings.showwarning
-
-        def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                 file: Any = None, line: str | None = None) -> None:
-            if issubclass(category, TarprocWarning):
-                warn(str(message))
-            else:
-                shown(message, category, filename, lineno, file, line)
-
         warnings.simplefilter("always", TarprocWarning)
-        warnings.showwarning = show
+        warnings.showwarning = _WarningLines(_PROG[0] if _PROG else None, warnings.showwarning)
         yield
 
 
@@ -371,10 +392,11 @@ class ReadOptions:
         return {"max_member_size": self.max_member_size, "links": self.links, "ignore_zeros": self.ignore_zeros}
 
     def samples(self, stats: ReadStats, *, views: bool = False) -> Iterator[Sample]:
-        """The samples of all inputs, reading as the options say (warnings to stderr); ``views``
+        """The samples of all inputs, reading as the options say (warnings through ``warnings``,
+        which the command prints as lines); ``views``
         for a command that writes each sample out before reading the next: big values may then be
         views of what was read or data left in a local file (``read_samples``'s views and refs)."""
-        return read_samples(self.urls, policy=self.policy, stats=stats, warn=warn, views=views, refs=views,
+        return read_samples(self.urls, policy=self.policy, stats=stats, views=views, refs=views,
                             network=self.network)
 
     def total_samples(self) -> int | None:
@@ -581,6 +603,13 @@ def seed_option(what: str) -> Callable[[F], F]:
 def stats_option(what: str = "shards, samples, members, bytes, skipped names and duplicates") -> Callable[[F], F]:
     """--stats, reporting ``what`` on stderr; the command gets ``show_stats``."""
     return shared_option("--stats", "show_stats", is_flag=True, help=f"Report {what} on stderr.")
+
+
+def fields_option(use: str, dest: str = "fields") -> Callable[[F], F]:
+    """-f/--fields, field specs in the one grammar (``tarproc.fieldspec``); ``use`` says what this
+    command does with them, with an example. The command gets the text as ``dest`` (None when not
+    given) and parses it with its own ``Accepts``."""
+    return shared_option("-f", "--fields", dest, metavar="SPEC", help=f"{use} {SPEC_HELP}")
 
 
 def _writer_kwargs(values: dict[str, Any]) -> dict[str, Any]:

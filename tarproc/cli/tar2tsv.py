@@ -8,7 +8,6 @@ import itertools
 import click
 
 from ..errors import OptionError
-from ..fieldspec import SPEC_HELP
 from ..sinks import open_sink
 from ..stages import slice_samples
 from ..tables import TABLE_FORMATS, RowExtractor, default_columns, format_for_name, format_table, parse_columns
@@ -18,6 +17,7 @@ from .common import (
     TarprocCommand,
     common_options,
     count_option,
+    fields_option,
     input_options,
     number,
     progress,
@@ -34,14 +34,12 @@ Examples:
   tar2tsv shard.tar -f '__key__ cls txt' | tarcreate -o copy.tar     # and back
 
 \b
-Columns (-f): separated by spaces; 'a;b' takes the first field a sample has; NAME=SPEC renames.
+Columns (-f) are field specs, the whole grammar ('Field specs' in the README). A cell holds:
   __key__ __url__       the sample's key, its shard
   cls, txt, seg.png     a field's text (UTF-8); binary fields need a modifier:
   jpg:size jpg:sha256   byte count, SHA-256 hex digest,
   jpg:type              kind of data from its magic bytes (jpeg, png, text, json, binary...)
-  jpg;png:size          a modifier after the last alternative applies to all of them
-  json.label json.a.0   a value inside a JSON field (path after the 'json' component; objects and
-                        arrays as compact JSON)
+  json.label json.a.0   a value inside a JSON field (objects and arrays as compact JSON)
 Without -f: __key__ and the first sample's fields (binary ones as FIELD:size).
 
 \b
@@ -54,8 +52,7 @@ tarcreate reads all three back exactly.
 
 @click.command("tar2tsv", cls=TarprocCommand, epilog=EPILOG)
 @input_options
-@click.option("-f", "--fields", "spec", metavar="SPEC",
-              help=f"Columns, e.g. '__key__ cls json.label jpg:size' (see below). {SPEC_HELP}")
+@fields_option("Columns, e.g. '__key__ cls json.label jpg:size' (see below).", dest="spec")
 @shared_option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default=None,
               help="Table format [default: from the -o suffix, else tsv].")
 @click.option("--header/--no-header", default=True, show_default=True, help="Write a header row (TSV/CSV).")

@@ -8,7 +8,7 @@ from collections import Counter
 import click
 
 from ..errors import OptionError, SampleError
-from ..fieldspec import SPEC_HELP, legacy_note, parse_specs
+from ..fieldspec import legacy_note, parse_specs
 from ..stages import SELECT_SPECS, field_pairs, parse_slice, select_fields, shuffle, slice_samples
 from ..stages import rekey as rekey_samples
 from ..tar import ReadStats
@@ -18,6 +18,7 @@ from .common import (
     WriteOptions,
     common_options,
     count_option,
+    fields_option,
     input_options,
     number,
     output_option,
@@ -54,9 +55,8 @@ An input listed more than once (to oversample it) repeats its samples' keys: giv
 @count_option
 @shared_option("--skip", type=number(0), default=0, help="Skip this many input samples first.")
 @click.option("--slice", "slice_spec", metavar="LO:HI[:STEP]", help="Keep input samples LO..HI-1 every STEP.")
-@click.option("-f", "--fields", metavar="SPEC",
-              help="Keep and rename fields: 'image=jpg;jpeg;png cls' keeps cls and the first of jpg/jpeg/png as "
-                   f"image. {SPEC_HELP}")
+@fields_option("Keep and rename fields: 'image=jpg;jpeg;png cls' keeps cls and the first of jpg/jpeg/png as "
+               "image.")
 @shared_option("--missing", type=click.Choice(["error", "skip", "keep"]), default="error", show_default=True,
               help="With -f: a sample lacking a field is an error, dropped, or written without it.")
 @shuffle_option

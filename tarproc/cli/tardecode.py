@@ -25,7 +25,6 @@ from .common import (
     say,
     shared_option,
     stats_option,
-    warn,
     write_tar,
     writer_options,
 )
@@ -89,7 +88,7 @@ def main(
             batches = decoded_batches(
                 progress(source, quiet, "tardecode", unit="image"), decoding.spec, field=field,
                 output_field=output_field, device=decoder, batch_size=decoding.batch_size,
-                on_error=on_error, stats=decode_stats, warn=warn,
+                on_error=on_error, stats=decode_stats,
             )
             arrays = (_with_npy(sample, output_field) for batch in batches for sample in batch)
             writer = write_tar(arrays, output, writing)

@@ -7,12 +7,20 @@ import contextlib
 import click
 
 from ..errors import NoMatchError, SinkError
-from ..fieldspec import SPEC_HELP
 from ..first import find_member, make_matcher
 from ..sinks import open_sink, stdout_is_terminal
 from ..sniff import is_text, sniff_type
 from ..tar import ReadStats
-from .common import ReadOptions, TarprocCommand, common_options, input_options, number, say, shared_option
+from .common import (
+    ReadOptions,
+    TarprocCommand,
+    common_options,
+    fields_option,
+    input_options,
+    number,
+    say,
+    shared_option,
+)
 
 EPILOG = """\b
 Examples:
@@ -31,9 +39,7 @@ not written to a terminal unless --force. Nothing matching: exit 1 with a messag
 
 @click.command("tarfirst", cls=TarprocCommand, epilog=EPILOG)
 @input_options
-@click.option("-f", "--fields", metavar="SPEC",
-              help="Field alternatives, e.g. 'jpg;jpeg;png' [default: common image types, unless --regex]. "
-                   f"{SPEC_HELP}")
+@fields_option("Field alternatives, e.g. 'jpg;jpeg;png' [default: common image types, unless --regex].")
 @click.option("--key", metavar="KEY", help="Only members of the sample with this key.")
 @click.option("--regex", metavar="RE", help="Only members whose name (KEY.FIELD) matches this regex (re.search).")
 @click.option("--nth", "nth", type=number(1), default=1, show_default=True, metavar="N",

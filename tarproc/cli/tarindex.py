@@ -76,7 +76,7 @@ def main(reading: ReadOptions, quiet: bool, fmt: str, output: str | None, name: 
     indexed: list[tuple[str, ShardIndex]] = []
     for url in progress(urls, quiet or len(urls) < 2, "tarindex", unit="shard"):
         try:
-            index = build_index(url, policy=reading.policy, stats=stats, warn=warn)
+            index = build_index(url, policy=reading.policy, stats=stats)
             if fmt != "wids":
                 data = index_bytes(index, fmt, url)
                 target = output or default_index_url(url, fmt)

@@ -28,7 +28,6 @@ from .common import (
     shuffle_option,
     sliced_total,
     stats_option,
-    warn,
     write_tar,
     writer_options,
 )
@@ -96,7 +95,7 @@ def main(
     stats = ReadStats()
     source = parallel_samples(
         reading.urls, readers=readers, prefetch=prefetch, prefetch_bytes=prefetch_bytes, order=order, seed=seed,
-        policy=reading.policy, stats=stats, warn=warn, views=not shuffle_size,
+        policy=reading.policy, stats=stats, views=not shuffle_size,
     )
     with contextlib.closing(source):
         samples = iter(source)

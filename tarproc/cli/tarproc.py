@@ -25,7 +25,6 @@ from .common import (
     progress,
     say,
     shared_option,
-    warn,
     write_tar,
     writer_options,
 )
@@ -75,7 +74,8 @@ def _names(values: tuple[str, ...]) -> list[str]:
               help="When a command fails or times out: stop with its key and output, drop the sample "
                    "(counted), or keep the input sample unchanged.")
 @click.option("-f", "--fields", multiple=True, metavar="LIST",
-              help="Collect only these fields (comma-separated, glob patterns), e.g. 'jpg,json'.")
+              help="Collect only these fields (comma-separated, glob patterns), e.g. 'jpg,json' (both: a list, "
+                   "not a field spec).")
 @click.option("--exclude", multiple=True, metavar="LIST", help="Do not collect these fields (glob patterns).")
 @click.option("--log", "log_field", metavar="FIELD",
               help="Put the command's stdout and stderr into FIELD of the output sample, not on stderr.")
@@ -125,14 +125,14 @@ def main(
         if function is not None:
             processed = map_samples(
                 source, function, workers=workers, window=window, ordered=not unordered, on_error=on_error,
-                fields=_names(fields), exclude=_names(exclude), stats=jobs, warn=warn,
+                fields=_names(fields), exclude=_names(exclude), stats=jobs,
             )
         else:
             processed = shell_samples(
                 source, command, script=script, workers=workers, window=window, ordered=not unordered,
                 timeout=timeout, on_error=on_error, log_field=log_field, fields=_names(fields),
                 exclude=_names(exclude), tmpdir=tmpdir, max_file_size=reading.max_member_size, stats=jobs,
-                on_log=_forward_log, warn=warn,
+                on_log=_forward_log,
             )
         with contextlib.closing(processed):
             write_tar(progress(processed, quiet, "tarproc"), output, writing)

@@ -26,7 +26,6 @@ from .common import (
     say,
     shared_option,
     transport_options,
-    warn,
     writer_options,
 )
 
@@ -92,7 +91,7 @@ def main(
     if output is not None:
         check_output(output)  # before any sender is given credit
     # the process is the command's: its malloc may be tuned for the batches (twice the rate)
-    receiver = Receiver(list(urls), senders=senders, warn=warn, ack="auto" if output is None else "manual",
+    receiver = Receiver(list(urls), senders=senders, ack="auto" if output is None else "manual",
                         reuse_memory=True, **transport)
     monitor = Monitor(receiver, interval, quiet, to=sys.stderr if output is not None else sys.stdout)
     try:

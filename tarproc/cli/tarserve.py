@@ -24,7 +24,6 @@ from .common import (
     shuffle_option,
     stats_option,
     transport_options,
-    warn,
 )
 
 EPILOG = """\b
@@ -87,7 +86,8 @@ batch goes through shared memory, not the socket.
 @click.option("--label", "labels", multiple=True, metavar="FIELD",
               help="Send this text field (e.g. cls) as an int64 tensor; repeatable.")
 @click.option("-f", "--fields", metavar="NAMES",
-              help="Other fields to send as bytes, comma/space separated [default: all]; '' sends none.")
+              help="Other fields to send as bytes, comma/space separated, all of them (a list, not a field spec) "
+                   "[default: all]; '' sends none.")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Save what receivers acknowledged in FILE; if FILE exists, resume where it says.")
 @transport_options(sending=True)
@@ -141,7 +141,7 @@ def main(
     )
     report = None if raw or quiet or decoding.device != "auto" else (
         lambda decoder: say(f"tarserve: decoding on {decoder}"))
-    stats = serve(inputs, config, warn=warn, report=report,
+    stats = serve(inputs, config, report=report,
                   wrap=lambda samples: progress(samples, quiet or senders > 1, "tarserve"))
     if show_stats:
         rate = stats.bytes / stats.seconds / 1e6 if stats.seconds else 0.0

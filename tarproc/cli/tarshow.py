@@ -15,7 +15,7 @@ import click
 from .. import sinks
 from ..content import plural
 from ..errors import OptionError, SinkError, TarprocError
-from ..fieldspec import SPEC_HELP, legacy_note, parse_specs
+from ..fieldspec import legacy_note, parse_specs
 from ..imaging import (
     PROTOCOLS,
     ImageDecodeError,
@@ -47,6 +47,7 @@ from .common import (
     ReadOptions,
     TarprocCommand,
     common_options,
+    fields_option,
     input_options,
     number,
     progress,
@@ -96,9 +97,8 @@ colour half blocks elsewhere; --view-protocol overrides it.
 @shared_option("-c", "--count", type=number(0), default=None,
               help="Show this many samples (--grid: this many images, default 16).")
 @shared_option("--skip", type=number(0), default=0, help="Skip this many samples first.")
-@click.option("-f", "--fields", metavar="SPEC",
-              help="Fields to show, e.g. 'jpg;png cls' (first present of jpg/png, and cls); for --grid and "
-                   f"--view the image fields. {SPEC_HELP}")
+@fields_option("Fields to show, e.g. 'jpg;png cls' (first present of jpg/png, and cls); for --grid and "
+               "--view the image fields.")
 @click.option("-w", "--width", type=number(0), default=DEFAULT_WIDTH, show_default=True,
               help="Cut previews to this many characters (0: no limit).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per sample (with --summary: one document); UTF-8, see below.")
@@ -329,7 +329,7 @@ def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool
 
     try:
         summarize(
-            reading.urls, policy=reading.policy, count=count, warn=warn, summary=acc, wrap=wrap,
+            reading.urls, policy=reading.policy, count=count, summary=acc, wrap=wrap,
         )
     except TarprocError:
         report()  # what was read up to the damage; the error itself goes to stderr (exit 1)
@@ -351,7 +351,7 @@ def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sam
 
     sample = DEFAULT_SAMPLE if sample_size is None else sample_size
     info = write_report(reading.urls, path, sample=sample, seed=seed, count=count, content=content,
-                        on_error=reading.on_error, warn=warn, wrap=wrap, wrap_cards=wrap_cards, policy=reading.policy)
+                        on_error=reading.on_error, wrap=wrap, wrap_cards=wrap_cards, policy=reading.policy)
     if not quiet:
         problems = f", {plural(len(info.problems), 'kind')} of problem" if info.problems else ", no problems found"
         where = "the report to stdout" if path == "-" else path

@@ -19,8 +19,6 @@ class Flag:
 
     meaning: str
     exceptions: dict[str, str] = field(default_factory=dict)
-    # where each command declares the flag with its own words over a grammar kept elsewhere, that place
-    declared_over: str = ""
 
 
 VOCABULARY: dict[str, Flag] = {
@@ -71,9 +69,18 @@ VOCABULARY: dict[str, Flag] = {
          "tarjob": "-s SPEC is the shard list every tarjob line starts with, and the line its Kubernetes and "
                    "Slurm tasks run (tarjob --index I -s SPEC): moving it would break manifests already "
                    "written; tarjob writes no shards."}),
-    "-f": Flag("Which fields the command uses: a field spec (one grammar for all commands).",
-               declared_over="tarproc/fieldspec.py"),
-    "--fields": Flag("Long form of -f.", declared_over="tarproc/fieldspec.py"),
+    "-f": Flag(
+        "Which fields the command uses: field specs, one grammar for all commands ('Field specs' in the "
+        "README): 'jpg;png' is the first of jpg and png a sample has.",
+        {"tarproc": "-f LIST keeps every field matching its glob patterns ('jpg,json' keeps both), as cut -f 1,3 "
+                    "keeps both fields, and pairs with --exclude. Read as specs, 'jpg,json' would keep only the "
+                    "first present, and existing command lines would lose fields.",
+         "tarserve": "-f NAMES lists the other fields to send as bytes, every one of them ('jpg,json' sends both; "
+                     "'' sends none), as cut -f 1,3 does. Read as specs, existing command lines would send "
+                     "fewer fields."}),
+    "--fields": Flag("Long form of -f.",
+                     {"tarproc": "the long form of its -f (a list of fields to keep, above).",
+                      "tarserve": "the long form of its -f (a list of fields to send, above)."}),
     "--missing": Flag("A sample lacking a field the command needs: an error, or what to do instead."),
     "--shuffle": Flag("Shuffle with a buffer of N samples."),
     "--seed": Flag("Random seed of what the command randomizes (shuffles, random order, crops...)."),

@@ -56,9 +56,9 @@ from ..errors import (
 )
 from ..index import INDEX_FORMAT, INDEX_VERSION, build_index, default_index_url
 from ..samples import read_samples
-from ..tar import ReadPolicy
 from ..sources import is_fsspec_url, local_path, open_source, settings, shard_cache
 from ..sources.remote import Identity, Network, identify
+from ..tar import ReadPolicy
 
 WIDS_KIND = "wids-shard-index-v1"
 DALI_VERSIONS = ("v1.1", "v1.2")

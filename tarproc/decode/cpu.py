@@ -28,6 +28,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
+from ..errors import adopt_warnings_setup, warnings_setup
 from ..imaging import rgb_image
 from ..sniff import sniff_type
 from .spec import AugmentSpec, Plan, color_matrix, rotation_steps
@@ -413,7 +414,8 @@ def _decode_or_error(job: Job, spec: AugmentSpec, dct_scaling: bool) -> Result:
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(spec: AugmentSpec, dct_scaling: bool) -> None:
+def _init_worker(spec: AugmentSpec, dct_scaling: bool, shown: Any = None) -> None:
+    adopt_warnings_setup(shown)  # a spawned worker shows warnings as its parent does
     _worker.update(spec=spec, dct_scaling=dct_scaling)
 
 
@@ -441,7 +443,8 @@ class CpuDecoder:
             method = "fork" if sys.platform.startswith("linux") else None
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 processes, mp_context=multiprocessing.get_context(method),
-                initializer=_init_worker, initargs=(spec, dct_scaling),
+                initializer=_init_worker,
+                initargs=(spec, dct_scaling, warnings_setup() if method != "fork" else None),
             )
 
     def describe(self) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import DecodeError, MediaError, MissingDependencyError, OptionError
+from ..errors import DataWarning, DecodeError, MediaError, MissingDependencyError, OptionError, warner
 from ..samples import Sample
 from ..sniff import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS, sniff_type
 
@@ -376,7 +376,7 @@ def decode_media_samples(
     """A stage: each sample with its audio/video fields decoded as ``specs`` says (field names to
     ``AudioSpec``/``VideoSpec``). A sample that can't be decoded is a ``DecodeError`` or, with
     ``on_error="skip"``, dropped, counted in ``stats.skipped`` (a ``DecodeStats``) and reported
-    through ``warn``. Specs without a seed draw new random crops on every run.
+    through ``warn`` (a callback; default a ``DataWarning``). Specs without a seed draw new random crops on every run.
 
     ::
 
@@ -395,8 +395,7 @@ def decode_media_samples(
                 raise
             if stats is not None:
                 stats.skipped += 1
-            if warn is not None:
-                warn(f"skipped: {e}")
+            warner(warn, DataWarning)(f"skipped: {e}")
             continue
         if stats is not None:
             stats.decoded += 1

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import DecodeError, OptionError
+from ..errors import DataWarning, DecodeError, OptionError, warner
 from ..fieldspec import DEFAULT_IMAGE_SPEC, field_list
 from ..samples import Sample
 from ..stages import chunked
@@ -103,7 +103,8 @@ def decoded_batches(
     The image is the first of ``field``'s names the sample has; it is replaced by the array, under
     ``output_field`` when given. A sample with no such field or an image that can't be decoded is
     a ``DecodeError`` naming URL, key and field, or, with ``on_error="skip"``, dropped, counted in
-    ``stats.skipped`` and reported through ``warn``; the rest of its batch is kept.
+    ``stats.skipped`` and reported through ``warn`` (a callback; default a ``DataWarning``); the
+    rest of its batch is kept.
 
     Random crops, flips, rotations and colours come from (seed, key); a nonzero ``epoch`` joins
     it to the key, so each epoch of a training feed gets fresh augmentations, still reproducible.
@@ -132,8 +133,7 @@ def decoded_batches(
         if on_error == "fail":
             raise error
         stats.skipped += 1
-        if warn is not None:
-            warn(f"skipped: {error}")
+        warner(warn, DataWarning)(f"skipped: {error}")
 
     try:
         for results in decoder.run(jobs()):

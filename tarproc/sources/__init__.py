@@ -183,7 +183,7 @@ class Source:
 
     def member_rereader(self, max_member_size: int, consumed: int) -> Callable[[str, int], bytes | None] | None:
         """For a plain regular local file: a function that reads a member back by name from where
-        the reader started, up to a stream offset (a link's target; ``tario.MemberFinder``); else
+        the reader started, up to a stream offset (a link's target; ``tar.MemberFinder``); else
         None. ``consumed``: the bytes the reader has had so far (read or skipped), so that a reader
         that did not start at the file's first byte (stdin positioned further on) looks there."""
         found = self.file_origin()
@@ -198,7 +198,7 @@ class Source:
         """For a plain (uncompressed) local file: the file, and the file offset of the next byte
         this stream will hand out (what a reader starting now counts as its byte 0: some may have
         been read already), so that data can be left in the file and copied from there
-        (``tario.FileRange``); else None."""
+        (``tar.FileRange``); else None."""
         if not self._regular_file():
             return None
         try:

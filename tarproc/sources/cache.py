@@ -40,7 +40,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CacheWarning, SourceError, TarprocError, warn
+from ..errors import CacheWarning, SourceError, TarprocError, warner
 from .remote import Identity, Network, RemoteReader
 
 CHUNK = 1 << 20  # bytes a filler asks the store for at once
@@ -49,18 +49,13 @@ CHECKS = 3
 _POLL_MAX = 0.05  # seconds between two looks at a copy another process fills
 
 
-def _warn(message: str) -> None:
-    """The cache's warnings when the caller gives no ``warn``: a ``CacheWarning``."""
-    warn(message, CacheWarning)
-
-
 class ShardCache:
     """Verified copies of remote shards in ``directory/shards``; see the module's docstring."""
 
     def __init__(self, directory: str, max_bytes: int | None = None, warn: Callable[[str], None] | None = None) -> None:
         self.root = os.path.join(os.path.expanduser(directory), "shards")
         self.max_bytes = max_bytes
-        self.warn = warn if warn is not None else _warn
+        self.warn = warner(warn, CacheWarning)  # the caller's callback, else a CacheWarning
         self.known: dict[str, Identity] = {}  # identities learned before reading (no request then)
         self.digests: dict[str, str] = {}  # sha256 a manifest gives: an entry must match
         self.broken = False

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import TarprocError
 
-CHUNK = 1 << 19  # bytes a read-ahead thread asks for at once: what the tar reader asks for (tario._CHUNK), handed on whole
+CHUNK = 1 << 19  # bytes a read-ahead thread asks for at once: what the tar reader asks for (tar/reader.py's _CHUNK), handed on whole
 DEPTH = 4  # following shards a Prefetcher opens at most
 
 

@@ -11,7 +11,7 @@ import posixpath
 from collections import deque
 from typing import Any, NamedTuple
 
-from ..errors import warn_stderr
+from ..errors import DataWarning, warner
 from .headers import BLOCK, cstr, decode_name
 from .ranges import FileRange, with_data
 from .stats import ReadStats
@@ -94,8 +94,8 @@ class ScannedBuffer:
 
 
 def link_warning(stats: ReadStats, message: str) -> None:
-    """Say something of a link where the read's warnings go (``stats.warn``, else the default)."""
-    (stats.warn or warn_stderr)(message)
+    """Say something of a link where the read's warnings go (``stats.warn``, else a ``DataWarning``)."""
+    warner(stats.warn, DataWarning)(message)
 
 
 def target_came(watched: dict[Any, tuple[str, str]], name: Any, offset: int, stats: ReadStats) -> None:

@@ -21,7 +21,7 @@ class ReadStats:
         self.no_key_count = 0
         self.duplicates = 0  # duplicate fields and reappearing keys (warn/skip modes)
         self.errors: list[str] = []  # messages of shards skipped with on_error="skip-shard"
-        self.warn: Callable[[str], None] | None = None  # where the reader's warnings go (None: stderr)
+        self.warn: Callable[[str], None] | None = None  # a callback for the reader's warnings (None: DataWarning)
 
     def skip_entry(self, kind: str) -> None:
         self.skipped_entries[kind] = self.skipped_entries.get(kind, 0) + 1

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DatasetError, NetworkWarning, OptionError, TransportError, WireError, warn
+from ..errors import DatasetError, NetworkWarning, OptionError, TransportError, WireError, warner
 from .curve import Handshakes, handshake_events
 from .sender import DEFAULT_HWM
 from .shm import available as shm_available
@@ -82,12 +82,6 @@ def tune_malloc() -> bool:
             settings = ((m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2**31 - 1), (m_top_pad, 64 << 20))
             _malloc_tuned = all(mallopt(option, value) == 1 for option, value in settings)
     return _malloc_tuned
-
-
-def _warn(message: str) -> None:
-    """A receiver's warning when the caller gives no ``warn``: a ``NetworkWarning`` (a message
-    rejected, a sender gone or lost batches: what came over the wire, or didn't)."""
-    warn(message, NetworkWarning)
 
 
 def _recv_bounded(sock: Any) -> list[Any] | None:
@@ -238,7 +232,8 @@ class Receiver:
         self.wait = wait
         self.expected = senders
         self.stats = ReceiveStats()
-        self.warn = warn if warn is not None else _warn
+        # the caller's callback, else a NetworkWarning: a message rejected, a sender gone, lost batches
+        self.warn = warner(warn, NetworkWarning)
         self.hwm = hwm
         self.ack_mode = ack
         self.max_message_size = max_message_size

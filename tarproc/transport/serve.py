@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DecodeError, OptionError, SampleError, TarprocError, TransportError
+from ..errors import DataWarning, DecodeError, OptionError, SampleError, TarprocError, TransportError, warner
 from ..fieldspec import DEFAULT_IMAGE_SPEC
 from ..samples import Sample, field_names, read_samples
 from ..stages import chunked, shuffle
@@ -130,16 +130,19 @@ def serve(
     inputs: list[str],
     config: ServeConfig,
     *,
-    warn: Callable[[str], None],
+    warn: Callable[[str], None] | None = None,
     wrap: Callable[[Iterator[Sample]], Iterator[Sample]] | None = None,
     report: Callable[[str], None] | None = None,
 ) -> ServeStats:
     """Send the shards as batches to ``config.urls``; returns what was sent.
 
     ``wrap`` (e.g. a progress bar) sees the samples of a single sender process; ``report`` is
-    told which decoder the first sender uses.
+    told which decoder the first sender uses. ``warn``: a callback that takes each warning (a
+    shard or an image skipped) instead of ``warnings.warn`` with a ``DataWarning``; a sender
+    process calls it there (forked, it writes to the same stderr).
     """
     check_config(inputs, config)
+    warn = warner(warn, DataWarning)
     if config.senders > len(inputs):  # a sender with no shard would only send empty epochs
         config = replace(config, senders=len(inputs))
     started = time.monotonic()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..content import IMAGE_TYPES, PROBLEMS, Distribution, classes, other_keys, plural, sniff_content
-from ..errors import MissingDependencyError, OptionError, TarprocError
+from ..errors import DataWarning, MissingDependencyError, OptionError, TarprocError, warner
 from ..samples import is_metadata_name
 from ..show import FieldStats, Summary
 from ..sinks import open_sink
@@ -568,7 +568,8 @@ def write_report(
 ) -> ReportInfo:
     """Read ``urls`` once and write the report to ``path`` (a local path, '-' or a URL ``open_sink``
     takes). ``count`` stops after that many samples; ``on_error="skip-shard"`` records a damaged
-    shard and goes on, ``"fail"`` raises (and writes nothing). ``wrap``: wraps each shard's member
+    shard, warns (``warn``, a callback; default a ``DataWarning``) and goes on, ``"fail"`` raises
+    (and writes nothing). ``wrap``: wraps each shard's member
     iterator (a progress bar); ``tar``: ``policy`` (a ``ReadPolicy``) as for ``Summary.add_shard``."""
     if sample < 0:
         raise OptionError(f"bad sample size {sample}; must be >= 0")
@@ -589,8 +590,7 @@ def write_report(
             except TarprocError as e:
                 if on_error == "fail":
                     raise
-                if warn is not None:
-                    warn(f"{e}; skipping the rest of this shard")
+                warner(warn, DataWarning)(f"{e}; skipping the rest of this shard")
             if acc.stopped_early:
                 break
         acc.finish()

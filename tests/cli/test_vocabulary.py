@@ -35,7 +35,7 @@ def _flags() -> dict[str, list[tuple[str, str]]]:
                 entry = VOCABULARY.get(flag)
                 if entry is not None and name in entry.exceptions:
                     meaning = f"exception in {name}"
-                elif getattr(param, "vocabulary", False) or (entry is not None and entry.declared_over):
+                elif getattr(param, "vocabulary", False):
                     meaning = "shared"
                 else:
                     meaning = f"{_module(name)}:{param.name}"

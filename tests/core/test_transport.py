@@ -627,16 +627,23 @@ def test_two_receivers_on_one_bound_push_endpoint_share_the_batches(tmp_path):
     """A bound sender (zrpush) knows each receiver that connects, and tells each the end."""
     url = ipc(tmp_path)
     keys: list[list[str]] = [[], []]
+    receivers: list[Receiver] = []
 
     def receive(i):
         with Receiver(f"zrpull+{url}", timeout=5) as receiver:
+            receivers.append(receiver)
             for batch in receiver:
                 keys[i].extend(batch["__key__"])
-                time.sleep(0.01)
+                time.sleep(0.01)  # the scenario: a slow consumer, so that one can't take every batch
 
     threads = [in_thread(receive, i) for i in range(2)]
-    time.sleep(1.0)  # both connected before the first batch (0.3 s was too short on a loaded machine)
-    send_epochs(f"zrpush+{url}", batches=20, n=1)
+    with Sender(f"zrpush+{url}", heartbeat=0.1) as sender:
+        # both connected before the first batch: each has heard from the sender
+        wait_for(lambda: len(receivers) == 2 and all(r.stats.senders for r in receivers),
+                 what="both receivers hearing from the sender")
+        for b in range(20):
+            sender.send([f"e0-b{b}-0"], {"x": np.full((1, 3), b, np.int32)}, epoch=0)
+        sender.end_epoch(0, final=True)
     for t in threads:
         t.join()
     assert sorted(keys[0] + keys[1]) == sorted(f"e0-b{b}-0" for b in range(20)), keys
@@ -750,7 +757,7 @@ def test_keys_are_not_overwritten_without_force(tmp_path):
     from tarproc.errors import SinkError
 
     generate_keys(tmp_path)
-    with pytest.raises(SinkError, match="exists; use --force"):
+    with pytest.raises(SinkError, match="exists; use --overwrite"):
         generate_keys(tmp_path)
     generate_keys(tmp_path, force=True)
     assert (tmp_path / "server.key_secret").stat().st_mode & 0o777 == 0o600
