@@ -271,9 +271,11 @@ _OLD_KEYWORDS = {"dup": "read", "max_member_size": "read", "cache_dir": "network
                  "retries": "network", "timeout": "network", "prefetch": "network"}
 
 
-def _grouped_settings(read: ReadPolicy, network: Network, old: Mapping[str, Any]) -> tuple[ReadPolicy, Network]:
+def _grouped_settings(read: ReadPolicy, network: Network, old: Mapping[str, Any],
+                      remote: bool = True) -> tuple[ReadPolicy, Network]:
     """``read`` and ``network``, or the objects that the deprecated flat keywords in ``old`` make
-    (said by one ``DeprecationWarning`` at the caller's line)."""
+    (said by one ``DeprecationWarning`` at the caller's line). Without ``remote`` shards a
+    ``cache_size`` without ``cache_dir`` is left out, as it always was (no shard cache is made)."""
     unknown = [name for name in old if name not in _OLD_KEYWORDS]
     if unknown:
         raise TypeError(f"Dataset() got an unexpected keyword argument {unknown[0]!r}")
@@ -294,7 +296,10 @@ def _grouped_settings(read: ReadPolicy, network: Network, old: Mapping[str, Any]
     if groups["read"]:
         read = ReadPolicy(**groups["read"])
     if groups["network"]:
-        network = Network(**groups["network"])
+        kept = dict(groups["network"])
+        if not remote and kept.get("cache_dir") is None:
+            kept.pop("cache_size", None)  # bounded no cache of local shards, as it always did
+        network = Network(**kept)
     spelled = ", ".join(f"{group}=tarproc.{'ReadPolicy' if group == 'read' else 'Network'}("
                         + ", ".join(f"{k}={v!r}" for k, v in names.items()) + ")"
                         for group, names in groups.items() if names)
@@ -544,8 +549,8 @@ class Dataset:
         **deprecated: Any,
     ) -> None:
         # validate
-        read, network = _grouped_settings(read, network, deprecated)
         self.urls = _shard_urls(urls)
+        read, network = _grouped_settings(read, network, deprecated, any(is_fsspec_url(u) for u in self.urls))
         _check_batches(batch_size, shuffle, threads, tensors, pad, drop_last, repeat, batches_per_epoch)
         _check_decoding(device, decode_in)
         _check_rank(rank, world_size)

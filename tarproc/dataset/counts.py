@@ -391,7 +391,7 @@ class _Counter:
         identity = self._version(url)
         if identity is None or identity.stamp is None:
             return None
-        return ["remote", url, identity.size, identity.stamp]
+        return ["remote", url, identity.size, identity.stamp, *_policy_key(self.policy)]
 
     def _sidecar_or_known(self, url: str) -> tuple[int, str] | None:
         for index_url in _sidecar_urls(url):
@@ -455,7 +455,7 @@ class _Counter:
         return self._count_local(url, path, st)
 
     def _count_local(self, url: str, path: str, st: os.stat_result) -> tuple[int, str]:
-        key = ["local", os.path.realpath(path), st.st_size, st.st_mtime_ns]
+        key = ["local", os.path.realpath(path), st.st_size, st.st_mtime_ns, *_policy_key(self.policy)]
         cached = self.cache.get(key)
         if cached is not None:
             return cached, "counted (cache)"
@@ -471,13 +471,28 @@ class _Counter:
 
 def _count_file(url: str, network: Network | None = None, policy: ReadPolicy = ReadPolicy()) -> int:
     """The samples of a shard, read once as ``policy`` says: a local file's headers only (its index),
-    else the stream."""
+    else the stream. What the policy lets pass with a warning is said by the epoch that reads it,
+    not here too."""
     if local_path(url) is not None:
         try:
-            return len(build_index(url, policy=policy))
+            return len(build_index(url, policy=policy, warn=_unsaid))
         except (CompressedShardError, LinkError):
             pass  # compressed, or links: not indexable for random access, but read as a stream all the same
-    return sum(1 for _ in read_samples(url, network=network, policy=policy))
+    return sum(1 for _ in read_samples(url, network=network, policy=policy, warn=_unsaid))
+
+
+def _unsaid(message: str) -> None:
+    """A counting read's warnings: the epoch's read of the same shard says them."""
+
+
+def _policy_key(policy: ReadPolicy) -> list[Any]:
+    """What of a read policy changes a count, for the counts' cache key: nothing under the default
+    policy (the keys counts had before policies), else the fields that change which samples are read."""
+    fields = [policy.links, policy.ignore_zeros, policy.max_member_size, policy.dup == "error"]
+    default = ReadPolicy()
+    if fields == [default.links, default.ignore_zeros, default.max_member_size, True]:
+        return []
+    return ["policy", *fields]
 
 
 def _sidecar_urls(url: str) -> list[str]:

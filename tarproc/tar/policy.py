@@ -66,7 +66,10 @@ class ReadPolicy:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise OptionError(f"bad max_member_size {size!r}; must be a number of bytes >= 0")
         if not isinstance(self.ignore_zeros, bool):
-            raise OptionError(f"bad ignore_zeros {self.ignore_zeros!r}; must be True or False")
+            # 0 and 1 (and numpy's bools) were read as flags before the policy was a value: they still are
+            if self.ignore_zeros not in (0, 1):
+                raise OptionError(f"bad ignore_zeros {self.ignore_zeros!r}; must be True or False")
+            object.__setattr__(self, "ignore_zeros", bool(self.ignore_zeros))
 
 
 def policy_with_keywords(policy: ReadPolicy, old: dict[str, Any], allowed: tuple[str, ...], where: str) -> ReadPolicy:

@@ -10,6 +10,7 @@ import os
 import pydoc
 import re
 import subprocess
+import tarfile
 import sys
 import warnings
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 from faultserver import FaultServer
-from tarhelpers import run, write_tar
+from tarhelpers import run, tarfile_shard, write_tar
 
 import tarproc
 from tarproc import (
@@ -330,3 +331,55 @@ def test_a_receiver_leaves_malloc_alone_unless_asked(tmp_path: Path, monkeypatch
     with module.Receiver(f"ipc://{tmp_path}/b", wait=0.01, reuse_memory=True):
         pass
     assert tuned == [True]
+
+
+# crossings the grouping must not change (found by a review against the release before it)
+
+
+def test_a_count_made_under_one_read_policy_is_not_taken_under_another(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TARPROC_CACHE_DIR", str(tmp_path / "cache"))
+    # a.jpg, and b.jpg a hard link to it: links="skip" leaves b out, the default reads it
+    hard = tarfile_shard(tmp_path / "hard.tar", [("a.jpg", b"x"), ("b.jpg", "->a.jpg")], link=tarfile.LNKTYPE)
+    skipping = Dataset(str(hard), to_tuple=("__key__",), tensors="numpy", read=ReadPolicy(links="skip"))
+    assert skipping.lengths == {str(hard): 1}
+    following = Dataset(str(hard), to_tuple=("__key__",), tensors="numpy")  # the same counts' cache
+    assert following.lengths == {str(hard): 2}
+    assert [k for (keys,) in following for k in keys] == ["a", "b"]
+    again = Dataset(str(hard), to_tuple=("__key__",), tensors="numpy", read=ReadPolicy(links="skip"))
+    assert again.lengths == {str(hard): 1} and again.count_sources[str(hard)] == "counted (cache)"
+
+
+def test_a_duplicate_let_pass_is_said_once_by_the_epoch_not_again_by_the_count(tmp_path: Path) -> None:
+    path = tarfile_shard(tmp_path / "dup.tar", [("a.cls", b"1"), ("a.cls", b"2"), ("b.cls", b"3")])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ds = Dataset(str(path), to_tuple=("__key__",), tensors="numpy", read=ReadPolicy(dup="warn"))
+        assert ds.lengths == {str(path): 2}
+        assert [k for (keys,) in ds for k in keys] == ["a", "b"]
+    said = [w for w in seen if issubclass(w.category, tarproc.TarprocWarning)]
+    assert len(said) == 1 and "duplicate field 'cls' in sample 'a'" in str(said[0].message), said
+
+
+def test_the_old_cache_keywords_on_local_shards_are_left_out_as_before(tmp_path: Path) -> None:
+    path = shard(tmp_path / "local.tar", 3)
+    with pytest.warns(DeprecationWarning, match="cache_size"):
+        ds = Dataset(path, tensors="numpy", cache_size=1 << 20)
+    assert ds.network.cache_dir is None and ds.network.cache_size is None and len(ds) == 1
+
+
+def test_ignore_zeros_takes_the_flags_it_took_before_the_policy() -> None:
+    import numpy as np
+
+    assert ReadPolicy(ignore_zeros=1).ignore_zeros is True
+    assert ReadPolicy(ignore_zeros=np.bool_(False)).ignore_zeros is False
+    with pytest.raises(OptionError, match="bad ignore_zeros 'yes'"):
+        ReadPolicy(ignore_zeros="yes")
+
+
+def test_the_old_module_name_of_the_tar_core_still_imports_with_a_deprecation_warning() -> None:
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "from tarproc.tario import FileRange, TarWriter, iter_members\n"
+            "import tarproc.tar as t; assert FileRange is t.FileRange and TarWriter is t.TarWriter\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "DeprecationWarning: tarproc.tario is deprecated: import from tarproc.tar" in done.stderr

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "tarproc"
 # lowest first; a module belongs to the first entry that is a prefix of its dotted name
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("errors", "compression", "sniff", "fieldspec", "procgroup", "_speedups", "_jpeg")),
-    ("tar", ("tar",)),
+    ("tar", ("tar", "tario")),
     ("io", ("sources", "sinks")),
     ("records", ("samples", "stages", "index", "shards", "sort", "process", "pcat", "first", "tables")),
     ("media", ("content", "imaging", "decode", "show")),
