@@ -596,10 +596,14 @@ class ContentStats:
 
         from PIL import Image
 
+        from .imaging import PILLOW_MODULES
+
         try:
             with warnings.catch_warnings():
-                # nothing on stderr: a damaged header is counted and its example says why
-                warnings.simplefilter("ignore")
+                # nothing from Pillow on stderr: a damaged header is counted and its example says
+                # why (only Pillow's: the filters are the process's, and another thread's warnings,
+                # a retried read, must still show)
+                warnings.filterwarnings("ignore", module=PILLOW_MODULES)
                 with Image.open(io.BytesIO(bytes(data))) as img:
                     width, height = img.size
                     return width, height, img.mode, len(img.getbands())

@@ -25,14 +25,20 @@ alternatives (and, for one release, the old ``NEW:OLD1,OLD2`` rename, flagged as
 ``tarserve --field``, ``Dataset(image=...)``, the keys of ``Dataset(decode={...})``) and each
 ``Dataset(to_tuple=...)`` column alternatives only.
 
+Where the consumers read specs differently before this grammar, each still does (``Accepts``):
+empty alternatives are left out (``jpg;png;``) except in ``tar2tsv -f``, which refuses them; in
+``tar2tsv -f`` a ``,`` is part of a field name (``a,b``); a ``to_tuple`` column and a decode field
+are one spec each, a space inside a name being part of it; in ``tarcat -f`` and ``tarshow -f``
+(which take no modifier) ``NEW:OLD`` is always the old rename (``x:type`` renames ``type``).
+
 >>> [s.name for s in parse_specs("image=jpg;png cls", TAKE_ALL)]
 ['image', 'cls']
 >>> parse_spec("jpg;png:size", TAKE_ALL).alternatives[1]
 Alternative(field='png', path=(), modifier='size')
->>> parse_spec("jpg:size", Accepts("tarcat -f", rename=True))
+>>> parse_spec("jpg:size", Accepts("tarfirst -f"))
 Traceback (most recent call last):
 ...
-tarproc.errors.OptionError: bad field spec 'jpg:size': tarcat -f takes no modifier (':size')
+tarproc.errors.OptionError: bad field spec 'jpg:size': tarfirst -f takes no modifier (':size')
 
 The media extensions (``IMAGE_EXTENSIONS``, ``AUDIO_EXTENSIONS``, ...) live here too, once: the
 commands that look for "an image field" or route a field by its kind import them from here.
@@ -56,6 +62,16 @@ IMAGE_FORMATS: dict[str, str] = {
     "jp2": "jpeg2000", "j2k": "jpeg2000", "avif": "avif", "heic": "heic", "heif": "heif",
 }
 IMAGE_EXTENSIONS: tuple[str, ...] = tuple(IMAGE_FORMATS)
+# named subsets of the one list, for the commands whose defaults predate some of its entries (a
+# default that took in a new extension would change what they pick: a sample with a heic and a jpg)
+# - tarfirst's default fields, in the order tried: not j2k (a raw JPEG 2000 codestream) nor heic/heif
+FIRST_IMAGE_FORMATS: frozenset[str] = frozenset({"jpeg", "png", "webp", "gif", "bmp", "tiff", "pnm", "jpeg2000", "avif"})
+FIRST_IMAGE_EXTENSIONS: tuple[str, ...] = tuple(
+    e for e, f in IMAGE_FORMATS.items() if f in FIRST_IMAGE_FORMATS and e != "j2k"
+)
+# - the image files tarcreate --classes-from-dirs takes from a class directory
+CLASS_DIR_IMAGE_FORMATS: frozenset[str] = frozenset({"jpeg", "png", "webp", "gif", "bmp", "tiff"})
+CLASS_DIR_IMAGE_EXTENSIONS: tuple[str, ...] = tuple(e for e, f in IMAGE_FORMATS.items() if f in CLASS_DIR_IMAGE_FORMATS)
 # the formats the cpu decode backend reads (decode/cpu.py); DALI reads them too. Only these are
 # decoded by default: a field in another format would fail every sample.
 DECODABLE_IMAGE_FORMATS: frozenset[str] = frozenset({"jpeg", "png", "webp"})
@@ -123,8 +139,15 @@ class Accepts:
 
     ``meta``: the ``__names__`` it takes (None: any, as ``to_tuple`` with ``__valid__``);
     ``several``: more than one spec; ``unique``: output names must differ; ``legacy_rename``:
-    ``NEW:OLD1,OLD2`` still means ``NEW=OLD1;OLD2``; ``noun``: what errors call the text (``bad
-    field list 'jpg;;png'`` where only alternatives are taken).
+    ``NEW:OLD1,OLD2`` still means ``NEW=OLD1;OLD2`` (where ``modifiers`` are not taken, any
+    ``NEW:OLD``: ``x:type`` renames the field ``type``); ``noun``: what errors call the text (``bad
+    field list 'img=jpg'`` where only alternatives are taken).
+
+    As each consumer read its specs before the one grammar: ``drop_empty``: empty alternatives are
+    left out (``jpg;png;``), else an error (tar2tsv); ``commas``: ``,`` separates alternatives as
+    ``;`` does, else it is part of a field name (tar2tsv: ``a,b`` is the field ``a,b``);
+    ``spaced_names``: the text is one spec and whitespace inside a name is part of it (``to_tuple``
+    columns and the decode fields: ``"a b"`` is the field ``a b``), else whitespace separates specs.
     """
 
     what: str
@@ -136,12 +159,16 @@ class Accepts:
     unique: bool = True
     legacy_rename: bool = False
     noun: str = "field spec"
+    drop_empty: bool = True
+    commas: bool = True
+    spaced_names: bool = False
 
 
-TAKE_ALL = Accepts("a field spec", rename=True, modifiers=True, paths=True)
-FIELD_LIST = Accepts("a field list", meta=frozenset(), several=False, unique=False, noun="field list")
+TAKE_ALL = Accepts("a field spec", rename=True, modifiers=True, paths=True, drop_empty=False)
+FIELD_LIST = Accepts("a field list", meta=frozenset(), several=False, unique=False, noun="field list", spaced_names=True)
 
 _AROUND_SEPARATORS = re.compile(r"\s*([=;,:])\s*")
+_AROUND_SEPARATORS_NO_COMMA = re.compile(r"\s*([=;:])\s*")
 
 
 def parse_specs(text: str, accepts: Accepts = TAKE_ALL) -> tuple[FieldSpec, ...]:
@@ -150,7 +177,11 @@ def parse_specs(text: str, accepts: Accepts = TAKE_ALL) -> tuple[FieldSpec, ...]
     >>> [str(s) for s in parse_specs("img = JPG ; png  json.Label", TAKE_ALL)]
     ['img=jpg;png', 'json.Label']
     """
-    items = _AROUND_SEPARATORS.sub(r"\1", text).split()
+    spaced = (_AROUND_SEPARATORS if accepts.commas else _AROUND_SEPARATORS_NO_COMMA).sub(r"\1", text)
+    if accepts.spaced_names:
+        items = [spaced.strip()] if spaced.strip() else []
+    else:
+        items = spaced.split()
     if not items:
         raise OptionError(f"empty {accepts.noun} {text!r}; {accepts.what} needs at least one field")
     if len(items) > 1 and not accepts.several:
@@ -203,7 +234,7 @@ def _parse_item(item: str, accepts: Accepts) -> FieldSpec:
         name, body = "", item
         head, colon, tail = item.partition(":")
         if (colon and accepts.legacy_rename and not re.search("[;,]", head)
-                and re.split("[;,:]", tail)[0] not in MODIFIERS):
+                and (not accepts.modifiers or re.split("[;,:]", tail)[0] not in MODIFIERS)):
             name, body, renamed, legacy = head, tail, True, True  # NEW:OLD1,OLD2
     if renamed:
         if not accepts.rename:
@@ -212,11 +243,12 @@ def _parse_item(item: str, accepts: Accepts) -> FieldSpec:
             raise _bad(accepts, item, "no name before '='" if not legacy else "no name before ':'")
         if "=" in body:
             raise _bad(accepts, item, "two '='")
-    if not body:
-        raise _bad(accepts, item, "no field" + (f" after {name!r}" if name else ""))
-    texts = re.split("[;,]", body)
-    if any(not t for t in texts):
+    texts = re.split("[;,]" if accepts.commas else ";", body)
+    if body and not accepts.drop_empty and any(not t for t in texts):
         raise _bad(accepts, item, "an empty alternative")
+    texts = [t for t in texts if t]  # 'jpg;png;' is 'jpg;png', as it always was
+    if not texts:
+        raise _bad(accepts, item, "no field" + (f" after {name!r}" if name else ""))
     alternatives = [_parse_alternative(t, item, accepts) for t in texts]
     last = alternatives[-1].modifier
     if last is not None:  # 'jpg;png:size' means 'jpg:size;png:size'
@@ -264,10 +296,14 @@ def _parse_alternative(text: str, item: str, accepts: Accepts) -> Alternative:
 
 __all__ = [
     "AUDIO_EXTENSIONS",
+    "CLASS_DIR_IMAGE_EXTENSIONS",
+    "CLASS_DIR_IMAGE_FORMATS",
     "DECODABLE_IMAGE_EXTENSIONS",
     "DECODABLE_IMAGE_FORMATS",
     "DEFAULT_IMAGE_SPEC",
     "FIELD_LIST",
+    "FIRST_IMAGE_EXTENSIONS",
+    "FIRST_IMAGE_FORMATS",
     "IMAGE_EXTENSIONS",
     "IMAGE_FORMATS",
     "JSON_EXTENSIONS",

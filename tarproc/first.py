@@ -14,11 +14,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .errors import NoMatchError, OptionError
-from .fieldspec import IMAGE_EXTENSIONS, Accepts, parse_specs
+from .fieldspec import FIRST_IMAGE_EXTENSIONS, Accepts, parse_specs
 from .samples import Sample
 
-# common image fields, in the order a sample's alternatives are tried
-IMAGE_FIELDS = IMAGE_EXTENSIONS
+# common image fields, in the order a sample's alternatives are tried (fieldspec's subset for
+# tarfirst: the list it always had, so a sample with a heic and a jpg still gives its jpg)
+IMAGE_FIELDS = FIRST_IMAGE_EXTENSIONS
 # what tarfirst -f takes of the field-spec grammar (tarproc/fieldspec.py): alternatives; several
 # specs are alternatives too, in order ('jpg;png tif')
 MATCH_SPECS = Accepts("tarfirst -f", meta=frozenset(), unique=False, noun="field list")

@@ -34,6 +34,9 @@ _SIXEL_TERMS = ("foot", "mlterm", "yaft", "contour", "sixel")
 _KITTY_PROGRAMS = ("ghostty",)
 _ITERM_PROGRAMS = ("iTerm.app", "WezTerm")
 ELLIPSIS = "…"
+# the modules Pillow warns from (warnings.filterwarnings(module=...)): a block around a Pillow call
+# ignores these, never every warning -- the filters are the process's, shared by all its threads
+PILLOW_MODULES = r"PIL(\..*)?\Z"
 
 
 def detect_protocol(environ: Mapping[str, str]) -> str:
@@ -81,8 +84,9 @@ def decode_image(data: bytes | bytearray | memoryview, max_size: int | None = No
     try:
         with warnings.catch_warnings():
             # Pillow's other warnings (truncated data, odd metadata) would be lines on stderr naming
-            # no sample: what matters is whether the image decodes
-            warnings.simplefilter("ignore")
+            # no sample: what matters is whether the image decodes. Only Pillow's: the filters are
+            # the process's, and another thread's warnings (a retried read) must still show
+            warnings.filterwarnings("ignore", module=PILLOW_MODULES)
             # a "decompression bomb" is an error here, not a warning: a thumbnail isn't worth it
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             return _decoded(Image, data, max_size, url)
@@ -373,6 +377,7 @@ def encode_for_terminal(
 
 
 __all__ = [
+    "PILLOW_MODULES",
     "PROTOCOLS",
     "ImageDecodeError",
     "blocks_text",

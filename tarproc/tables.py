@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import OptionError, PlanError, SampleError, SourceError
-from .fieldspec import IMAGE_EXTENSIONS, MODIFIERS, Accepts, Alternative, FieldSpec, parse_spec, parse_specs
+from .fieldspec import CLASS_DIR_IMAGE_EXTENSIONS, MODIFIERS, Accepts, Alternative, FieldSpec, parse_spec, parse_specs
 from .samples import Sample, field_names
 from .sniff import escape_surrogates, sniff_type
 from .stages import check_key_format
@@ -57,8 +57,9 @@ _MAX_CSV_CELL = (1 << 31) - 1  # the largest limit the csv module accepts on eve
 # column specs
 
 
-# what tar2tsv -f takes of the field-spec grammar (tarproc/fieldspec.py): all of it
-COLUMN_SPECS = Accepts("tar2tsv -f", rename=True, modifiers=True, paths=True)
+# what tar2tsv -f takes of the field-spec grammar (tarproc/fieldspec.py): all of it; as before it,
+# an empty alternative is an error and ',' is part of a field name ('a,b' is the field 'a,b')
+COLUMN_SPECS = Accepts("tar2tsv -f", rename=True, modifiers=True, paths=True, drop_empty=False, commas=False)
 Column = FieldSpec  # a column: its header name and the alternatives that fill its cells
 
 
@@ -658,7 +659,9 @@ def _read_file(path: str, base_dir: str, absolute_names: bool, url: str | None, 
         raise PlanError(f"cannot read {path!r}: {e.strerror}", url, row, field) from None
 
 
-IMAGE_SUFFIXES = frozenset(IMAGE_EXTENSIONS)
+# the image files a class directory gives (fieldspec's subset for --classes-from-dirs: the ones it
+# always took)
+IMAGE_SUFFIXES = frozenset(CLASS_DIR_IMAGE_EXTENSIONS)
 
 
 @dataclass

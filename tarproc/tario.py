@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import warnings
 
+from . import tar
 from .tar import *  # noqa: F403 - the old module's public names, all of them
-from .tar import __all__  # noqa: F401
+
+__all__ = tar.__all__
 
 warnings.warn("tarproc.tario is deprecated: import from tarproc.tar (the same names)", DeprecationWarning,
               stacklevel=2)

@@ -34,7 +34,8 @@ Examples:
   tar2tsv shard.tar -f '__key__ cls txt' | tarcreate -o copy.tar     # and back
 
 \b
-Columns (-f) are field specs, the whole grammar ('Field specs' in the README). A cell holds:
+Columns (-f) are field specs, the whole grammar ('Field specs' in the README), except that here a
+',' is part of a field name ('a,b' is the field a,b; ';' separates alternatives). A cell holds:
   __key__ __url__       the sample's key, its shard
   cls, txt, seg.png     a field's text (UTF-8); binary fields need a modifier:
   jpg:size jpg:sha256   byte count, SHA-256 hex digest,

@@ -269,8 +269,9 @@ decode_media = decode_media_fields  # the dataset's name for it
 
 
 # what a to_tuple column takes of the field-spec grammar (tarproc/fieldspec.py): alternatives,
-# and any __name__ the pipeline adds (__key__, __url__, __valid__, ...)
-TUPLE_SPECS = Accepts("a to_tuple column", meta=None, unique=False)
+# and any __name__ the pipeline adds (__key__, __url__, __valid__, ...); a column is one spec, a
+# space inside a name part of it ('a b' is the field 'a b'), as before the one grammar
+TUPLE_SPECS = Accepts("a to_tuple column", meta=None, unique=False, spaced_names=True)
 
 
 def parse_selection(columns: Sequence[str]) -> list[list[str]]:

@@ -384,7 +384,8 @@ class Receiver:
             for name, value in batch.items():
                 if name != "__key__" and hasattr(value, "dtype") and hasattr(value, "shape"):
                     with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")  # message buffers are writable; torch checks anyway
+                        # message buffers are writable; torch checks anyway
+                        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
                         tensor = torch.from_numpy(value)
                     if batch.dtypes.get(name) == "bfloat16" and tensor.dtype == torch.int16:
                         tensor = tensor.view(torch.bfloat16)

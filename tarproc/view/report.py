@@ -32,6 +32,7 @@ from typing import Any
 
 from ..content import IMAGE_TYPES, PROBLEMS, Distribution, classes, other_keys, plural, sniff_content
 from ..errors import DataWarning, MissingDependencyError, OptionError, TarprocError, warner
+from ..imaging import PILLOW_MODULES
 from ..samples import is_metadata_name
 from ..show import FieldStats, Summary
 from ..sinks import open_sink
@@ -538,7 +539,8 @@ def render_html(acc: Summary, samples: list[dict[str, Any]], urls: list[str], ti
     page.add(f'<h2 id="samples">Samples</h2><p class=note>{len(samples)} of {d["samples"]} samples, {chosen}</p>'
              "<div class=cards>")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a damaged field is said on its card: nothing from Pillow on stderr
+        # a damaged field is said on its card: nothing from Pillow on stderr (the reader's warnings still are)
+        warnings.filterwarnings("ignore", module=PILLOW_MODULES)
         for sample in (wrap(samples) if wrap else samples):
             page.add(_card(sample, thumb))
     page.add("</div>")

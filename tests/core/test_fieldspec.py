@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from tarhelpers import run, samples, write_tar
+from tarhelpers import run, samples, tarfile_shard, write_tar
 
 import tarproc
 from tarproc import fieldspec
@@ -107,18 +107,17 @@ def test_a_path_is_a_dotted_name_where_paths_are_not_taken():
 @pytest.mark.parametrize(
     ("parse", "text", "message"),
     [
-        (parse_fields, "jpg:size", "bad field spec 'jpg:size': tarcat -f takes no modifier (':size')"),
-        (parse_fields, "a;;b", "bad field spec 'a;;b': an empty alternative"),
+        (parse_fields, "x:", "bad field spec 'x:': no field after 'x'"),
+        (parse_fields, ";", "bad field spec ';': no field"),
         (parse_columns, "img=jpg;;png", "bad field spec 'img=jpg;;png': an empty alternative"),
         (parse_columns, "jpg:bogus", "unknown modifier 'bogus'"),
         (lambda t: make_matcher(fields=t), "img=jpg", "tarfirst -f takes no NAME="),
         (parse_alternatives, "jpg:size", "tarfirst -f takes no modifier"),
         (parse_field_list, "img=jpg", "the decode field takes no NAME="),
-        (parse_field_list, "jpg png", "the decode field takes one spec"),
-        (parse_field_list, ";", "bad field list ';': an empty alternative"),
+        (parse_field_list, ";", "bad field list ';': no field"),
         (lambda t: parse_decoding(None, image=t), "jpg:size", "the decode field takes no modifier"),
         (lambda t: parse_selection([t]), "img=jpg", "a to_tuple column takes no NAME="),
-        (lambda t: parse_selection([t]), "jpg;;png", "bad field spec 'jpg;;png': an empty alternative"),
+        (lambda t: parse_selection([t]), ";,", "bad field spec ';,': no field"),
     ],
 )
 def test_consumers_parse_through_the_grammar(parse, text, message):
@@ -129,7 +128,7 @@ def test_consumers_parse_through_the_grammar(parse, text, message):
 def test_consumers_read_the_same_spec_alike():
     text = "JPG ; jpeg,png"
     assert parse_fields(text) == [("jpg", ["jpg", "jpeg", "png"])]
-    assert [a.field for a in parse_columns(text)[0].alternatives] == ["jpg", "jpeg", "png"]
+    assert [a.field for a in parse_columns(text.replace(",", ";"))[0].alternatives] == ["jpg", "jpeg", "png"]
     assert parse_alternatives(text) == ("jpg", "jpeg", "png")
     assert parse_field_list(text) == ["jpg", "jpeg", "png"]
     assert parse_selection([text]) == [["jpg", "jpeg", "png"]]
@@ -167,10 +166,10 @@ def test_tarcat_old_rename_still_works_with_one_warning_line(shard):
                           "next release; write 'image=jpg;png cls'\n")
 
 
-def test_tarcat_refuses_a_modifier_in_one_line(shard):
-    r = run(tarcat, ["-f", "jpg:size", shard])
+def test_tarcat_refuses_a_bad_spec_in_one_line(shard):
+    r = run(tarcat, ["-f", "a=b=c", shard])
     assert r.exit_code == 2
-    assert error_line(r, "tarcat") == "tarcat: error: bad field spec 'jpg:size': tarcat -f takes no modifier (':size')"
+    assert error_line(r, "tarcat") == "tarcat: error: bad field spec 'a=b=c': two '='"
 
 
 def test_tar2tsv_takes_the_whole_grammar(shard):
@@ -220,15 +219,17 @@ def test_every_field_spec_option_uses_the_one_help_text():
 
 
 def test_the_lists_derive_from_the_one_list():
-    assert IMAGE_FIELDS is fieldspec.IMAGE_EXTENSIONS
+    assert IMAGE_FIELDS is fieldspec.FIRST_IMAGE_EXTENSIONS
     assert IMAGE_FIELDS[:4] == ("jpg", "jpeg", "png", "webp")
+    assert set(fieldspec.FIRST_IMAGE_EXTENSIONS) <= set(fieldspec.IMAGE_EXTENSIONS)
+    assert set(fieldspec.CLASS_DIR_IMAGE_EXTENSIONS) <= set(fieldspec.IMAGE_EXTENSIONS)
     assert DEFAULT_FIELDS == fieldspec.DEFAULT_IMAGE_SPEC == "jpg;jpeg;png;webp"  # what the decoders read
     assert set(fieldspec.DECODABLE_IMAGE_EXTENSIONS) <= set(fieldspec.IMAGE_EXTENSIONS)
     assert not (set(fieldspec.IMAGE_EXTENSIONS) & (fieldspec.AUDIO_EXTENSIONS | fieldspec.VIDEO_EXTENSIONS))
     from tarproc import sniff, tables
 
     assert sniff.AUDIO_EXTENSIONS is fieldspec.AUDIO_EXTENSIONS
-    assert tables.IMAGE_SUFFIXES == set(fieldspec.IMAGE_EXTENSIONS)
+    assert tables.IMAGE_SUFFIXES == set(fieldspec.CLASS_DIR_IMAGE_EXTENSIONS)
 
 
 def _image_extension_lists(tree: ast.AST) -> list[int]:
@@ -271,5 +272,105 @@ def test_tarshow_takes_what_tarcat_takes_and_names_itself(shard):
     r = run(tarshow, [shard, "-f", "cls img:jpg;png", "-c", "1"])
     assert r.exit_code == 0, r.stderr
     assert r.stderr.startswith("tarshow: warning: -f 'img:...' renames in the old spelling")
-    r = run(tarshow, [shard, "-f", "jpg:size"])
-    assert error_line(r, "tarshow") == "tarshow: error: bad field spec 'jpg:size': tarshow -f takes no modifier (':size')"
+    r = run(tarshow, [shard, "-f", "img=jpg:size"])
+    assert error_line(r, "tarshow") == ("tarshow: error: bad field spec 'img=jpg:size': tarshow -f takes no modifier "
+                                        "(':size')")
+
+
+# -------------------------------------------------------------------------------------------
+# what the consumers did before the one grammar, they still do (issue 34: no behaviour changed)
+
+
+def test_the_commands_defaults_are_their_old_image_lists():
+    # subsets of the one list, in the order tarfirst always tried them
+    assert fieldspec.FIRST_IMAGE_EXTENSIONS == ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm",
+                                                "pgm", "pbm", "pnm", "jp2", "avif")
+    from tarproc import tables
+
+    assert tables.IMAGE_SUFFIXES == frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
+
+
+def test_tarfirst_default_still_skips_a_heic_for_a_jpg(tmp_path):
+    shard = write_tar(tmp_path / "heic.tar", [{"__key__": "s1", "heic": b"H"}, {"__key__": "s2", "jpg": b"J"}])
+    r = run(tarfirst, [shard])
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout_bytes == b"J"
+
+
+def test_classes_from_dirs_takes_the_old_image_suffixes(tmp_path):
+    from tarproc.cli.tarcreate import main as tarcreate
+
+    for name in ("cat/a.jpg", "dog/b.ppm", "dog/c.heic"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    r = run(tarcreate, ["--classes-from-dirs", tmp_path, "--no-shuffle"])
+    assert r.exit_code == 0, r.stderr
+    assert samples(r.stdout_bytes) == [("cat/a", {"cls": b"0", "jpg": b"x"})]
+
+
+@pytest.mark.parametrize("command", ["tarcat", "tarshow"])
+def test_an_old_rename_of_a_field_named_like_a_modifier(tmp_path, command):
+    from tarproc.cli.tarshow import main as tarshow
+
+    shard = str(write_tar(tmp_path / "a.tar", [{"__key__": "k", "type": b"T", "size": b"S", "cls": b"1"}]))
+    assert parse_fields("x:type y:size,cls") == [("x", ["type"]), ("y", ["size", "cls"])]
+    if command == "tarcat":
+        r = run(tarcat, ["-f", "x:type", shard])
+        assert r.exit_code == 0, r.stderr
+        assert samples(r.stdout_bytes) == [("k", {"x": b"T"})]
+        assert r.stderr == ("tarcat: warning: -f 'x:...' renames in the old spelling, which goes away in the next "
+                            "release; write 'x=type'\n")
+    else:
+        r = run(tarshow, [shard, "-f", "x:sha256", "-c", "1"])
+        assert r.exit_code == 0, r.stderr
+        assert r.stderr.startswith("tarshow: warning: -f 'x:...' renames in the old spelling")
+
+
+@pytest.mark.parametrize("text", ["jpg;png;", "jpg,png,", "jpg;;png", ";jpg;png", " jpg ; ; png "])
+def test_empty_alternatives_are_left_out_as_before(text):
+    assert parse_fields(text) == [("jpg", ["jpg", "png"])]
+    assert parse_alternatives(text) == ("jpg", "png")
+    assert parse_field_list(text) == ["jpg", "png"]
+    assert parse_selection([text]) == [["jpg", "png"]]
+    assert parse_fields(f"img:{text}") == [("img", ["jpg", "png"])]
+
+
+@pytest.mark.parametrize(("command", "args"), [
+    ("tarcat", ["-f", "jpg;png;"]),
+    ("tarshow", ["-f", "jpg,png,", "-c", "1"]),
+    ("tarfirst", ["-f", "png;"]),
+    ("tardecode", ["--field", "jpg;", "--size", "8", "--device", "cpu"]),
+])
+def test_commands_leave_out_empty_alternatives(shard, command, args):
+    from tarproc.cli.tarshow import main as tarshow
+
+    main = {"tarcat": tarcat, "tarshow": tarshow, "tarfirst": tarfirst, "tardecode": tardecode}[command]
+    r = run(main, [shard, *args] if command != "tarcat" else [*args, shard])
+    # (tardecode then fails on the shard's images, which are not images: not on its --field)
+    assert r.exit_code != 2 and "bad field" not in r.stderr, r.stderr
+
+
+def test_a_dataset_leaves_out_empty_alternatives(shard):
+    got = [(bytes(image[0]), int(cls[0]))
+           for image, cls in tarproc.Dataset(shard, to_tuple=("jpg;png;", "cls;"), batch_size=1)]
+    assert got == [(b"P0", 0), (b"J1", 1)]
+
+
+def test_tar2tsv_reads_its_columns_as_before(tmp_path):
+    shard = write_tar(tmp_path / "a.tar", [{"__key__": "k", "a,b": b"AB", "a": b"A"}])
+    r = run(tar2tsv, [shard, "-f", "__key__ a,b"])  # ',' is part of the field name in tar2tsv
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines() == ["__key__\ta,b", "k\tAB"]
+    assert parse_columns("a , b") == list(parse_specs("a , b", Accepts("x", commas=False)))
+    assert [c.name for c in parse_columns("a , b")] == ["a", ",", "b"]
+    for text in ("jpg;", "jpg;;png", ";"):  # refused before, refused still
+        with pytest.raises(OptionError, match="an empty alternative"):
+            parse_columns(text)
+
+
+def test_a_space_inside_a_to_tuple_column_or_decode_field_is_part_of_a_name(tmp_path):
+    assert parse_selection(["a b", " c d ; e "]) == [["a b"], ["c d", "e"]]
+    assert parse_field_list("my jpg;png") == ["my jpg", "png"]
+    shard = tarfile_shard(tmp_path / "s.tar", [("k.a b", b"x")])
+    got = [bytes(column[0]) for (column,) in tarproc.Dataset(str(shard), to_tuple=("a b",), batch_size=1)]
+    assert got == [b"x"]
