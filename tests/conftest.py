@@ -21,6 +21,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -43,6 +44,11 @@ _C_SCAN = tar_reader._scan  # what the import found: the C fast path, or None wh
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gnutar: needs the GNU tar command line tool")
+    # A suite started with Ctrl-C ignored (a background job of a shell without job control, nohup)
+    # would pass that on to every command the tests start, and the Ctrl-C tests would meet commands
+    # that can't be interrupted: the commands get the default Ctrl-C, as from a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # The test tiers (docs/development.md): `make test-fast` leaves out the tests marked here. The marks
