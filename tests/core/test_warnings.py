@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from faultserver import FaultServer
-from tarhelpers import write_tar
+from tarhelpers import wait_for, write_tar
 
 from tarproc import ReadPolicy, read_samples
 from tarproc.errors import CacheWarning, DataWarning, NetworkWarning, TarprocWarning
@@ -154,6 +154,7 @@ def test_a_warning_in_a_tarserve_sender_process_is_one_line(tmp_path: Path) -> N
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     receiver = start("tarproc.cli.tarrecv", f"zpull+{feed}", "-o", "out.tar", "-q")
+    wait_for(lambda: (tmp_path / "feed").exists(), what="the receiver binding its socket")
     sender = start("tarproc.cli.tarserve", "--raw", "--dup", "warn", "-p", "2", "in-0.tar", "in-1.tar",
                    "--to", f"zpush+{feed}", "-b", "1", "-q")
     _, err = sender.communicate(timeout=120)
