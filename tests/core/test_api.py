@@ -10,8 +10,8 @@ import os
 import pydoc
 import re
 import subprocess
-import tarfile
 import sys
+import tarfile
 import warnings
 from pathlib import Path
 from typing import Any
