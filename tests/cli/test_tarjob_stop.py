@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 from tarhelpers import live_processes_with, settled, wait_for
 
-from tarproc.jobs.run import STOP_GRACE
-
 VENV_BIN = str(Path(sys.executable).parent)
 
 
@@ -53,11 +51,9 @@ def test_a_stopped_run_lets_the_writers_remove_their_temporary_files(cli, here, 
     )
     wait_for(lambda: len(cli.leftovers(here)) >= 2, what="both shards being written")
     assert len(cli.leftovers(here)) == 2
-    t0 = time.monotonic()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + sig, err
-    # they ended on SIGTERM: a SIGKILL comes STOP_GRACE seconds after it, never sooner
-    assert time.monotonic() - t0 < STOP_GRACE
+    # they ended on SIGTERM, not on the SIGKILL that follows it: a killed tarproc leaves its temporaries
     assert cli.leftovers(here) == [] and list(here.glob("out-*")) == []
     assert (here / "tarjob.jsonl").read_text() == ""
