@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import tty
 from pathlib import Path
 
@@ -28,6 +27,14 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state != "Z"
+
+
+def waits_on_a_pipe(pid: int) -> bool:
+    """The process is asleep in a read of a pipe (its main thread, as the kernel says)."""
+    try:
+        return "pipe_read" in Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return False
 
 
 def env():
@@ -164,7 +171,7 @@ def test_signal_to_tarsplit_reading_a_slow_pipe(scripts, big, tmp_path, procs, s
     # wait until a shard is finished and the next one is being written
     assert wait_for(lambda: any(".tmp-" in n for n in os.listdir(out)) and any(n.endswith(".tar") and ".tmp-" not in n
                                                                            for n in os.listdir(out)))
-    time.sleep(0.2)  # the scenario: a signal while it waits on its input
+    wait_for(lambda: waits_on_a_pipe(p.pid), what="the command waiting on its input")  # the scenario
     p.send_signal(sig)
     _, err = p.communicate(timeout=TIMEOUT)
     assert p.returncode == status, err
@@ -184,7 +191,7 @@ def test_sigint_before_the_pipe_source_wrote_anything(scripts, tmp_path, procs):
     assert wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
     child = int(pidfile.read_text())
     try:
-        time.sleep(0.3)  # the scenario: a signal while it waits on its input
+        wait_for(lambda: waits_on_a_pipe(p.pid), what="the command waiting on its input")  # the scenario
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=TIMEOUT) == 130
         assert os.listdir(out) == []
@@ -204,7 +211,7 @@ def test_sigint_to_tarsplit_reading_stdin_that_never_ends(scripts, big, tmp_path
     writer = threading.Thread(target=lambda: _write_quietly(p.stdin, data), daemon=True)
     writer.start()
     assert wait_for(lambda: any(".tmp-" in n for n in os.listdir(out)) and len(os.listdir(out)) >= 2)
-    time.sleep(0.2)  # the scenario: a signal while it waits on its input
+    wait_for(lambda: waits_on_a_pipe(p.pid), what="the command waiting on its input")  # the scenario
     p.send_signal(signal.SIGINT)  # stdin stays open: tarsplit is blocked reading it
     err = p.stderr.read()
     p.wait(timeout=TIMEOUT)
@@ -231,7 +238,7 @@ def test_sigint_to_tarcat_writing_a_file(scripts, big, tmp_path, procs):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
     procs.append(p)
     assert wait_for(lambda: any(n.startswith(".all.tar.tmp-") for n in os.listdir(out)))
-    time.sleep(0.3)  # the scenario: a signal while it waits on its input
+    wait_for(lambda: waits_on_a_pipe(p.pid), what="the command waiting on its input")  # the scenario
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=TIMEOUT)
     assert p.returncode == 130, err
