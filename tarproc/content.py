@@ -322,6 +322,30 @@ def jpeg_ends(data: bytes) -> bool:
     return False
 
 
+def png_ends(data: bytes | bytearray | memoryview) -> bool:
+    """Whether a PNG ends with its IEND chunk (a file cut short has none).
+
+    >>> import io; from PIL import Image; buf = io.BytesIO(); Image.new("L", (7, 5)).save(buf, "PNG")
+    >>> png_ends(buf.getvalue()), png_ends(buf.getvalue()[:-8])
+    (True, False)
+    """
+    return bytes(data[-12:-8]) == b"\x00\x00\x00\x00" and bytes(data[-8:-4]) == b"IEND"
+
+
+def field_damage(sniffed: str, data: bytes | bytearray | memoryview) -> str | None:
+    """Why an image of the sniffed type ``sniffed`` is damaged, by checks that decode no pixel (its
+    end marker), or None when these checks find nothing. The viewer and the summary share it.
+
+    >>> field_damage("jpeg", b"\xff\xd8\xff\xe0"), field_damage("gif", b"GIF89a")
+    ('cut short: no end-of-image marker after the scan', None)
+    """
+    if sniffed == "jpeg" and not jpeg_ends(bytes(data)):
+        return "cut short: no end-of-image marker after the scan"
+    if sniffed == "png" and not png_ends(data):
+        return "cut short: no IEND chunk at the end"
+    return None
+
+
 def png_header(data: bytes | bytearray | memoryview) -> tuple[int, int, str, int] | None:
     """``(width, height, mode, channels)`` from a PNG's IHDR chunk, or None without one."""
     if len(data) < 29 or bytes(data[12:16]) != b"IHDR":

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("errors", "compression", "sniff", "fieldspec", "procgroup", "_speedups", "_jpeg")),
     ("tar", ("tar", "tario")),
     ("io", ("sources", "sinks")),
-    ("records", ("samples", "stages", "index", "shards", "sort", "process", "pcat", "first", "tables")),
+    ("records", ("samples", "stages", "index", "shards", "sort", "process", "pcat", "first", "tables", "classnames")),
     ("media", ("content", "imaging", "decode", "show")),
     ("consumers", ("dataset", "transport", "jobs", "view")),
     ("front", ("cli", "demo", "__init__")),
