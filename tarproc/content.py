@@ -336,7 +336,7 @@ def field_damage(sniffed: str, data: bytes | bytearray | memoryview) -> str | No
     """Why an image of the sniffed type ``sniffed`` is damaged, by checks that decode no pixel (its
     end marker), or None when these checks find nothing. The viewer and the summary share it.
 
-    >>> field_damage("jpeg", b"\xff\xd8\xff\xe0"), field_damage("gif", b"GIF89a")
+    >>> field_damage("jpeg", bytes.fromhex("ffd8ffe0")), field_damage("gif", b"GIF89a")
     ('cut short: no end-of-image marker after the scan', None)
     """
     if sniffed == "jpeg" and not jpeg_ends(bytes(data)):
