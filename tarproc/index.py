@@ -28,6 +28,11 @@ members with long (GNU or pax) names and leaves out metadata and key-less member
 
 ``wids``: webdataset's ``wids-shard-index-v1`` JSON for a list of shards (url, nsamples, filesize).
 
+Other tools' index files are told apart by content (``index_kind``): DALI's, wids', and
+megatron-energon's binary ``SHARD.tar.idx`` (``EnergonIndex``: the name ours takes). Read as a
+tarproc index, one is a ``ForeignIndexError``; found beside a shard, ``IndexedShard`` indexes the
+shard in memory instead; ``check_index_file`` checks any of them against its shard.
+
 ``IndexedShard(url)`` gives random access to one shard by position or key, reading only the byte
 ranges of the fields asked for (``os.pread`` on a local file, range requests through fsspec for
 URLs), and checks every header it reads against the index. An index made for another size of shard
@@ -39,10 +44,13 @@ the first read there: never wrong bytes under a key.
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import posixpath
-from collections.abc import Callable, Iterable, Iterator
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, NamedTuple, TypeGuard
 
@@ -583,12 +591,300 @@ def load_index(url: str, network: Network | None = None) -> ShardIndex:
         while chunk := source.read(1 << 20):
             chunks.append(chunk)
     raw = b"".join(chunks)
+    kind = index_kind(raw[:_SNIFF_BYTES])
+    if kind is not None and kind != "tarproc":
+        raise foreign_index_error(url, kind)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         raise IndexFileError(f"line {line}: not UTF-8 text, not a tarproc index", url) from None
     return parse_index(text, url)
+
+
+# ---------------------------------------------------------------------------------------------
+# other tools' index files
+
+FOREIGN_KINDS = {
+    "dali": "a DALI index (wds2idx)",
+    "wids": "a wids descriptor",
+    "energon": "an energon index (megatron-energon's energon prepare)",
+}
+"""The index formats of other tools that tarproc recognises, and how messages name them."""
+
+_SNIFF_BYTES = 1 << 16  # what index_kind looks at
+_DALI_HEADER = re.compile(rb"v[0-9]+(\.[0-9]+)* [0-9]+")
+
+
+class ForeignIndexError(IndexFileError):
+    """Another tool's index file where a tarproc index was asked for, or where ``tarindex`` would
+    write one. ``kind`` is its format, a key of ``FOREIGN_KINDS``."""
+
+    def __init__(self, message: str, url: str | None, kind: str) -> None:
+        super().__init__(message, url)
+        self.kind = kind
+
+
+def index_kind(head: bytes) -> str | None:
+    """The index format a file begins with, from its first bytes (64 KiB, or the whole file):
+    ``tarproc``, ``dali``, ``wids`` or ``energon``; None for anything else (empty, damaged, not an index).
+
+    energon's ``.tar.idx`` is binary: little-endian uint64 offsets of tar headers. Each is a
+    multiple of 512, so every 8-byte word begins with a zero byte, which no text index does.
+
+    >>> index_kind((0).to_bytes(8, "little") + (2048).to_bytes(8, "little"))
+    'energon'
+    >>> index_kind(b"v1.2 3\\n"), index_kind(b'{"format": "tarproc-index", "version": 1}\\n'), index_kind(b"x")
+    ('dali', 'tarproc', None)
+    """
+    if len(head) >= 8 and head[0] == 0:
+        words = head[: min(len(head), 4096) // 8 * 8]
+        if all(words[i] == 0 and not words[i + 1] & 1 for i in range(0, len(words), 8)):
+            return "energon"
+        return None
+    text = head.lstrip()
+    first = text.split(b"\n", 1)[0].rstrip()
+    if first.startswith(b"{"):
+        if b'"tarproc-index"' in first:
+            return "tarproc"
+        if b'"__kind__"' in text and b'"wids-shard-index-v1"' in text:
+            return "wids"
+        return None
+    return "dali" if _DALI_HEADER.fullmatch(first) else None
+
+
+def index_kind_at(url: str, network: Network | None = None) -> str | None:
+    """The format of the file at ``url`` (see ``index_kind``); None when there is no such file,
+    it can't be read, or it is no index tarproc knows."""
+    path = local_path(url)
+    if path is not None and not os.path.isfile(path):
+        return None
+    try:
+        with open_source(url, network=network) as source:
+            head = _read_up_to(source, _SNIFF_BYTES)
+    except SourceError:
+        return None
+    return index_kind(head)
+
+
+def _read_up_to(source: Any, limit: int | None = None, head: bytes = b"") -> bytes:
+    """``head`` and what follows it in ``source``, up to ``limit`` bytes in all (None: to the end)."""
+    chunks = [head]
+    got = len(head)
+    while limit is None or got < limit:
+        chunk = source.read(1 << 20 if limit is None else min(1 << 20, limit - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def foreign_index_error(url: str | None, kind: str) -> ForeignIndexError:
+    """The error for another tool's index read as a tarproc index."""
+    where = "byte 0" if kind == "energon" else "line 1"
+    return ForeignIndexError(
+        f"{where}: not a tarproc index but {FOREIGN_KINDS[kind]}, which has no sample keys; random access "
+        "needs a tarproc index: leave the index out to index the shard in memory, or write one elsewhere "
+        "(tarindex SHARD -o OTHER.idx)", url, kind,
+    )
+
+
+def refuse_foreign_index(target: str, fmt: str, network: Network | None = None) -> None:
+    """Raise ``ForeignIndexError`` when ``target`` holds another tool's index that writing a
+    ``fmt`` index there would replace: ``tarindex`` never destroys one unless told to."""
+    if target == "-":
+        return
+    kind = index_kind_at(target, network)
+    if kind is None or kind == "tarproc" or kind == fmt:
+        return
+    raise ForeignIndexError(
+        f"{FOREIGN_KINDS[kind]} is there; tarindex doesn't replace another tool's index: write yours "
+        "elsewhere with -o, or give --overwrite to replace it", target, kind,
+    )
+
+
+class EnergonIndex(NamedTuple):
+    """megatron-energon's ``SHARD.tar.idx``, written by ``energon prepare`` beside each shard
+    (``megatron/energon/flavors/webdataset/itar.py``): the byte where each sample's first regular
+    member begins (its GNU or pax headers included), then the byte where the last sample ends.
+    It has no keys or fields: it gives counts and starting points, not random access by key."""
+
+    url: str | None
+    offsets: Sequence[int]  # samples + 1 numbers, increasing
+
+    @property
+    def samples(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def end(self) -> int:
+        """Where the last sample ends (where the archive's end blocks begin, unless members that
+        are not samples follow)."""
+        return self.offsets[-1]
+
+
+def parse_energon_index(data: bytes, url: str | None = None) -> EnergonIndex:
+    """Read energon's binary index; ``IndexFileError`` names the file and the byte on any problem.
+
+    >>> parse_energon_index(b"".join(n.to_bytes(8, "little") for n in (0, 2048, 4096))).samples
+    2
+    """
+    if not data:
+        raise IndexFileError("byte 0: empty file, not an energon index (one holds at least the end of its shard)", url)
+    if len(data) % 8:
+        whole = len(data) - len(data) % 8
+        raise IndexFileError(f"byte {whole}: {len(data)} bytes, not a whole number of 8-byte offsets: "
+                             "a truncated energon index", url)
+    offsets = array.array("Q")
+    offsets.frombytes(data)
+    if sys.byteorder == "big":  # pragma: no cover - energon writes native order, little-endian where it runs
+        offsets.byteswap()
+    prev = -1
+    for i, offset in enumerate(offsets):
+        if offset % BLOCK:
+            raise IndexFileError(f"byte {8 * i}: offset {offset} is not the start of a tar header "
+                                 "(a multiple of 512): a damaged energon index", url)
+        if offset > _MAX_COUNT:
+            raise IndexFileError(f"byte {8 * i}: offset {offset} is past any file's end: a damaged energon index", url)
+        if offset <= prev:
+            raise IndexFileError(f"byte {8 * i}: offset {offset} is not after the one before it ({prev}): "
+                                 "a damaged energon index", url)
+        prev = offset
+    return EnergonIndex(url, array.array("q", offsets))
+
+
+def read_energon_index(source: Any, url: str | None, head: bytes = b"") -> EnergonIndex:
+    """Energon's index from an open ``source``, of which ``head`` was read already."""
+    return parse_energon_index(_read_up_to(source, None, head), url)
+
+
+def load_energon_index(url: str, network: Network | None = None) -> EnergonIndex:
+    """Read energon's index file at ``url`` (a path or any URL ``open_source`` takes)."""
+    with open_source(url, network=network) as source:
+        return read_energon_index(source, url)
+
+
+def check_energon_index(energon: EnergonIndex, index: ShardIndex, shard_url: str) -> None:
+    """Check energon's index against the shard's own (``build_index``): the same samples, each
+    starting where the shard has it. Else ``IndexFileError`` names the energon file and the byte.
+
+    energon skips directories before a sample (an index of tarproc's counts them in), so its
+    offset may lie anywhere from the sample's start up to its first member's own header.
+    """
+    entries = index.entries
+
+    def fail(reason: str) -> IndexFileError:
+        return IndexFileError(
+            f"energon index doesn't match {shard_url}: {reason}; the shard changed after it was prepared, or the "
+            "index is damaged: prepare it again (energon prepare --tar-index-only DATASET_DIR)", energon.url,
+        )
+
+    for i, (offset, entry) in enumerate(zip(energon.offsets[: energon.samples], entries, strict=False)):
+        first = next(iter(entry.fields.values()))[0] - BLOCK
+        if not entry.offset <= offset <= first:
+            raise fail(f"byte {8 * i}: sample {i} ({_show(entry.key)}) begins at byte {first} of the shard, "
+                       f"not at byte {offset}")
+    n = energon.samples
+    if n > len(entries):
+        raise fail(f"byte {8 * len(entries)}: it lists {n} samples, the shard has {len(entries)} (the index has "
+                   f"sample {len(entries)} at byte {energon.offsets[len(entries)]})")
+    if n < len(entries):
+        raise fail(f"byte {8 * n}: it lists {n} samples, the shard has {len(entries)} (sample {n}, "
+                   f"{_show(entries[n].key)}, at byte {entries[n].offset})")
+    last_end = entries[-1].offset + entries[-1].size if entries else 0
+    if not last_end <= energon.end <= index.size:
+        raise fail(f"byte {8 * n}: the last sample ends at byte {last_end} of the shard ({index.size} bytes), "
+                   f"not at byte {energon.end}")
+
+
+def check_index_file(shard_url: str, index_url: str, *, policy: ReadPolicy = ReadPolicy()) -> tuple[str, int]:
+    """Check an index file against its shard, which is indexed now (``build_index``, as ``policy``
+    says). The format is told by the content: tarproc's, DALI's, energon's, or a wids descriptor
+    (its entry for the shard). Returns the format and the samples the file lists; raises
+    ``IndexFileError`` naming the file, and the line or byte, where it doesn't describe the shard.
+    """
+    kind = index_kind_at(index_url)
+    index = build_index(shard_url, policy=policy)
+    if kind == "energon":
+        energon = load_energon_index(index_url)
+        check_energon_index(energon, index, shard_url)
+        return kind, energon.samples
+    if kind == "dali":
+        return kind, _check_dali(_read_text(index_url), index, index_url, shard_url)
+    if kind == "wids":
+        return kind, _check_wids(_read_text(index_url), index, index_url, shard_url)
+    loaded = load_index(index_url)  # says what is wrong with a file that is no index
+    fix = _rebuild_command(shard_url, index_url)
+    if loaded.size != index.size:
+        raise IndexFileError(f"stale index: made for a shard of {loaded.size} bytes, but {shard_url} has "
+                             f"{index.size} bytes; rebuild it with: {fix}", index_url)
+    for i, (got, want) in enumerate(zip(loaded.entries, index.entries, strict=False)):
+        if got != want:
+            raise IndexFileError(f"line {i + 2}: sample {i} ({_show(got.key)}) doesn't match {shard_url}, which has "
+                                 f"{_show(want.key)} at byte {want.offset}; rebuild the index with: {fix}", index_url)
+    if len(loaded) != len(index):
+        raise IndexFileError(f"it lists {len(loaded)} samples, but {shard_url} has {len(index)}; rebuild it with: {fix}",
+                             index_url)
+    return "tarproc", len(loaded)
+
+
+def _read_text(url: str) -> str:
+    with open_source(url) as source:
+        raw = _read_up_to(source)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise IndexFileError(f"line {line}: not UTF-8 text", url) from None
+
+
+def _check_dali(text: str, index: ShardIndex, index_url: str, shard_url: str) -> int:
+    """The samples a DALI index lists, checked against the shard's index: each field's member at
+    the offset and of the size the shard has (groups for members tarproc leaves out may be there)."""
+    lines = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
+    version, announced = lines[0][1].split()
+    if int(announced) != len(lines) - 1:
+        raise IndexFileError(f"line {lines[-1][0]}: the header announces {announced} samples but the file has "
+                             f"{len(lines) - 1}", index_url)
+    fix = f"{_rebuild_command(shard_url, None)} --format dali -o {index_url}"
+    if len(lines) - 1 != len(index):
+        raise IndexFileError(f"it lists {len(lines) - 1} samples, but {shard_url} has {len(index)}; rebuild it "
+                             f"with: {fix}", index_url)
+    if version != DALI_VERSION:
+        return len(index)  # older versions don't name members: the count is what can be checked
+    for (lineno, line), entry in zip(lines[1:], index.entries, strict=True):
+        tokens = line.split()
+        groups = {tokens[k + 3]: tokens[k + 1 : k + 3] for k in range(0, len(tokens) - 3, 4)}  # name -> offset, size
+        for field, (offset, size) in entry.fields.items():
+            name = entry.member_name(field)
+            if groups.get(name) != [str(offset), str(size)]:
+                raise IndexFileError(
+                    f"line {lineno}: sample {_show(entry.key)}: {shard_url} has member {_show(name)} at byte "
+                    f"{offset} ({size} bytes), which this line doesn't say; rebuild it with: {fix}", index_url)
+    return len(index)
+
+
+def _check_wids(text: str, index: ShardIndex, index_url: str, shard_url: str) -> int:
+    """The samples a wids descriptor gives for the shard (its entry by URL, else by base name),
+    checked against the shard's count and size."""
+    descriptor = _json_line(text)
+    shardlist = descriptor.get("shardlist") if isinstance(descriptor, dict) else None
+    if not isinstance(shardlist, list):
+        raise IndexFileError("a wids descriptor needs a \"shardlist\" list", index_url)
+    base = _base_name(shard_url)
+    entries = [e for e in shardlist if isinstance(e, dict) and isinstance(e.get("url"), str)]
+    found = [e for e in entries if e["url"] == shard_url] or [e for e in entries if _base_name(e["url"]) == base]
+    if not found:
+        raise IndexFileError(f"no entry for {shard_url} in its shardlist", index_url)
+    entry = found[0]
+    n, size = entry.get("nsamples"), entry.get("filesize")
+    if n != len(index) or (size is not None and size != index.size):
+        raise IndexFileError(
+            f"its entry for {_show(entry['url'])} says {_show(n)} samples and {_show(size)} bytes, but {shard_url} has "
+            f"{len(index)} samples and {index.size} bytes; rebuild it with: tarindex --format wids -o {index_url} ...",
+            index_url)
+    return len(index)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -723,7 +1019,11 @@ class IndexedShard:
             if not self._exists(sibling):
                 return build_index(self.url, policy=policy)
             index_url = sibling
-            loaded = load_index(sibling)
+            try:
+                loaded = load_index(sibling)
+            except ForeignIndexError:
+                # another tool's index under the name ours takes (energon's SHARD.tar.idx): no keys in it
+                return build_index(self.url, policy=policy)
         if loaded.size == self.size:
             self.index_url = index_url
             return loaded
@@ -942,20 +1242,31 @@ def index_bytes(index: ShardIndex, fmt: str, url: str | None = None) -> bytes:
 
 
 __all__ = [
+    "FOREIGN_KINDS",
     "FORMATS",
     "INDEX_FORMAT",
     "INDEX_VERSION",
     "CompressedShardError",
+    "EnergonIndex",
+    "ForeignIndexError",
     "IndexEntry",
     "IndexFileError",
     "IndexedShard",
     "STALE_POLICIES",
     "ShardIndex",
     "build_index",
+    "check_energon_index",
+    "check_index_file",
     "default_index_url",
     "index_bytes",
+    "index_kind",
+    "index_kind_at",
     "index_stream",
+    "load_energon_index",
     "load_index",
+    "parse_energon_index",
     "parse_index",
+    "read_energon_index",
+    "refuse_foreign_index",
     "wids_descriptor",
 ]

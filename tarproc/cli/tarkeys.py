@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..transport.curve import generate_keys
-from .common import TarprocCommand, common_options, say
+from .common import TarprocCommand, common_options, say, shared_option
 
 EPILOG = """\b
 Examples:
@@ -25,8 +25,8 @@ receiver without the keys completes no handshake and receives nothing; the traff
 
 @click.command("tarkeys", cls=TarprocCommand, epilog=EPILOG)
 @click.argument("directory", type=click.Path(file_okay=False), metavar="DIR")
-@click.option("--overwrite", "force", is_flag=True,
-              help="Replace existing keys (receivers with the old keys stop working).")
+@shared_option("--overwrite", "force", is_flag=True,
+               help="Replace existing keys (receivers with the old keys stop working).")
 @common_options
 def main(directory: str, force: bool, quiet: bool) -> None:
     """Generate CURVE key pairs for tarserve (server) and tarrecv/Receiver (client) in DIR."""

@@ -54,7 +54,7 @@ from ..errors import (
     SourceError,
     TarprocWarning,
 )
-from ..index import INDEX_FORMAT, INDEX_VERSION, build_index, default_index_url
+from ..index import INDEX_FORMAT, INDEX_VERSION, build_index, default_index_url, index_kind, read_energon_index
 from ..samples import read_samples
 from ..sources import is_fsspec_url, local_path, open_source, settings, shard_cache
 from ..sources.remote import Identity, Network, identify
@@ -512,6 +512,9 @@ def _read_sidecar(index_url: str, network: Network | None = None) -> _Sidecar:
             if not chunk:
                 break
             head += chunk
+        if index_kind(head) == "energon":  # megatron-energon's SHARD.tar.idx: binary offsets, a count
+            energon = read_energon_index(source, index_url, head)
+            return _Sidecar(energon.samples, f"energon index {index_url}", None, energon.end)
         first, newline, rest = head.partition(b"\n")
         if not first.strip():
             what = "empty file" if not head else "empty first line"

@@ -229,3 +229,92 @@ def test_real_pipes(shards, tmp_path):
     )
     assert proc.stdout.strip() == "141" and proc.stderr == ""
     assert build_index(str(big)).entries[-1].key == "k019999"
+
+
+# issue 35: other tools' index files beside the shards
+
+
+def _energon_index(shard: str) -> bytes:
+    """What ``energon prepare`` writes to SHARD.tar.idx: each sample's first header, then the end."""
+    offsets = [e.offset for e in build_index(shard).entries]
+    with tarfile.open(shard) as tar:
+        for _ in tar:
+            pass
+        offsets.append(tar.offset)
+    return b"".join(n.to_bytes(8, "little") for n in offsets)
+
+
+def test_energon_index_is_never_overwritten_without_overwrite(cli, shards):
+    energon = _energon_index(shards.paths[1])
+    target = Path(shards.paths[1] + ".idx")
+    target.write_bytes(energon)
+    result = cli.run(tarindex, shards.paths)
+    assert result.exit_code == 1
+    line = cli.one_line_error(result, "tarindex")
+    assert line == (f"tarindex: error: {target}: an energon index (megatron-energon's energon prepare) is there; "
+                    "tarindex doesn't replace another tool's index: write yours elsewhere with -o, or give "
+                    "--overwrite to replace it")
+    assert target.read_bytes() == energon
+    assert not os.path.exists(shards.paths[0] + ".idx")  # checked before any is written
+    result = cli.run(tarindex, ["--overwrite", *shards.paths])
+    assert result.exit_code == 0, result.stderr
+    assert parse_index(target.read_text()).size == os.path.getsize(shards.paths[1])
+
+
+def test_other_tools_indexes_at_the_target(cli, shards, tmp_path):
+    """A DALI index where a tarproc one would go, a wids descriptor at -o: refused the same way;
+    an index of the format being written is replaced as before."""
+    shard = shards.paths[0]
+    dali = Path(shard + ".idx")
+    dali.write_text(build_index(shard).dali_text())
+    result = cli.run(tarindex, [shard])
+    assert result.exit_code == 1 and "a DALI index (wds2idx) is there" in cli.one_line_error(result, "tarindex")
+    assert cli.run(tarindex, ["--format", "dali", "-o", dali, shard]).exit_code == 0
+    wids = tmp_path / "train.json"
+    assert cli.run(tarindex, ["--format", "wids", "-o", wids, shard]).exit_code == 0
+    assert cli.run(tarindex, ["--format", "wids", "-o", wids, shard]).exit_code == 0
+    result = cli.run(tarindex, ["-o", wids, shard])
+    assert result.exit_code == 1 and f"{wids}: a wids descriptor is there" in cli.one_line_error(result, "tarindex")
+    assert json.loads(wids.read_text())["__kind__"] == "wids-shard-index-v1"
+
+
+def test_check_says_what_each_index_is(cli, shards):
+    first, second, third = shards.paths
+    Path(first + ".idx").write_bytes(_energon_index(first))
+    assert cli.run(tarindex, [second]).exit_code == 0
+    assert cli.run(tarindex, ["--format", "dali", second, third]).exit_code == 0
+    result = cli.run(tarindex, ["--check", *shards.paths])
+    assert result.exit_code == 0, result.stderr
+    dali = [p[: -len(".tar")] + ".idx" for p in shards.paths]
+    assert result.stdout.splitlines() == [
+        f"{first}.idx: energon index (4 samples) matches {first}",
+        f"{second}.idx: tarproc index (4 samples) matches {second}",
+        f"{dali[1]}: DALI index (4 samples) matches {second}",
+        f"{dali[2]}: DALI index (4 samples) matches {third}",
+    ]
+    assert result.stderr == ""
+
+
+def test_check_fails_on_an_index_that_disagrees(cli, shards):
+    first, second, _ = shards.paths
+    energon = _energon_index(first)
+    Path(first + ".idx").write_bytes(energon[:8] + (int.from_bytes(energon[8:16], "little") + 512).to_bytes(8, "little")
+                                     + energon[16:])
+    result = cli.run(tarindex, ["--check", first])
+    assert result.exit_code == 1
+    line = cli.one_line_error(result, "tarindex")
+    assert line.startswith(f"tarindex: error: {first}.idx: energon index doesn't match {first}: byte 8: sample 1 ")
+    # a shard without an index, and skip-shard: each a warning, exit 1 at the end
+    result = cli.run(tarindex, ["--check", "--on-error", "skip-shard", first, second])
+    assert result.exit_code == 1 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"tarindex: warning: {first}.idx: energon index doesn't match")
+    assert lines[1].startswith(f"tarindex: warning: {second}: no index file (looked for {second}.idx and ")
+    assert lines[2] == "tarindex: error: 2 of 2 shards have no index that matches them"
+
+
+@pytest.mark.parametrize("args", [["--check", "--format", "dali"], ["--check", "--overwrite"],
+                                  ["--check", "-o", "-"]])
+def test_check_usage_errors(cli, shards, args):
+    result = cli.run(tarindex, [*args, shards.paths[0]])
+    assert result.exit_code == 2 and result.stderr.startswith("tarindex: error: ")
