@@ -449,8 +449,10 @@ class _Counter:
                 return found.samples, found.source
             if index_url not in self.warned:
                 self.warned.add(index_url)
+                rebuild = ("energon prepare --tar-index-only DATASET_ROOT" if found.source.startswith("energon ")
+                           else f"tarindex {url}")
                 self.warn(f"{index_url}: stale index ({what}); counting {url} instead (rebuild the index with: "
-                          f"tarindex {url})", DataWarning)
+                          f"{rebuild})", DataWarning)
             break
         return self._count_local(url, path, st)
 

@@ -210,9 +210,28 @@ def test_dataset_counts_from_an_energon_index(shard, tmp_path):
     offsets = energon_offsets_of(shard)
     idx = with_energon_index(shard, offsets[:-1] + [os.path.getsize(shard) + 512])
     os.utime(idx, ns=(os.stat(shard).st_mtime_ns + 10**9,) * 2)
-    with pytest.warns(DataWarning, match=rf"{idx}: stale index \(lists samples up to byte"):
+    with pytest.warns(DataWarning, match=rf"{idx}: stale index \(lists samples up to byte.*energon prepare"):
         found = shard_counts([str(shard)], cache_dir=str(tmp_path / "cache"))
     assert found.counts == {str(shard): 6} and found.sources[str(shard)].startswith("counted")
+
+
+def test_dataset_reads_parts_of_a_shard_beside_an_energon_index(shard, tmp_path):
+    """Parts that start in the middle of a shard seek there (the shard indexed in memory, energon's
+    file left alone): every sample exactly once, in two parts per shard."""
+    from tarproc import Dataset
+
+    idx = with_energon_index(shard)
+    before = idx.read_bytes()
+    ds = Dataset([str(shard)], part_size=3, batch_size=1, to_tuple=("txt",), cache_dir=str(tmp_path / "cache"))
+    got = sorted(t.encode() for (texts,) in ds for t in texts)
+    with tarfile.open(shard) as tar:
+        want = sorted(tar.extractfile(m).read() for m in tar.getmembers() if m.name.endswith(".txt"))
+    assert got == want and len(got) == 6
+    from tarproc import Network
+    from tarproc.dataset.core import _sample_offsets
+
+    assert len(_sample_offsets(str(shard), "", Network()).offsets) == 6  # the parts seek, not read from the start
+    assert idx.read_bytes() == before
 
 
 def test_dataset_counts_with_a_truncated_energon_index(shard, tmp_path):
