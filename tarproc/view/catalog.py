@@ -26,20 +26,24 @@ import os
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from typing import Any, NamedTuple
 
-from ..content import sniff_content
-from ..errors import IndexFileError, OptionError, SourceError, TarprocError
+from ..content import IMAGE_TYPES, field_damage, jpeg_header, png_header, sniff_content
+from ..errors import IndexFileError, OptionError, SourceError, TarFormatError, TarprocError
 from ..fieldspec import IMAGE_FORMATS
 from ..index import IndexedShard, IndexEntry, default_index_url
 from ..sources import local_path, open_source
 from ..sources.remote import url_to_fs
+from ..tar.headers import BLOCK, LONGNAME, PAX, cstr, decode_name, header_name, parse_number, parse_pax
 
 MAX_TEXT = 1 << 20  # bytes of a text or JSON field shown in full on a sample's page
 PREVIEW_BYTES = 1 << 16  # text-like fields up to this size are read for a page of samples
 FILTER_READ_LIMIT = 1 << 20  # a field bigger than this is not read to test a filter (no match)
 SNIFF_LIMIT = 4096  # a field with an unknown extension, up to this size, is read to see what it is
+DAMAGE_READ_LIMIT = 16 << 20  # a bigger image is not read for a page: only the browser says it won't show
+MAX_EXTENSION_HEADERS = 1 << 20  # bytes of pax/GNU headers before a member read to learn its long name
+SHOWN_FIELDS = 30  # field names listed in the message for a filter on a field no sample has
 
 # the image formats a browser shows (format -> Content-Type); their extensions come from the one list
 _BROWSER_IMAGES = {"jpeg": "image/jpeg", "png": "image/png", "gif": "image/gif", "webp": "image/webp",
@@ -88,6 +92,57 @@ def field_type(field: str) -> tuple[str, str]:
 def sniffed_type(data: bytes) -> tuple[str, str]:
     """``(kind, Content-Type)`` from a field's first bytes (for unknown extensions)."""
     return _SNIFFED.get(sniff_content(data), BINARY)
+
+
+# the formats whose header Pillow reads for sure (a plugin may be missing for AVIF/HEIC: not a damage)
+_PILLOW_HEADERS = frozenset({"jpeg", "png", "gif", "bmp", "webp", "tiff"})
+
+
+def wants_image_check(field: str, kind: str) -> bool:
+    """Whether a field is read for a page to check its image (``image_problem``): a browser
+    image by its extension (not SVG or ICO, which are no format of the one list), or one sniffed."""
+    ext = field.rpartition(".")[2].lower()
+    return kind == "image" and (ext in IMAGE_FORMATS or field_type(field)[0] == "binary")
+
+
+def image_problem(data: bytes) -> str | None:
+    """Why an image field would show as a blank box, by checks that decode no pixel: no image
+    in it, cut short (``content.field_damage``) or a header that can't be read. None when fine.
+
+    >>> image_problem(b""), image_problem(b"hello"), image_problem(bytes.fromhex("ffd8ffe0"))
+    ('empty', 'not an image (the data looks like text)', 'cut short: no end-of-image marker after the scan')
+    """
+    if not data:
+        return "empty"
+    sniffed = sniff_content(data)
+    if sniffed not in IMAGE_TYPES:
+        return f"not an image (the data looks like {sniffed})"
+    damage = field_damage(sniffed, data)
+    if damage is not None:
+        return damage
+    if sniffed == "jpeg" and jpeg_header(data) is not None or sniffed == "png" and png_header(data) is not None:
+        return None
+    if sniffed not in _PILLOW_HEADERS:
+        return None
+    import io
+    import warnings
+
+    from PIL import Image
+
+    from ..imaging import PILLOW_MODULES
+
+    try:
+        with warnings.catch_warnings():
+            # the reason goes to the page, not to stderr as Pillow's warnings would
+            warnings.filterwarnings("ignore", module=PILLOW_MODULES)
+            with Image.open(io.BytesIO(data)) as img:
+                img.size  # noqa: B018 -- the header is read on open; the size proves it parsed
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        reason = str(e)
+        if reason.startswith("cannot identify image file"):  # it names the BytesIO object: not for people
+            reason = f"not a {sniffed} header Pillow can read"
+        return " ".join(f"header unreadable: {reason}".split())[:160]
+    return None
 
 
 class Condition(NamedTuple):
@@ -139,6 +194,7 @@ class Catalog:
         self._locks = [threading.Lock() for _ in urls]
         self._fds: list[int | None] = [None] * len(urls)
         self._bases: dict[int, int] = {}
+        self._fields: dict[int, frozenset[str]] = {}
         self._warn = warn
         self._closed = False
 
@@ -239,6 +295,40 @@ class Catalog:
                 base += len(shard)
         return out
 
+    def fields_of(self, i: int) -> frozenset[str]:
+        """Every field name the samples of shard ``i`` have (from its index, gathered once)."""
+        known = self._fields.get(i)
+        if known is None:
+            shard = self.shard(i)
+            names: set[str] = set()
+            for entry in shard.index.entries if shard is not None else ():
+                names.update(entry.fields)
+            known = self._fields[i] = frozenset(names)
+        return known
+
+    def absent_field(self, path: str) -> str | None:
+        """Why a filter on ``path`` (``FIELD`` or ``FIELD.json.path``) can match nothing: no sample
+        of any shard has a field it starts with. None as soon as one shard has one: the shards
+        already open are asked first (no read), the others opened in order only until one has it.
+
+        The field sets come from the indexes, so that a filter on a misspelt field answers at once
+        instead of scanning the whole dataset to find nothing."""
+        if path == "__key__":
+            return None
+        order = [i for i in range(len(self.urls)) if self._shards[i] is not None]
+        order += [i for i in range(len(self.urls)) if i not in order]
+        seen: set[str] = set()
+        for i in order:
+            fields = self.fields_of(i)
+            if _split_path(path, fields)[0] is not None:
+                return None
+            seen.update(fields)
+        first = path.split(".")[0]
+        also = f" nor any other field that {path} starts with" if "." in path else ""
+        shown = sorted(seen)
+        listed = ", ".join(shown[:SHOWN_FIELDS]) + (f", ... ({len(shown)} in all)" if len(shown) > SHOWN_FIELDS else "")
+        return f"no sample has a field {first}{also} (fields seen: {listed or 'none'})"
+
     def entry(self, at: Located) -> IndexEntry:
         shard = self.shard(at.shard)
         assert shard is not None  # a Located comes from an opened shard
@@ -307,9 +397,10 @@ class Catalog:
 
     def read_field(self, at: Located, field: str, start: int, end: int, check: bool) -> bytes:
         """Bytes ``[start, end)`` of a field's data. ``check``: first make sure that the tar header
-        before the data is this member's (a valid checksum and the size the index gives: bytes
-        served under a key are that member's); ``IndexFileError`` if not. From the field's start,
-        header and data come in one read."""
+        before the data is this member's (a valid checksum, the size the index gives and the
+        member's name, ``KEY.FIELD``: bytes served under a key are that member's, not those of
+        another sample's member of the same size); ``IndexFileError`` if not. From the field's
+        start, header and data come in one read."""
         span = self.field_span(at, field)
         assert span is not None
         offset, size = span
@@ -323,14 +414,36 @@ class Catalog:
         return self.read_range(at.shard, offset + start, offset + end)
 
     def _check_header(self, at: Located, field: str, header: bytes) -> None:
-        offset, size = self.entry(at).fields[field]
+        entry = self.entry(at)
+        offset, size = entry.fields[field]
         problem = _header_problem(header, size)
+        if problem is None:
+            expected = entry.member_name(field)
+            name = header_name(header, 0)
+            if name != expected:
+                name = self._long_name(at, entry, field) or name
+            if name != expected:
+                problem = f"a member named {name!r}, not {expected!r}"
         if problem:
             raise IndexFileError(
                 f"the index doesn't match the shard at byte {offset - 512}: {problem} (field {field!r} of "
-                f"sample {self.entry(at).key!r}); rebuild the index (tarindex {self.urls[at.shard]})",
+                f"sample {entry.key!r}); rebuild the index (tarindex {self.urls[at.shard]})",
                 self.urls[at.shard],
             )
+
+    def _long_name(self, at: Located, entry: IndexEntry, field: str) -> str | None:
+        """The name a pax or GNU long-name header before a member gives it (a name too long for
+        the header's own field), None when there is none. Those headers lie between the end of
+        the sample's member before this one (or the sample's first header) and this one."""
+        start = entry.offset
+        for name, (offset, size) in entry.fields.items():
+            if name == field:
+                break
+            start = offset + -(-size // BLOCK) * BLOCK
+        header = entry.fields[field][0] - BLOCK
+        if not 0 < header - start <= MAX_EXTENSION_HEADERS:
+            return None
+        return _extension_name(self.read_range(at.shard, start, header), self.urls[at.shard], start)
 
     # -- filters --
 
@@ -410,7 +523,7 @@ def has_index_file(url: str) -> bool:
         return False
 
 
-def _split_path(path: str, fields: dict[str, Any]) -> tuple[str | None, list[str]]:
+def _split_path(path: str, fields: Container[str]) -> tuple[str | None, list[str]]:
     """The longest field name that starts ``path`` (field names hold dots: ``seg.png``), and the rest."""
     parts = path.split(".")
     for k in range(len(parts), 0, -1):
@@ -427,6 +540,28 @@ def _as_text(value: Any) -> str:
     import json
 
     return json.dumps(value, ensure_ascii=False)
+
+
+def _extension_name(data: bytes, url: str, base: int) -> str | None:
+    """The long name the extension headers in ``data`` (pax ``path`` or GNU ``L``) give the
+    member after them; None without one, or when they don't parse (then the names differ)."""
+    name = None
+    pos = 0
+    while pos + BLOCK <= len(data):
+        block = data[pos : pos + BLOCK]
+        size = parse_number(block[124:136])
+        if size is None or size < 0:
+            return None
+        body = data[pos + BLOCK : pos + BLOCK + size]
+        if block[156] == PAX:
+            try:
+                name = parse_pax(body, url, base + pos).get("path", name)
+            except TarFormatError:
+                return None
+        elif block[156] == LONGNAME:
+            name = decode_name(cstr(body))
+        pos += BLOCK + -(-size // BLOCK) * BLOCK
+    return name
 
 
 def _octal(field: bytes) -> int | None:

@@ -3,6 +3,12 @@
 The page asks the server's JSON API for samples and builds its elements with ``textContent`` and
 attributes (never ``innerHTML`` with data), so whatever a shard holds is shown as text. It loads
 nothing from any other host (the server's Content-Security-Policy says so too).
+
+An image the server found broken (its ``problem``), or that the browser cannot display (the
+``<img>``'s error event), shows as a "broken image: REASON" mark, not a blank box; the problems
+panel lists the shards that can't be read and the latest ``MAX_PROBLEMS`` broken fields found
+(the server's ``field_problems`` and the browser's own), each with its ``tarfirst`` command and a
+link to the sample. A label with a class name shows as ``3 (dog)``.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ HTML = """<!doctype html>
   </form>
 </header>
 <div id="status" role="status"></div>
-<div id="problems"></div>
+<details id="problems" open hidden><summary id="problemcount"></summary><div id="problemlist"></div></details>
 <main id="grid"></main>
 <div id="detail" hidden>
   <div id="detailbox">
@@ -64,7 +70,13 @@ input, select, button { font: inherit; }
 #filter { width: 22em; }
 #status { padding: 6px 12px; color: #333; }
 #status.error, .problem { color: #a00; }
-#problems { padding: 0 12px; }
+#problems { margin: 0 12px; padding: 4px 8px; background: #fff; border: 1px solid #e2c0c0; border-radius: 6px;
+  max-height: 30vh; overflow: auto; }
+#problems summary { color: #a00; cursor: pointer; }
+#problemlist .problem { margin: 3px 0; word-break: break-word; }
+#problemlist code { display: block; font-size: 12px; color: #333; background: #f7f7f7; padding: 1px 4px; }
+.broken { display: block; padding: 10px 6px; margin: 2px 0; background: #fee; color: #a00; border: 1px dashed #c66;
+  font-size: 12px; word-break: break-word; }
 #grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(260px, 1fr)); gap: 10px; padding: 10px 12px; }
 .card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 8px; overflow: hidden; }
 .card.current { outline: 3px solid #48f; }
@@ -99,7 +111,9 @@ JS = r"""
 "use strict";
 (function () {
   const $ = (id) => document.getElementById(id);
-  const state = { start: 0, n: 50, filter: "", back: [], next: null, page: [] };
+  const MAX_PROBLEMS = 200;  // the latest broken fields listed
+  // problems: "shard/pos/field" -> {shard, pos, index, key, field, problem, command}, oldest first
+  const state = { start: 0, n: 50, filter: "", back: [], next: null, page: [], shardProblems: [], problems: new Map() };
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -152,11 +166,24 @@ JS = r"""
     state.filter = params.get("filter") || "";
   }
 
+  function brokenMark(reason) {
+    return el("span", { class: "broken" }, "broken image: " + reason);
+  }
+
   function fieldView(sample, f, full) {
     const label = el("span", { class: "name" }, f.name);
+    if (f.kind === "image" && f.problem) {
+      return el("div", { class: "field image" }, label, brokenMark(f.problem));
+    }
     if (f.kind === "image") {
-      return el("div", { class: "field image" }, label,
-        el("img", { class: full ? "full" : "thumb", src: f.url, alt: sample.key + "." + f.name, decoding: "async" }));
+      const img = el("img", { class: full ? "full" : "thumb", src: f.url, alt: sample.key + "." + f.name, decoding: "async" });
+      img.addEventListener("error", () => {
+        const reason = "the browser cannot display it";
+        img.replaceWith(brokenMark(reason));
+        noteProblems([{ shard: sample.shard, pos: sample.pos, index: sample.index, key: sample.key, field: f.name,
+          problem: reason, command: f.command || "" }]);
+      }, { once: true });
+      return el("div", { class: "field image" }, label, img);
     }
     if (f.kind === "audio") {
       return el("div", { class: "field audio" }, label, el("audio", { controls: "", preload: "metadata", src: f.url }));
@@ -167,7 +194,7 @@ JS = r"""
     if (f.text !== undefined && f.text !== null) {
       const more = f.truncated ? el("span", { class: "muted" }, " … (" + size(f.size) + ")") : null;
       if (f.kind === "json") return el("div", { class: "field json" }, label, el("pre", {}, f.text), more);
-      return el("div", { class: "field text" }, label, el("span", { class: "text" }, f.text), more);
+      return el("div", { class: "field text" }, label, el("span", { class: "text" }, f.label || f.text), more);
     }
     return el("div", { class: "field binary" }, label,
       el("a", { href: f.url, download: sample.key.split("/").pop() + "." + f.name }, size(f.size)),
@@ -184,9 +211,40 @@ JS = r"""
     return node;
   }
 
-  function showProblems(problems) {
-    const box = $("problems");
-    box.replaceChildren(...(problems || []).map((p) => el("div", { class: "problem" }, p)));
+  // problems of fields: the server's (found on the pages shown) and the browser's own
+  function noteProblems(found) {
+    for (const p of found || []) {
+      const where = p.shard + "/" + p.pos + "/" + p.field;
+      state.problems.delete(where);  // found again: now the latest
+      state.problems.set(where, p);
+    }
+    while (state.problems.size > MAX_PROBLEMS) state.problems.delete(state.problems.keys().next().value);
+    showProblems();
+  }
+
+  function problemView(p) {
+    const link = el("a", { href: "#start=" + p.index + "&n=" + state.n, class: "goto", title: "show this sample" },
+      p.key + "." + p.field);
+    link.addEventListener("click", (e) => { e.preventDefault(); jumpTo(p.index, p.shard, p.pos); });
+    return el("div", { class: "problem", "data-field": p.field, "data-key": p.key }, link,
+      ": broken image: " + p.problem, p.command ? el("code", {}, p.command) : null);
+  }
+
+  function showProblems() {
+    const fields = [...state.problems.values()].reverse();  // the latest first
+    const count = state.shardProblems.length + fields.length;
+    $("problems").hidden = count === 0;
+    $("problemcount").textContent = count + " problem" + (count === 1 ? "" : "s") + " found so far";
+    $("problemlist").replaceChildren(...state.shardProblems.map((p) => el("div", { class: "problem" }, p)),
+      ...fields.map(problemView));
+  }
+
+  async function jumpTo(index, shard, pos) {
+    state.filter = "";
+    state.back = [];
+    state.start = index;
+    await load();
+    showDetail(shard, pos);
   }
 
   async function load() {
@@ -210,7 +268,8 @@ JS = r"""
     const total = number(page.total) + (page.complete ? "" : "+");
     $("dataset").textContent =
       number(page.shards) + " shard" + (page.shards === 1 ? "" : "s") + ", " + total + " samples";
-    showProblems(page.problems);
+    state.shardProblems = page.problems || [];
+    noteProblems(page.field_problems);
     const shown = page.samples;
     if (state.filter) {
       const upto = page.next === null ? "the end" : "#" + number(page.next);
@@ -237,6 +296,8 @@ JS = r"""
     body.replaceChildren(el("h2", {}, sample.key),
       el("div", { class: "where" },
         "#" + number(sample.index) + " · " + sample.shard_name + " · sample " + sample.pos + " of the shard"));
+    noteProblems(sample.fields.filter((f) => f.problem).map((f) => ({ shard: sample.shard, pos: sample.pos,
+      index: sample.index, key: sample.key, field: f.name, problem: f.problem, command: f.command || "" })));
     for (const f of sample.fields) {
       const view = fieldView(sample, f, true);
       view.append(el("span", { class: "muted" }, " " + size(f.size)));
@@ -296,11 +357,7 @@ JS = r"""
       return;
     }
     const at = found.matches[0];
-    state.filter = "";
-    state.back = [];
-    state.start = at.index;
-    await load();
-    showDetail(at.shard, at.pos);
+    await jumpTo(at.index, at.shard, at.pos);
   });
   $("close").addEventListener("click", closeDetail);
   $("detail").addEventListener("click", (e) => { if (e.target === $("detail")) closeDetail(); });

@@ -10,19 +10,33 @@ Routes (GET and HEAD only):
 
 - ``/`` the page, ``/static/viewer.js``, ``/static/viewer.css``
 - ``/api/page?start=S&n=N&filter=F``: up to N samples from position S (across all shards) that
-  pass the filter, with short previews of their text fields; ``next`` is where the next page starts
+  pass the filter, with short previews of their text fields; ``next`` is where the next page starts.
+  A filter on a field no sample has is a 400 saying so (the shards' indexes know their fields).
+  ``problems``: the shards that can't be read; ``field_problems``: the latest broken fields found
+  (``FIELD_PROBLEMS`` at most), each with the ``tarfirst`` command that pulls it out
 - ``/api/sample/SHARD/POS``: every field of one sample (text and JSON in full up to 1 MiB)
 - ``/api/find?key=K``: where a key is
 - ``/media/SHARD/POS/FIELD``: one field's bytes, with ``Range`` (206, 416) and a Content-Type
-  from the field's extension
+  from the field's extension (``/media/SHARD/POS?field=FIELD`` for a field named ``.`` or ``..``,
+  which a browser would take out of a path)
+
+Every field on a page or a sample's page carries ``problem``: why an image would not show (no
+image in it, cut short, an unreadable header), null when none is found; a label field carries
+``label``, ``3 (dog)``, when class names are known (``classes=``, or a ``classes.txt`` beside the
+first shard).
 
 Nothing else can be read through it: a shard is its number in the list, a sample its position in
 the shard, a field a name looked up in that sample's index entry; a path with ``..``, an encoded
-slash, dot or backslash is refused (400) before any of that, numbers are bounded, and a request
-whose ``Host`` is not a loopback name is refused (403) while listening on loopback (DNS
-rebinding). Errors answer a one-line text (4xx for the request, 502 for a shard that can't be
-read), never a traceback. The page loads nothing from other hosts (Content-Security-Policy), and
-media come with a sandboxing policy, so an SVG or HTML field can't run script in the viewer.
+slash, dot or backslash is refused (400) before any of that (but in a ``/media`` field name, which
+is decoded once and only ever looked up), numbers are bounded, and a request whose ``Host`` is not
+a loopback name is refused (403) while listening on loopback (DNS rebinding). Errors answer a
+one-line text (4xx for the request, 502 for a shard that can't be read, 503 when
+``max_media_streams`` fields are being sent already), never a traceback. A field is sent from the
+shard in ``MEDIA_CHUNK`` pieces, the next read only once the client has taken the last, and the
+connection's kernel buffer is held to ``MEDIA_SEND_BUFFER``, so a client that doesn't read holds
+a few hundred KiB, not the field. The page loads nothing from other hosts
+(Content-Security-Policy), and media come with a sandboxing policy, so an SVG or HTML field can't
+run script in the viewer.
 """
 
 from __future__ import annotations
@@ -33,14 +47,19 @@ import json
 import re
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from aiohttp import web
 
+from ..classnames import class_names_beside, label_name
+from ..content import tarfirst_command
 from ..errors import OptionError, SourceError, TarprocError, TransportError
+from ..fieldspec import LABEL_FIELDS
 from ..sources import local_path
 from .catalog import (
+    DAMAGE_READ_LIMIT,
     MAX_TEXT,
     PREVIEW_BYTES,
     SNIFF_LIMIT,
@@ -49,8 +68,10 @@ from .catalog import (
     Condition,
     Located,
     field_type,
+    image_problem,
     parse_filter,
     sniffed_type,
+    wants_image_check,
 )
 from .page import CSS, HTML, JS
 
@@ -60,12 +81,19 @@ PROG = "tarshow"
 MAX_PAGE = 200  # samples on one page
 MAX_START = 10**15  # no dataset has more samples; a bigger number is a bad request
 PREVIEW_CHARS = 600  # characters of a text field on a card
-MEDIA_CHUNK = 1 << 20  # bytes read at a time when sending a field
+MEDIA_CHUNK = 128 << 10  # bytes read at a time when sending a field (what a client that doesn't read holds)
+MEDIA_SEND_BUFFER = 128 << 10  # the kernel's send buffer of a connection sending a field (Linux doubles it)
+MAX_MEDIA_STREAMS = 64  # fields being sent at once; one more is a 503 (a browser opens six at a time)
+FIELD_PROBLEMS = 200  # the latest broken fields the page lists
+MAX_FIELD_CHARS = 4096  # a longer /media field name is no field of a tar the viewer reads
 MAX_WORKERS = 16  # threads reading for the requests at once
 SHUTDOWN_WAIT = 2.0  # seconds a stop waits for the requests in progress
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 _BAD_PATH = re.compile(r"\.\.|%2e|%2f|%5c|%00|\\|//", re.IGNORECASE)
+# a /media path: what comes before the field is checked as any path, the field segment is decoded
+_MEDIA_PATH = re.compile(r"(/media/[0-9]{1,12}/[0-9]{1,12}/)([^/]*)")
+_DOT_SEGMENTS = (".", "..")  # names a browser removes from a URL path (and so does %2E%2E)
 _NUMBER = r"[0-9]{1,12}"
 
 PAGE_POLICY = (
@@ -78,26 +106,96 @@ CATALOG = web.AppKey("catalog", Catalog)
 STATE = web.AppKey("state", dict)
 
 
+class FieldProblems:
+    """The latest broken fields found (``limit`` at most, a field found again moves to the end),
+    each as the page lists it: where it is, why, and the ``tarfirst`` command that pulls it out."""
+
+    def __init__(self, limit: int = FIELD_PROBLEMS) -> None:
+        self.limit = limit
+        self.found: OrderedDict[tuple[int, int, str], dict[str, Any]] = OrderedDict()
+
+    def add(self, catalog: Catalog, sample: dict[str, Any]) -> None:
+        """Every field of a described sample (``_describe``) that has a problem."""
+        for f in sample["fields"]:
+            where = (sample["shard"], sample["pos"], f["name"])
+            if f.get("problem") is None:
+                self.found.pop(where, None)  # the shard was fixed under the viewer
+                continue
+            self.found.pop(where, None)
+            self.found[where] = {
+                "shard": sample["shard"], "pos": sample["pos"], "index": sample["index"], "key": sample["key"],
+                "field": f["name"], "problem": f["problem"],
+                "command": tarfirst_command(catalog.urls[sample["shard"]], sample["key"], f["name"]),
+            }
+            while len(self.found) > self.limit:
+                self.found.popitem(last=False)
+
+    def latest(self) -> list[dict[str, Any]]:
+        return list(self.found.values())
+
+
+class MediaStreams:
+    """The fields being sent, ``limit`` at most at once (one more is a 503), and what they hold
+    in this process: the bytes read from the shard that wait in their connection's buffer for a
+    client that doesn't read (at most a piece above the buffer's high mark: ``_send_field``)."""
+
+    def __init__(self, limit: int = MAX_MEDIA_STREAMS) -> None:
+        self.limit = limit
+        self.active: dict[int, Any] = {}  # stream number -> its connection's transport
+        self._next = 0
+
+    def start(self, transport: Any) -> int | None:
+        """A number for a new stream, None when ``limit`` are being sent already."""
+        if len(self.active) >= self.limit:
+            return None
+        self._next += 1
+        self.active[self._next] = transport
+        return self._next
+
+    def end(self, stream: int) -> None:
+        self.active.pop(stream, None)
+
+    def held(self) -> int:
+        """Bytes of the streams in their connections' buffers, not yet taken by the kernel."""
+        return sum(t.get_write_buffer_size() for t in list(self.active.values()) if t is not None)
+
+    def stalled(self) -> int:
+        """Streams waiting for a client to read (their connection's buffer above its high mark)."""
+        return sum(t.get_write_buffer_size() > t.get_write_buffer_limits()[1]
+                   for t in list(self.active.values()) if t is not None)
+
+
 # ---------------------------------------------------------------------------------------------
 # the application
 
 
 def make_app(
     urls: list[str], *, allowed_hosts: frozenset[str] | None = LOOPBACK_NAMES, warm: bool = True,
-    log: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None, classes: Sequence[str] | None = None,
+    max_media_streams: int = MAX_MEDIA_STREAMS,
 ) -> web.Application:
     """The viewer as an aiohttp application over these shards (nothing is read until asked).
 
-    ``allowed_hosts``: the host names a request's ``Host`` may have (any loopback address is
-    accepted too); None accepts any, for a server listening on another address. ``warm``: load
-    the shards' ``.idx`` files in the background after start, so that the page knows the total
-    count (a shard without one is indexed when a page first reaches it).
-    ``log``: where one line per failed request goes (default: stderr).
+    Args:
+        urls: the shards, in order.
+        allowed_hosts: the host names a request's ``Host`` may have (any loopback address is
+            accepted too); None accepts any, for a server listening on another address.
+        warm: load the shards' ``.idx`` files in the background after start, so that the page
+            knows the total count (a shard without one is indexed when a page first reaches it).
+        log: where one line per failed request goes (default: stderr).
+        classes: class names, line i naming label i (labels show as ``3 (dog)``); None: those of
+            a ``classes.txt`` beside the first shard, when there is one (``ClassNamesError`` when
+            it can't be read).
+        max_media_streams: fields sent at once; a request for one more answers 503.
     """
     catalog = Catalog(urls)
+    names = list(classes) if classes is not None else class_names_beside(urls)
+    if max_media_streams < 1:
+        raise OptionError(f"max_media_streams {max_media_streams}: at least 1")
     app = web.Application(middlewares=[_guard(allowed_hosts, log or _stderr)], client_max_size=1 << 16)
     app[CATALOG] = catalog
-    app[STATE] = {"checked": set(), "stop": threading.Event(), "workers": _Workers(MAX_WORKERS)}
+    app[STATE] = {"checked": set(), "stop": threading.Event(), "workers": _Workers(MAX_WORKERS),
+                  "classes": names, "problems": FieldProblems(), "streams": MediaStreams(max_media_streams)}
     app.router.add_get("/", _page)
     app.router.add_get("/static/viewer.js", _static(JS, "text/javascript; charset=utf-8"))
     app.router.add_get("/static/viewer.css", _static(CSS, "text/css; charset=utf-8"))
@@ -105,7 +203,8 @@ def make_app(
     app.router.add_get("/api/page", _api_page)
     app.router.add_get("/api/find", _api_find)
     app.router.add_get(f"/api/sample/{{shard:{_NUMBER}}}/{{pos:{_NUMBER}}}", _api_sample)
-    app.router.add_get(f"/media/{{shard:{_NUMBER}}}/{{pos:{_NUMBER}}}/{{field:[^/]{{1,255}}}}", _media)
+    app.router.add_get(f"/media/{{shard:{_NUMBER}}}/{{pos:{_NUMBER}}}/{{field:[^/]{{1,{MAX_FIELD_CHARS}}}}}", _media)
+    app.router.add_get(f"/media/{{shard:{_NUMBER}}}/{{pos:{_NUMBER}}}", _media)
     if warm:
         app.on_startup.append(_start_warming)
     app.on_cleanup.append(_close)
@@ -139,7 +238,7 @@ def _guard(allowed: frozenset[str] | None, log: Callable[[str], None]) -> Any:
     async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
         if allowed is not None and not _host_allowed(request.host, allowed):
             return _secure(_text(403, "forbidden: this viewer answers only to a loopback host name"))
-        if _BAD_PATH.search(request.raw_path.partition("?")[0]):
+        if not _path_allowed(request.raw_path.partition("?")[0]):
             return _secure(_text(400, "bad path"))
         if request.method not in ("GET", "HEAD"):
             return _secure(_text(405, "read-only: only GET and HEAD"))
@@ -163,6 +262,17 @@ def _guard(allowed: frozenset[str] | None, log: Callable[[str], None]) -> Any:
         return _secure(response)
 
     return guard
+
+
+def _path_allowed(path: str) -> bool:
+    """Whether a raw path is free of traversal tricks. A ``/media`` field name is the exception:
+    it is one segment, decoded once by ``media_field`` and only looked up in a sample's index
+    entry, so that fields such as ``seg..png`` or ``a\\b.txt`` load; only its slash and NUL are
+    refused (no field name holds one)."""
+    media = _MEDIA_PATH.fullmatch(path)
+    if media is None:
+        return not _BAD_PATH.search(path)
+    return not _BAD_PATH.search(media.group(1)) and media_field(media.group(2)) is not None
 
 
 SECURITY_HEADERS = {
@@ -314,19 +424,30 @@ async def _api_page(request: web.Request) -> web.Response:
         conditions: list[Condition] | None = parse_filter(text) if text else None
     except OptionError as e:
         raise web.HTTPBadRequest(text=str(e)) from None
+    state = request.app[STATE]
+    for cond in conditions or ():
+        absent = await _blocking(request, catalog.absent_field, cond.path)
+        if absent is not None:
+            raise web.HTTPBadRequest(text=f"filter {text!r}: {absent}")
     found, next_start = await _blocking(request, catalog.scan, start, n, conditions)
-    samples = await _blocking(request, _describe_all, catalog, found)
+    samples = await _blocking(request, _describe_all, catalog, found, state["classes"])
+    for sample in samples:
+        state["problems"].add(catalog, sample)
     total, complete = catalog.known()
     return web.json_response({
         "start": start, "n": n, "filter": text, "next": next_start, "total": total, "complete": complete,
         "shards": len(catalog.urls), "problems": _problems(catalog), "samples": samples,
+        "field_problems": state["problems"].latest(),
     })
 
 
 async def _api_sample(request: web.Request) -> web.Response:
     catalog = request.app[CATALOG]
+    state = request.app[STATE]
     at = await _locate(request)
-    return web.json_response(await _blocking(request, _describe, catalog, at, True))
+    sample = await _blocking(request, _describe, catalog, at, True, state["classes"])
+    state["problems"].add(catalog, sample)
+    return web.json_response(sample)
 
 
 async def _api_find(request: web.Request) -> web.Response:
@@ -339,42 +460,61 @@ async def _api_find(request: web.Request) -> web.Response:
     return web.json_response({"key": key, "matches": matches})
 
 
-def _describe_all(catalog: Catalog, found: list[Located]) -> list[dict[str, Any]]:
-    return [_describe(catalog, at, False) for at in found]
+def _describe_all(catalog: Catalog, found: list[Located], names: Sequence[str] | None) -> list[dict[str, Any]]:
+    return [_describe(catalog, at, False, names) for at in found]
 
 
-def _describe(catalog: Catalog, at: Located, full: bool) -> dict[str, Any]:
-    """One sample for the page: its fields in shard order, each with its kind and URL, and the
-    text of text-like fields (a preview on a card, up to ``MAX_TEXT`` bytes on its own page)."""
+def _describe(catalog: Catalog, at: Located, full: bool, names: Sequence[str] | None = None) -> dict[str, Any]:
+    """One sample for the page: its fields in shard order, each with its kind and URL, the text of
+    text-like fields (a preview on a card, up to ``MAX_TEXT`` bytes on its own page), ``label``
+    (``3 (dog)``) for a label with a class name, and ``problem``: why an image would not show.
+
+    Only the fields of the samples shown are read for that check: their images whole (up to
+    ``DAMAGE_READ_LIMIT``), as the browser reads them anyway to show them."""
     entry = catalog.entry(at)
     limit = MAX_TEXT if full else PREVIEW_BYTES
     kinds: dict[str, tuple[str, str]] = {}
     wanted = []
     for field, (_, size) in entry.fields.items():
         kinds[field] = named = field_type(field)
-        if (named[0] in TEXT_KINDS and size <= limit) or (named[0] == "binary" and size <= SNIFF_LIMIT):
+        if (named[0] in TEXT_KINDS and size <= limit) or (named[0] == "binary" and size <= SNIFF_LIMIT) or (
+                wants_image_check(field, named[0]) and size <= DAMAGE_READ_LIMIT):
             wanted.append(field)
     data = catalog.read_fields(at, wanted)
     fields = []
     for field, (_, size) in entry.fields.items():
         kind, mime = kinds[field]
         info: dict[str, Any] = {"name": field, "size": size, "kind": kind, "type": mime.partition(";")[0],
-                                "url": f"/media/{at.shard}/{at.pos}/{_quote(field)}"}
+                                "url": media_url(at.shard, at.pos, field), "problem": None}
         value = data.get(field)
         if value is not None and kind == "binary":
             kind, mime = sniffed_type(value)
             info.update(kind=kind, type=mime.partition(";")[0])
-        if value is not None and kind in TEXT_KINDS:
+        if kind == "image":
+            # for the page to list it, when the browser finds it can't show the image either
+            info["command"] = tarfirst_command(catalog.urls[at.shard], entry.key, field)
+        if value is not None and wants_image_check(field, kind):
+            info["problem"] = image_problem(value)
+        elif value is not None and kind in TEXT_KINDS:
             shown, cut = _text_of(value, kind, full)
             info["text"] = shown
             if cut:
                 info["truncated"] = True
+            if names and _is_label(field):
+                named_label = label_name(shown, names)
+                if named_label != shown:
+                    info["label"] = named_label
         elif kind in TEXT_KINDS:
             info["truncated"] = True  # too big to read for a page: the size says how big
             info["text"] = ""
         fields.append(info)
     return {"shard": at.shard, "pos": at.pos, "index": at.position, "key": entry.key,
             "shard_name": catalog.names[at.shard], "fields": fields}
+
+
+def _is_label(field: str) -> bool:
+    """A field of class labels: ``cls``, ``label``, ... (``fieldspec.LABEL_FIELDS``), or ``x.cls``."""
+    return field in LABEL_FIELDS or field.rpartition(".")[2] in LABEL_FIELDS
 
 
 def _text_of(value: bytes, kind: str, full: bool) -> tuple[str, bool]:
@@ -389,19 +529,51 @@ def _text_of(value: bytes, kind: str, full: bool) -> tuple[str, bool]:
     return text, False
 
 
-def _quote(field: str) -> str:
-    """A field name as one URL path segment; a byte that is not UTF-8 (surrogate-escaped) as itself."""
+def media_url(shard: int, pos: int, field: str) -> str:
+    r"""The URL of a field's bytes: the name percent-encoded as one path segment (a byte that is
+    not UTF-8, surrogate-escaped, as itself), or as a query for ``.`` and ``..``, segments that a
+    browser takes out of a path. ``media_field`` reads either back.
+
+    >>> media_url(0, 3, "seg..png"), media_url(0, 3, "a\\b.txt"), media_url(1, 0, "..")
+    ('/media/0/3/seg..png', '/media/0/3/a%5Cb.txt', '/media/1/0?field=..')
+    """
     from urllib.parse import quote
 
-    return quote(field.encode("utf-8", "surrogateescape"), safe="")
+    quoted = quote(field.encode("utf-8", "surrogateescape"), safe="")
+    if field in _DOT_SEGMENTS:
+        return f"/media/{shard}/{pos}?field={quoted}"
+    return f"/media/{shard}/{pos}/{quoted}"
+
+
+def media_field(raw: str) -> str | None:
+    r"""The field name a ``/media`` URL's raw segment or ``field`` query value names, decoded once
+    (a percent escape that is not UTF-8 surrogate-escaped, as names read from a tar are); None for
+    what is no field name: empty, too long, or holding a slash or NUL.
+
+    >>> media_field("seg..png"), media_field("a%5Cb.txt"), media_field("t%FFxt"), media_field("a%2Fb")
+    ('seg..png', 'a\\b.txt', 't\udcffxt', None)
+    """
+    from urllib.parse import unquote
+
+    field = unquote(raw, errors="surrogateescape")
+    if not field or len(field) > MAX_FIELD_CHARS or "/" in field or "\0" in field:
+        return None
+    return field
 
 
 def _field_of(request: web.Request) -> str:
-    """The field a ``/media`` path names, from the raw path: aiohttp leaves a percent escape that is
-    not UTF-8 undecoded, so that a name that isn't UTF-8 would never be found."""
-    from urllib.parse import unquote
-
-    return unquote(request.raw_path.partition("?")[0].rpartition("/")[2], errors="surrogateescape")
+    """The field a ``/media`` request names, from the raw path or query (aiohttp's decoded one
+    leaves a percent escape that is not UTF-8 undecoded: such a name would never be found)."""
+    path, _, query = request.raw_path.partition("?")
+    if "field" in request.match_info:
+        raw: str | None = path.rpartition("/")[2]
+    else:  # the query's raw value: decoded once, in media_field
+        raw = next((v.replace("+", "%20") for k, _, v in (p.partition("=") for p in query.split("&"))
+                    if k == "field"), None)
+    field = media_field(raw) if raw is not None else None
+    if field is None:
+        raise web.HTTPBadRequest(text="give the field: /media/SHARD/POS/FIELD or /media/SHARD/POS?field=FIELD")
+    return field
 
 
 def _query(request: web.Request, name: str) -> str | None:
@@ -467,8 +639,39 @@ async def _media(request: web.Request) -> web.StreamResponse:
     field = _field_of(request)
     span = catalog.field_span(at, field)
     if span is None:
-        raise web.HTTPNotFound(text=f"sample {catalog.entry(at).key!r} has no field {field!r}")
-    size = span[1]
+        raise web.HTTPNotFound(text=f"sample {_short(catalog.entry(at).key)} has no field {_short(field)}")
+    streams = request.app[STATE]["streams"]
+    stream = streams.start(request.transport)
+    if stream is None:
+        raise web.HTTPServiceUnavailable(
+            text=f"busy: {streams.limit} fields are being sent already; ask again when one is done",
+            headers={"Retry-After": "1"})
+    try:
+        _cap_send_buffer(request)
+        return await _send_field(request, catalog, at, field, span[1])
+    finally:
+        streams.end(stream)
+
+
+def _cap_send_buffer(request: web.Request) -> None:
+    """Fix the kernel's send buffer of this connection at ``MEDIA_SEND_BUFFER``: left to grow, it
+    takes up to 4 MiB (Linux ``tcp_wmem``) of a field from a client that doesn't read."""
+    import socket
+
+    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    try:  # set, it no longer grows (autotuning is off for the socket)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MEDIA_SEND_BUFFER)
+    except OSError:  # a system that won't: the pieces and the stream bound still hold
+        pass
+
+
+async def _send_field(request: web.Request, catalog: Catalog, at: Located, field: str,
+                      size: int) -> web.StreamResponse:
+    """A field's bytes, or the range asked for, read from the shard a piece at a time: the next
+    piece only once the client has taken the last (``write`` waits while the connection's buffer
+    is over its high mark), so a client that doesn't read holds a piece, not the field."""
     checked = request.app[STATE]["checked"]
     # no validators are sent, so an If-Range never matches: the whole field, as RFC 9110 says
     wanted = None if "If-Range" in request.headers else parse_range(request.headers.get("Range"), size)
@@ -498,15 +701,27 @@ async def _media(request: web.Request) -> web.StreamResponse:
         response.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
     response.content_length = end - start
     await response.prepare(request)
-    if request.method != "HEAD":
-        await response.write(first)
-        pos = start + len(first)
-        while pos < end:
-            stop = min(pos + MEDIA_CHUNK, end)
-            await response.write(await _blocking(request, catalog.read_field, at, field, pos, stop, False))
-            pos = stop
-    await response.write_eof()
+    try:
+        if request.method != "HEAD":
+            piece = first
+            pos = start + len(first)
+            while True:
+                await response.write(piece)  # waits while the connection's buffer is over its high mark
+                del piece
+                if pos >= end:
+                    break
+                stop = min(pos + MEDIA_CHUNK, end)
+                piece = await _blocking(request, catalog.read_field, at, field, pos, stop, False)
+                pos = stop
+        await response.write_eof()
+    except ConnectionError:  # the client went away (a closed tab, a seek in a video): nothing to tell
+        pass
     return response
+
+
+def _short(name: str, limit: int = 60) -> str:
+    """A name for a one-line message: quoted, and cut to ``limit`` characters."""
+    return repr(name if len(name) <= limit else name[: limit - 1] + "…")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,13 +737,16 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def serve(urls: list[str], host: str = "127.0.0.1", port: int = 8000, quiet: bool = False) -> None:
+def serve(urls: list[str], host: str = "127.0.0.1", port: int = 8000, quiet: bool = False, *,
+          classes: Sequence[str] | None = None) -> None:
     """Serve the viewer of these shards on ``http://host:port/`` until Ctrl-C or SIGTERM.
 
     ``port`` 0 takes any free port (the line on stderr names it). A host that is not a loopback
     address gets a warning: anyone who reaches it can read the shards. Ctrl-C raises
     ``KeyboardInterrupt`` after the server has stopped; SIGTERM, where the caller has no handler of
     its own, stops it and returns. ``quiet``: no line on stderr but warnings and errors.
+    ``classes``: class names for the labels (``3 (dog)``); None: a ``classes.txt`` beside the
+    first shard, when there is one.
     """
     if not urls:
         raise OptionError("no shards to serve")
@@ -544,7 +762,7 @@ def serve(urls: list[str], host: str = "127.0.0.1", port: int = 8000, quiet: boo
     if not loopback:
         _stderr(f"{PROG}: warning: serving on {host}, not on a loopback address: anyone who can reach it can read "
                 f"these shards (use --host 127.0.0.1 to keep them to this machine)")
-    app = make_app(list(urls), allowed_hosts=LOOPBACK_NAMES if loopback else None)
+    app = make_app(list(urls), allowed_hosts=LOOPBACK_NAMES if loopback else None, classes=classes)
     loop = asyncio.new_event_loop()
     # a field being sent to a slow client holds the stop for at most SHUTDOWN_WAIT seconds
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_WAIT)

@@ -131,7 +131,6 @@ def test_key_jump(module_viewer):
         ("wav", [k for k in all_keys() if int(k[-4:]) % 5 == 0]),
         ("__key__~s1/002", [f"s1/002{i}" for i in range(10)]),
         ("json.meta.missing=en", []),
-        ("nofield=1", []),
     ],
 )
 def test_filters(module_viewer, text, expected):

@@ -181,3 +181,61 @@ def test_video_plays_from_the_tar(browser, viewer, tmp_path, console_errors_of):
         "const v = document.querySelector('.card video'); return [v.videoWidth, v.videoHeight, v.duration]")
     assert (width, height) == (64, 48) and abs(duration - 1.0) < 0.15, duration
     no_console_errors(browser, console_errors_of)
+
+
+def test_broken_images_are_marked_and_listed(browser, viewer, tmp_path, console_errors_of):
+    import io
+    import shlex
+
+    from PIL import Image
+
+    from tarproc import TarWriter
+
+    buf = io.BytesIO()
+    Image.new("RGB", (48, 32), (10, 200, 10)).save(buf, format="JPEG")
+    good = buf.getvalue()
+    hostile = "<img src=x onerror=window['__pwned']=1>"
+    path = tmp_path / "broken.tar"
+    with open(path, "wb") as f, TarWriter(f) as w:
+        w.write_sample({"__key__": "good", "jpg": good, "cls": b"1"})
+        w.write_sample({"__key__": "cut", "jpg": good[:-40]})  # the server finds it cut short
+        w.write_sample({"__key__": "odd", "svg": b"this is no SVG"})  # only the browser finds it can't show it
+        w.write_sample({"__key__": hostile, "jpg": good[:-40]})
+    v = viewer([str(path)], classes=["cat", "dog"])
+    open_viewer(browser, v.url + "/", 4)
+    assert browser.execute_script("return document.querySelector('.card .field.text .text').textContent") == "1 (dog)"
+
+    def marks(d: Any) -> dict[str, str]:
+        return d.execute_script(
+            "const out = {}; for (const c of document.querySelectorAll('.card')) {"
+            " const m = c.querySelector('.broken'); out[c.dataset.key] = m ? m.textContent : ''; } return out")
+
+    wait_for(browser, lambda d: marks(d)["odd"] != "", "the browser's own mark")
+    assert marks(browser) == {"good": "", "cut": "broken image: cut short: no end-of-image marker after the scan",
+                              "odd": "broken image: the browser cannot display it",
+                              hostile: "broken image: cut short: no end-of-image marker after the scan"}
+    assert browser.execute_script("return document.querySelectorAll('.card img').length") == 1  # the good one
+    listed = browser.execute_script(
+        "return [document.getElementById('problems').hidden, document.getElementById('problemcount').textContent,"
+        " [...document.querySelectorAll('#problemlist .problem')].map(p => [p.querySelector('a').textContent,"
+        " p.textContent, p.querySelector('code') ? p.querySelector('code').textContent : null])]")
+    hidden, count, entries = listed
+    assert (hidden, count) == (False, "3 problems found so far")
+    assert [e[0] for e in entries] == ["odd.svg", hostile + ".jpg", "cut.jpg"]  # the latest first
+    assert entries[2][2] == f"tarfirst {path} --key cut -f jpg"
+    assert entries[1][2] == f"tarfirst {path} --key {shlex.quote(hostile)} -f jpg"
+    assert entries[0][2] == f"tarfirst {path} --key odd -f svg"
+    assert browser.execute_script("return window.__pwned === undefined")  # the key shown as text
+    # its link opens the sample, which shows the same mark
+    browser.execute_script(
+        "[...document.querySelectorAll('#problemlist a')].find(a => a.textContent === 'cut.jpg').click()")
+    wait_for(browser, lambda d: d.execute_script("return !document.getElementById('detail').hidden"), "detail")
+    detail = browser.execute_script(
+        "const b = document.getElementById('detailbody');"
+        "return [b.querySelector('h2').textContent, b.querySelector('.broken').textContent]")
+    assert detail == ["cut", "broken image: cut short: no end-of-image marker after the scan"]
+    browser.execute_script("document.getElementById('close').click()")
+    submit(browser, "filter", "clss=3")  # a misspelt field: said at once, not a scan that finds nothing
+    wait_for(browser, lambda d: "no sample has a field clss (fields seen: cls, jpg, svg)" in status_text(d),
+             "the absent field's message")
+    console_errors_of(browser)  # the SVG that fails to load and the 400 are logged by the browser: expected
