@@ -9,11 +9,15 @@
   included; target: within 2x of the byte-only summary.
 - ``tarshow --report`` of the ~1 GB shard (48 cards), in seconds, next to ``--summary
   --bytes-only`` of the same shard (one pass over the bytes, the least any report costs).
+- ``tarshow --summary --decode -p P`` (every JPEG decoded to find damage, the summary besides) vs
+  ``tardecode -p P -o /dev/null`` on the same JPEG shard with the same processes: both commands,
+  start-up included; target: at most 1.5x tardecode's time.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -85,7 +89,45 @@ def report_samples(path: Path, out: Path) -> int:
 def run(ctx: Context) -> tuple[list[Row], list[str]]:
     rows, notes = summary_rows(ctx)
     more_rows, more_notes = content_rows(ctx)
-    return rows + more_rows, notes + more_notes
+    decode_row, decode_notes = decode_rows(ctx)
+    return rows + more_rows + decode_row, notes + more_notes + decode_notes
+
+
+DECODE_PROCESSES = min(4, os.cpu_count() or 1)
+
+
+def decode_check_samples(path: Path, processes: int) -> int:
+    """Samples of ``tarshow --summary --decode -p N``, every image checked and none failing."""
+    doc = json.loads(tarshow("--summary", "--json", "-q", "--decode", "-p", str(processes), str(path)))
+    decode = doc["content"]["decode"]
+    if decode["failed"] or decode["checked"]["image"] != doc["samples"]:
+        raise RuntimeError(f"tarshow --summary --decode: unexpected {decode}")
+    return int(doc["samples"])
+
+
+def tardecode_samples(path: Path, processes: int, expect: int) -> int:
+    """``tardecode -p N -o /dev/null`` of the shard (its --stats line checked for the count)."""
+    err = subprocess.run([sys.executable, "-m", "tarproc.cli.tardecode", "-q", "--stats", "-p", str(processes),
+                          "--device", "cpu", "-o", "/dev/null", str(path)], check=True, capture_output=True).stderr
+    if f"decoded {expect} images".encode() not in err:
+        raise RuntimeError(f"tardecode: unexpected stats {err.decode(errors='replace')[-300:]}")
+    return expect
+
+
+def decode_rows(ctx: Context) -> tuple[list[Row], list[str]]:
+    n, path, p = ctx.data.jpeg_samples, ctx.data.jpeg, DECODE_PROCESSES
+    reps = ctx.reps
+    log(f"[show] tarshow --summary --decode -p {p} vs tardecode -p {p} -o /dev/null on {n:,} JPEGs ({reps} reps)")
+    tc, td = alternate(reps, reps, lambda: decode_check_samples(path, p), lambda: tardecode_samples(path, p, n), n,
+                       "decode check")
+    ratio = statistics.median(tc) / statistics.median(td)
+    rows = [Row(
+        f"`tarshow --summary --decode -p {p}`, {n:,} JPEGs (command, start-up included)",
+        n / statistics.median(tc), "samples/s", f"`tardecode -p {p} -o /dev/null`, same shard",
+        n / statistics.median(td), "≤ 1.5× the time", yes_no(ratio <= 1.5),
+    )]
+    notes = [f"decode check: tarshow --summary --decode {spread(tc)}; tardecode {spread(td)}; time ratio {ratio:.2f}×"]
+    return rows, notes
 
 
 def content_rows(ctx: Context) -> tuple[list[Row], list[str]]:

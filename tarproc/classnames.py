@@ -33,7 +33,15 @@ def read_class_names(path: str) -> list[str]:
 
     try:
         with open_source(path) as src:
-            data = src.read(MAX_CLASSES_BYTES + 1)
+            chunks: list[bytes] = []  # a source's read may return less than asked: read to the end
+            size = 0
+            while size <= MAX_CLASSES_BYTES:
+                chunk = src.read(MAX_CLASSES_BYTES + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
     except SourceError as e:
         raise ClassNamesError(e.message, path) from None
     if len(data) > MAX_CLASSES_BYTES:

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import MissingDependencyError, TarprocError
 from .fieldspec import (
@@ -41,6 +41,9 @@ from .fieldspec import (
     VIDEO_EXTENSIONS,
 )
 from .sniff import escape_text, is_text, sniff_type
+
+if TYPE_CHECKING:
+    from .decode.check import DecodeCheck
 
 DISTINCT_VALUES = 1024  # a distribution keeps exact counts up to this many distinct values
 LOG_STEPS = 16  # buckets per doubling once it has more
@@ -68,7 +71,11 @@ PROBLEMS = {
     "non_utf8_text": "text that is not UTF-8",
     "invalid_json": "JSON that does not parse",
     "json_missing_keys": "keys most JSON documents have, missing from others",  # one per key and document
+    "damaged_images": "images cut short or damaged (no end marker, or chunks past the end)",
+    "non_integer_labels": "labels that are not integers among integer labels",
+    "decode_failures": "fields that fail to decode (--decode)",
 }
+DECODE_SHOWN = 20  # decode failures the text report lists one by one (--json lists up to MAX_LISTED)
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null",
                list: "array", dict: "object"}
 
@@ -314,8 +321,8 @@ def jpeg_ends(data: bytes) -> bool:
         if marker == 0xD9:
             return False  # an end before any scan
         length = (data[pos + 2] << 8) | data[pos + 3]
-        if marker == 0xDA:
-            return data.find(b"\xff\xd9", pos + 2 + length) != -1
+        if marker == 0xDA:  # searched from the end: where a whole file has its marker
+            return data.rfind(b"\xff\xd9", pos + 2 + length) != -1
         if length < 2:
             return False
         pos += 2 + length
@@ -332,17 +339,54 @@ def png_ends(data: bytes | bytearray | memoryview) -> bool:
     return bytes(data[-12:-8]) == b"\x00\x00\x00\x00" and bytes(data[-8:-4]) == b"IEND"
 
 
+def png_damage(data: bytes | bytearray | memoryview) -> str | None:
+    """Why a PNG's chunks do not hold (one declares more bytes than follow it, or no IEND chunk
+    ends them), or None. Only the chunk headers are read: a handful of reads per file.
+
+    >>> import io; from PIL import Image; buf = io.BytesIO(); Image.new("L", (7, 5)).save(buf, "PNG")
+    >>> png_damage(buf.getvalue()) is None, png_damage(buf.getvalue()[:-20])
+    (True, "cut short: its 'IDAT' chunk at byte 33 declares 12 bytes, 8 are there")
+    """
+    pos, end = 8, len(data)
+    while pos + 8 <= end:
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        kind = bytes(data[pos + 4:pos + 8])
+        if pos + 12 + length > end:
+            there = max(end - pos - 8, 0)
+            return (f"cut short: its {kind.decode('latin-1')!r} chunk at byte {pos} declares {length} bytes, "
+                    f"{there} are there")
+        if kind == b"IEND":
+            return None
+        pos += 12 + length
+    return "cut short: no IEND chunk at the end"
+
+
+def riff_damage(data: bytes | bytearray | memoryview) -> str | None:
+    """Why a RIFF file (WebP) is cut short: its header declares more bytes than there are; or None.
+
+    >>> riff_damage(b"RIFF" + (100).to_bytes(4, "little") + b"WEBP" + bytes(20))
+    'cut short: its RIFF header declares 108 bytes, 32 are there'
+    """
+    declared = int.from_bytes(data[4:8], "little") + 8
+    if declared > len(data):
+        return f"cut short: its RIFF header declares {declared} bytes, {len(data)} are there"
+    return None
+
+
 def field_damage(sniffed: str, data: bytes | bytearray | memoryview) -> str | None:
     """Why an image of the sniffed type ``sniffed`` is damaged, by checks that decode no pixel (its
-    end marker), or None when these checks find nothing. The viewer and the summary share it.
+    end marker, its chunk lengths), or None when these checks find nothing. The viewer and the
+    summary share it.
 
     >>> field_damage("jpeg", bytes.fromhex("ffd8ffe0")), field_damage("gif", b"GIF89a")
     ('cut short: no end-of-image marker after the scan', None)
     """
-    if sniffed == "jpeg" and not jpeg_ends(bytes(data)):
+    if sniffed == "jpeg" and not jpeg_ends(data if type(data) is bytes else bytes(data)):
         return "cut short: no end-of-image marker after the scan"
-    if sniffed == "png" and not png_ends(data):
-        return "cut short: no IEND chunk at the end"
+    if sniffed == "png":
+        return png_damage(data)
+    if sniffed == "webp":
+        return riff_damage(data)
     return None
 
 
@@ -359,20 +403,29 @@ def png_header(data: bytes | bytearray | memoryview) -> tuple[int, int, str, int
     return width, height, mode, _PNG_CHANNELS[colour]
 
 
+Observer = Callable[[str, "str | None", str, str, str, Any], None]
+"""Hears each problem as it is found: ``(kind, url, key, field, reason, data)`` (``data``: the
+field's bytes where the caller has them, else None). The report keeps the samples it names."""
+
+
 class Problems:
-    """Counts and examples of one kind of problem."""
+    """Counts and examples of one kind of problem (``name``, a key of ``PROBLEMS``)."""
 
-    __slots__ = ("count", "examples")
+    __slots__ = ("count", "examples", "name", "observer")
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "", observer: Observer | None = None) -> None:
         self.count = 0
         self.examples: list[dict[str, Any]] = []
+        self.name = name
+        self.observer = observer
 
-    def add(self, key: str, field: str, url: str | None, reason: str) -> None:
+    def add(self, key: str, field: str, url: str | None, reason: str, data: Any = None) -> None:
         self.count += 1
         if len(self.examples) < EXAMPLES:
             self.examples.append({"key": key, "field": field, "url": url, "reason": reason,
                                   "command": tarfirst_command(url, key, field)})
+        if self.observer is not None:
+            self.observer(self.name, url, key, field, reason, data)
 
 
 class FieldContent:
@@ -395,6 +448,7 @@ class FieldContent:
         self.modes: Tally = Tally()
         self.channels: Tally = Tally()
         self.undecodable = 0
+        self.damaged = 0  # header read, but cut short (end marker, chunk lengths)
         # audio and video
         self.duration = {"audio": Distribution(), "video": Distribution()}
         self.codecs = {"audio": Tally(), "video": Tally()}
@@ -420,6 +474,9 @@ class FieldContent:
         self.json_first_docs: list[tuple[str, str | None]] = []  # the first few documents: (sample, url)
         # labels
         self.labels: Tally = Tally(MAX_CLASSES)
+        self.integer_labels = 0
+        self.other_labels = 0  # not an integer (an empty label included)
+        self.other_label_examples: list[tuple[str, str | None, str]] = []  # (sample, url, label)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"types": dict(self.types.counts.most_common()), "kinds": dict(self.kinds)}
@@ -428,11 +485,13 @@ class FieldContent:
             out["image"] = {
                 "count": k["image"], "formats": self.formats.as_dict(), "extension_mismatch": dict(self.mismatched.counts),
                 "width": self.width.as_dict(), "height": self.height.as_dict(), "modes": self.modes.as_dict(),
-                "channels": self.channels.as_dict(), "undecodable": self.undecodable,
+                "channels": self.channels.as_dict(), "undecodable": self.undecodable, "damaged": self.damaged,
             }
         for kind in ("audio", "video"):
             if k[kind]:
+                seconds = self.duration[kind].total
                 doc: dict[str, Any] = {"count": k[kind], "duration": self.duration[kind].as_dict(),
+                                       "total_seconds": round(seconds, 3), "total_hours": round(seconds / 3600, 4),
                                        "codecs": self.codecs[kind].as_dict()}
                 if kind == "audio":
                     doc.update(sample_rates=self.sample_rates.as_dict(), channels=self.audio_channels.as_dict())
@@ -453,17 +512,22 @@ class FieldContent:
                 "other_keys": self.json_other_keys,
             }
         if k["label"]:
-            out["labels"] = {"count": k["label"], **self.labels.as_dict()}
+            out["labels"] = {"count": k["label"], **self.labels.as_dict(), "integers": self.integer_labels}
         return out
 
 
 class ContentStats:
     """Accumulates what every field holds (see the module docstring); ``add`` takes one member."""
 
-    def __init__(self, probe_media: bool = True) -> None:
+    def __init__(self, probe_media: bool = True, decode: DecodeCheck | None = None,
+                 observer: Observer | None = None) -> None:
+        """``decode``: also decode every image, audio and video field (``tarproc.decode.check``);
+        ``observer``: hears each problem as it is found (see ``Observer``)."""
         self.fields: dict[str, FieldContent] = {}
-        self.problems = {name: Problems() for name in PROBLEMS}
+        self.observer = observer
+        self.problems = {name: Problems(name, observer) for name in PROBLEMS}
         self.media_note: str | None = None  # why audio and video were not probed (no PyAV)
+        self.decode = decode
         self._probe_media = probe_media
         self._probe: Any = None
 
@@ -494,9 +558,13 @@ class ContentStats:
         if claimed is not None or sniffed in IMAGE_TYPES:  # named an image: whatever it holds is one or broken
             fc.kinds["image"] += 1
             self._image(fc, key, field, data, url, sniffed, claimed)
+            if self.decode is not None:
+                self.decode.add(url, key, field, "image", data)
         elif route == "media" or sniffed in MEDIA_TYPES:
             fc.kinds["media"] += 1
             self._media(fc, key, field, data, url)
+            if self.decode is not None:
+                self.decode.add(url, key, field, "media", data)
         elif sniffed == "json":
             fc.kinds["json"] += 1
             self._json(fc, key, field, data, url)
@@ -518,6 +586,15 @@ class ContentStats:
             return
         fc.types.add("text" if text else "empty")
         fc.labels.add(text[:64])
+        if text.isascii() and (text.isdigit() or (text[:1] == "-" and text[1:].isdigit())):
+            fc.integer_labels += 1
+            return
+        # a label that is not an integer: a problem where most labels are (said in finish)
+        fc.other_labels += 1
+        if len(fc.other_label_examples) < EXAMPLES:
+            fc.other_label_examples.append((key, url, text[:64]))
+        if self.observer is not None and fc.integer_labels:
+            self.observer("non_integer_labels", url, key, field, f"label {text[:64]!r}", data)
 
     def _text(self, fc: FieldContent, key: str, field: str, data: Any, url: str | None) -> None:
         try:
@@ -586,16 +663,26 @@ class ContentStats:
                claimed: str | None) -> None:
         if sniffed not in IMAGE_TYPES:
             fc.undecodable += 1
-            self.problems["undecodable_images"].add(key, field, url, f"not an image (the data looks like {sniffed})")
+            self.problems["undecodable_images"].add(key, field, url, f"not an image (the data looks like {sniffed})",
+                                                    data)
             return
         fc.formats.add(sniffed)
         if claimed is not None and claimed != sniffed and {claimed, sniffed} != {"heic", "heif"}:
             fc.mismatched.add(f"{sniffed} named .{field.rsplit('.', 1)[-1]}")
-            self.problems["extension_mismatch"].add(key, field, url, f"{sniffed.upper()} data named .{field}")
-        header = self._read_header(data, sniffed)
+            self.problems["extension_mismatch"].add(key, field, url, f"{sniffed.upper()} data named .{field}", data)
+        # Pillow reads a WebP's header only once the whole file is there: cut short is said first
+        damage = field_damage(sniffed, data) if sniffed == "webp" else None
+        header = self._read_header(data, sniffed) if damage is None else None
         if isinstance(header, str):
             fc.undecodable += 1
-            self.problems["undecodable_images"].add(key, field, url, header)
+            self.problems["undecodable_images"].add(key, field, url, header, data)
+            return
+        if damage is None:
+            damage = field_damage(sniffed, data)
+        if damage is not None:
+            fc.damaged += 1
+            self.problems["damaged_images"].add(key, field, url, damage, data)
+        if header is None:
             return
         width, height, mode, channels = header
         fc.width.add(width)
@@ -653,7 +740,7 @@ class ContentStats:
             return
         except TarprocError as e:  # MediaError: damaged, cut, or not media
             fc.media_undecodable += 1
-            self.problems["undecodable_media"].add(key, field, url, str(e))
+            self.problems["undecodable_media"].add(key, field, url, str(e), data)
             return
         kind = info.kind if info.kind in ("audio", "video") else "audio"
         fc.kinds[kind] += 1
@@ -674,8 +761,26 @@ class ContentStats:
     # -- results --
 
     def finish(self) -> None:
-        """Turn the JSON key counts into the missing-key problem (keys in over half the documents)."""
-        problems = self.problems["json_missing_keys"] = Problems()
+        """Wait for the decode checks; turn the JSON key counts into the missing-key problem (keys in
+        over half the documents), and the label counts into the non-integer one (where most are)."""
+        if self.decode is not None:
+            self.decode.finish()
+            decoded = self.problems["decode_failures"] = Problems("decode_failures")
+            decoded.count = self.decode.failed
+            decoded.examples = [{k: e[k] for k in ("key", "field", "url", "reason", "command")}
+                                for e in self.decode.failures[:EXAMPLES]]
+        labels = self.problems["non_integer_labels"] = Problems("non_integer_labels")
+        for field, fc in sorted(self.fields.items()):
+            if fc.other_labels and fc.integer_labels > fc.other_labels:
+                labels.count += fc.other_labels
+                for key, url, text in fc.other_label_examples:
+                    if len(labels.examples) < EXAMPLES:
+                        labels.examples.append({
+                            "key": key, "field": field, "url": url,
+                            "reason": f"label {text!r} among {plural(fc.integer_labels, 'integer label')}",
+                            "command": tarfirst_command(url, key, field),
+                        })
+        problems = self.problems["json_missing_keys"] = Problems("json_missing_keys")
         for field, fc in sorted(self.fields.items()):
             for name, n in fc.json_keys.most_common():
                 if 2 * n > fc.json_docs and n < fc.json_docs:
@@ -694,11 +799,17 @@ class ContentStats:
         """One line per kind of problem found, with its count (for ``--strict``)."""
         return [f"{PROBLEMS[name]}: {p.count}" for name, p in self.problems.items() if p.count]
 
+    def close(self) -> None:
+        """Stop the decode workers, if any (``finish`` does; this is for an error on the way)."""
+        if self.decode is not None:
+            self.decode.close()
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "fields": {name: fc.as_dict() for name, fc in sorted(self.fields.items())},
             "problems": self.problems_dict(),
             "media_note": self.media_note,
+            "decode": None if self.decode is None else self.decode.as_dict(),
         }
 
 
@@ -717,9 +828,11 @@ def _dist(name: str, d: dict[str, Any], unit: str = "") -> str:
     return f"    {name:<12}min {_num(d['min'])}{unit}  median {median}{unit}  max {_num(d['max'])}{unit}"
 
 
-def _tally(name: str, t: dict[str, Any], shown: int = 8) -> str:
+def _tally(name: str, t: dict[str, Any], shown: int = 8, names: Sequence[str] | None = None) -> str:
+    from .classnames import label_name
+
     counts = list(t["counts"].items())
-    parts = [f"{escape_text(str(k))} ({v})" for k, v in counts[:shown]]
+    parts = [f"{escape_text(label_name(str(k), names))} ({v})" for k, v in counts[:shown]]
     rest = sum(v for _, v in counts[shown:]) + t["other"]
     if rest:
         parts.append(f"others ({rest})")
@@ -739,8 +852,20 @@ def classes(labels: dict[str, Any]) -> str:
     return plural(labels["distinct"], "class", "classes")
 
 
-def format_content(doc: dict[str, Any], samples: int) -> list[str]:
-    """The ``content`` part of the text report: what each field holds."""
+def hours(seconds: float) -> str:
+    """A total duration for people: ``"1.25 h (4500 s)"``, or seconds alone under a minute.
+
+    >>> hours(4500), hours(12.5)
+    ('1.25 h (4500 s)', '12.5 s')
+    """
+    if seconds < 60:
+        return f"{seconds:g} s"
+    return f"{seconds / 3600:.3g} h ({seconds:.0f} s)"
+
+
+def format_content(doc: dict[str, Any], samples: int, names: Sequence[str] | None = None) -> list[str]:
+    """The ``content`` part of the text report: what each field holds (``names``: class names for
+    integer labels, ``tarproc.classnames``)."""
     if not doc["fields"]:
         return []
     lines = ["content"]
@@ -755,12 +880,17 @@ def format_content(doc: dict[str, Any], samples: int) -> list[str]:
             for what, n in im["extension_mismatch"].items():
                 lines.append(f"    {'misnamed':<12}{escape_text(what)}: {n}")
             if im["undecodable"]:
-                lines.append(f"    {'undecodable':<12}{im['undecodable']}")
+                lines.append(f"    {'unreadable':<12}{im['undecodable']} (header unreadable)")
+            if im.get("damaged"):
+                lines.append(f"    {'damaged':<12}{im['damaged']} (cut short: end marker or chunk lengths)")
         for kind in ("audio", "video"):
             if kind in f:
                 m = f[kind]
                 lines.append(f"  {name}: {m['count']} {kind}")
-                lines += [_dist("duration", m["duration"], " s"), _tally("codec", m["codecs"])]
+                lines += [_dist("duration", m["duration"], " s")]
+                if m["duration"].get("count"):
+                    lines.append(f"    {'total':<12}{hours(m['total_seconds'])}")
+                lines.append(_tally("codec", m["codecs"]))
                 if kind == "audio":
                     lines += [_tally("sample rate", m["sample_rates"]), _tally("channels", m["channels"])]
                 else:
@@ -795,11 +925,28 @@ def format_content(doc: dict[str, Any], samples: int) -> list[str]:
         if "labels" in f:
             lb = f["labels"]
             lines.append(f"  {name}: {plural(lb['count'], 'label')}, {classes(lb)}")
-            lines.append(_tally("most", lb, 10))
+            lines.append(_tally("most", lb, 10, names))
     if doc.get("media_note"):
         lines.append(f"  audio and video not probed: {doc['media_note']}")
+    decode = doc.get("decode")
+    if decode is not None:
+        checked = decode["checked"]
+        lines.append(f"  decoded: {plural(checked['image'], 'image')}, {checked['media']} audio/video; "
+                     f"{decode['failed']} failed")
+        if decode["unchecked"]:
+            lines.append(f"  not decoded: {decode['unchecked']} audio/video ({decode['note']})")
     lines.append("")
     return lines
+
+
+def media_hours(doc: dict[str, Any]) -> dict[str, float]:
+    """Total hours of audio and of video over all fields of a content document (kinds with some)."""
+    out: dict[str, float] = {}
+    for f in doc["fields"].values():
+        for kind in ("audio", "video"):
+            if kind in f:
+                out[kind] = out.get(kind, 0.0) + f[kind]["total_seconds"] / 3600
+    return out
 
 
 def format_problems(doc: dict[str, Any]) -> list[str]:
@@ -807,12 +954,24 @@ def format_problems(doc: dict[str, Any]) -> list[str]:
     lines = []
     for name, p in doc["problems"].items():
         lines.append(f"{PROBLEMS[name]}: {p['count']}")
-        for e in p["examples"]:
+        examples = p["examples"]
+        if name == "decode_failures" and doc.get("decode"):  # every one, up to a bound
+            examples = doc["decode"]["failures"][:DECODE_SHOWN]
+        for e in examples:
             lines.append(f"  {escape_text(e['key'])}.{escape_text(e['field'])} in {escape_text(str(e['url']))}: "
                          f"{escape_text(e['reason'])}")
             lines.append(f"    {escape_text(e['command'])}")
+        if name == "decode_failures" and p["count"] > len(examples):
+            lines.append(f"  ... and {p['count'] - len(examples)} more (--json lists up to {decode_listed()})")
     return lines
 
 
-__all__ = ["PROBLEMS", "ContentStats", "Distribution", "FieldContent", "Tally", "classes", "median_of_counts", "plural",
-           "sniff_content", "tarfirst_command"]
+def decode_listed() -> int:
+    """How many decode failures ``--json`` lists one by one."""
+    from .decode.check import MAX_LISTED
+
+    return MAX_LISTED
+
+
+__all__ = ["PROBLEMS", "ContentStats", "Distribution", "FieldContent", "Observer", "Tally", "classes", "field_damage",
+           "hours", "media_hours", "median_of_counts", "plural", "sniff_content", "tarfirst_command"]

@@ -25,11 +25,11 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .content import IMAGE_TYPES, median_of_counts, plural, sniff_content, tarfirst_command
-from .errors import DataWarning, TarprocError, warner
+from .errors import DataWarning, OptionError, TarprocError, warner
 from .samples import field_names, is_metadata_name
 from .sniff import escape_surrogates, escape_text, sniff_type
 from .tar import ReadPolicy, ReadStats, iter_keyed_members
@@ -37,6 +37,8 @@ from .tar.policy import TAR_FIELDS, policy_with_keywords
 
 if TYPE_CHECKING:  # json and random are imported where used: tarshow starts without them
     import random
+
+    from .content import Observer
 
 DEFAULT_WIDTH = 60
 RESERVOIR = 10_000  # sizes kept per field for its median once it has too many distinct sizes
@@ -316,7 +318,12 @@ class Summary:
     (3, 3, {'jpg': {'count': 1, 'examples': ['c'], 'command': 'tarfirst x.tar --key c -f cls'}})
     """
 
-    def __init__(self, seed: int = 0, content: bool = True) -> None:
+    def __init__(self, seed: int = 0, content: bool = True, decode: int | None = None,
+                 observer: Observer | None = None) -> None:
+        """``content``: what the fields hold too (else byte sizes only); ``decode``: decode every
+        image, audio and video field in that many processes (``tarproc.decode.check``; needs
+        ``content``); ``observer``: hears each problem of a sample as it is found (the report's
+        problem cards)."""
         import random
 
         from .content import ContentStats
@@ -336,7 +343,19 @@ class Summary:
         self.stopped_early = False
         self._rng = random.Random(seed)
         # what the fields hold (image sizes, text lengths, JSON keys...); None: byte sizes only
-        self.content: ContentStats | None = ContentStats() if content else None
+        checker = None
+        if decode is not None:
+            if not content:
+                raise OptionError("decoding the fields needs the content statistics (content=True)")
+            from .decode.check import DecodeCheck
+
+            def failed(url: str | None, key: str, field: str, reason: str, data: bytes) -> None:
+                if observer is not None:
+                    observer("decode_failures", url, key, field, reason, data)
+
+            checker = DecodeCheck(decode, failed)
+        self.content: ContentStats | None = ContentStats(decode=checker, observer=observer) if content else None
+        self.observer = observer
         self._want_examples: set[str] = set()  # fields still collecting examples of samples lacking them
         self._want_names: set[str] = set()  # surprising fields still collecting example names
         # the sample being read
@@ -352,6 +371,8 @@ class Summary:
         self.samples += 1
         if self._want_examples and len(self._sample_fields) < len(self.fields):
             self._note_missing(self._key, self._sample_fields)
+        if self.observer is not None and len(self._sample_fields) < len(self.fields):
+            self._observe_missing(self._key, self._sample_fields)
         self._key = ""
         self._sample_fields = {}
 
@@ -365,6 +386,14 @@ class Summary:
                 examples.append(key)
                 if len(examples) >= EXAMPLES:
                     self._want_examples.discard(name)
+
+    def _observe_missing(self, key: str, have: dict[str, int]) -> None:
+        """Tell the observer of the fields seen so far that this sample lacks (a problem if most
+        samples have them: the report checks at the end)."""
+        assert self.observer is not None
+        for name in self.fields:
+            if name not in have:
+                self.observer("missing", self._url, key, name, f"no {name} field", None)
 
     def _new_field(self, key: str, field: str) -> FieldStats | None:
         if len(self.fields) >= MAX_FIELDS:
@@ -396,6 +425,9 @@ class Summary:
         With ``count``, stop before the sample that would make ``self.samples`` exceed it
         (``stopped_early`` is then set).
         """
+        if count == 0:  # none asked for (-c 0): stopped before the first, even in an empty shard
+            self.stopped_early = True
+            return
         stats = self.stats
         fields = self.fields
         self._url = url
@@ -410,6 +442,7 @@ class Summary:
         samples = self.samples
         limit = count if count is not None else -1
         content_add = self.content.add if self.content is not None else None
+        observe = self.observer is not None
         try:
             for key, field, data, offset in members:
                 if key != cur_key:
@@ -425,6 +458,8 @@ class Summary:
                         samples += 1
                         if want_examples and len(have) < len(fields):
                             self._note_missing(cur_key, have)
+                        if observe and len(have) < len(fields):
+                            self._observe_missing(cur_key, have)
                         if not samples % FLUSH_EVERY:
                             self._flush()
                         cur_key, have = "", {}
@@ -513,6 +548,11 @@ class Summary:
         if self.content is not None:
             self.content.finish()
 
+    def close(self) -> None:
+        """Stop the decode workers if any are left (after an error; ``finish`` stops them too)."""
+        if self.content is not None:
+            self.content.close()
+
     # -- results --
 
     def missing(self) -> dict[str, dict[str, Any]]:
@@ -580,8 +620,9 @@ class Summary:
         """One line per kind of problem the report lists (empty when it says "no problems found")."""
         return self.as_dict()["problems"]
 
-    def format_text(self, d: dict[str, Any] | None = None) -> str:
-        """A readable report (of ``d``, this summary's ``as_dict()``, when the caller has it)."""
+    def format_text(self, d: dict[str, Any] | None = None, names: Sequence[str] | None = None) -> str:
+        """A readable report (of ``d``, this summary's ``as_dict()``, when the caller has it;
+        ``names``: class names for integer labels, ``tarproc.classnames``)."""
         d = self.as_dict() if d is None else d
         lines = [
             f"shards      {d['shards']}" + (f" ({d['shards_failed']} failed)" if d["shards_failed"] else ""),
@@ -604,7 +645,7 @@ class Summary:
         if d.get("content"):
             from .content import format_content
 
-            lines.extend(format_content(d["content"], d["samples"]))
+            lines.extend(format_content(d["content"], d["samples"], names))
 
         def examples(items: Iterable[Any]) -> str:
             shown = ", ".join(escape_text(repr(x)) if isinstance(x, str) else x for x in items)
@@ -618,6 +659,8 @@ class Summary:
             """The tarfirst command that pulls the first example out, under its line."""
             return [] if command is None else [f"    {escape_text(command)}"]
 
+        if no_samples(d):
+            problem(f"{NO_SAMPLES} (an empty tar, or members that are no sample: metadata, names without a key)")
         missing = d["missing"]
         if missing:
             problem("samples missing a field most samples have:", (
@@ -673,6 +716,14 @@ class Summary:
         return "\n".join(lines)
 
 
+NO_SAMPLES = "no samples: the input holds no sample"
+
+
+def no_samples(d: dict[str, Any]) -> bool:
+    """Whether a summary document read no sample at all (not for ``-c 0``: that asks for none)."""
+    return not d["samples"] and not d["stopped_early"]
+
+
 def _problems(d: dict[str, Any]) -> list[str]:
     """The kinds of problem a summary document lists, one line each with its count (``--strict``)."""
 
@@ -682,6 +733,8 @@ def _problems(d: dict[str, Any]) -> list[str]:
         return ", ".join(shown) + (f" and {more} more" if more else "")
 
     out = []
+    if no_samples(d):
+        out.append(NO_SAMPLES)
     if d["missing"]:
         out.append(f"samples missing a field most samples have ({some({k: m['count'] for k, m in d['missing'].items()})})")
     if d["rare_fields"]:

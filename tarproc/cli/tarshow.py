@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from .. import sinks
+from ..classnames import class_names_beside, read_class_names
 from ..content import plural
 from ..errors import OptionError, SinkError, TarprocError
 from ..fieldspec import legacy_note, parse_specs
@@ -43,6 +44,7 @@ from ..sniff import escape_text
 from ..stages import SELECT_SPECS, field_pairs, slice_samples
 from ..tar import ReadStats
 from .common import (
+    MAX_PROCESSES,
     Finite,
     ReadOptions,
     TarprocCommand,
@@ -63,9 +65,12 @@ Examples:
   tarshow train-0000.tar --json | jq -r 'select(.fields.cls.preview == "3") | .__key__'
   tarshow 'train-{0000..0147}.tar' --summary          # counts, sizes, and what looks wrong
   tarshow 'train-{0000..0147}.tar' --summary --strict -q > lint.txt   # CI: exit 1 on problems
+  tarshow 'train-{0000..0147}.tar' --summary --decode -p 8    # decode all fields: list failures
+  tarshow train-0000.tar --summary --classes classes.txt    # class names beside the labels
   tarshow train-0000.tar --grid sheet.png -c 36       # contact sheet: 36 captioned thumbnails
   tarshow train-0000.tar --view -c 10 -d 1            # images in the terminal, one a second
   tarshow 'train-{0000..0009}.tar' --report report.html --sample 48 --seed 1   # one HTML file
+  tarshow 'train-{0000..0009}.tar' --report report.html --decode -p 4   # with decode failures
   tarshow 'train-{0000..0147}.tar' --serve            # browse at http://127.0.0.1:8000/
 
 \b
@@ -76,15 +81,26 @@ JSON output is UTF-8 even for names that are not (koi8-r, cp866...): a byte 0xNN
 UTF-8 is written as the escape \\udcNN (Python's surrogateescape, so reversible: in Python,
 json.loads(line)[...].encode("utf-8", "surrogateescape") gives the original bytes back).
 --summary --strict exits with status 1 when the report lists problems (--json: its "problems"),
-naming them on stderr. --summary and --report also say what the fields hold, read from headers
-(no pixel decoded): image formats (and extensions that lie), sizes and modes; audio and video
-duration, rate, channels, fps and codec (PyAV: pip install 'tarproc[media]'; WAV without it);
-text lengths, empty and non-UTF-8 text; JSON key coverage and value types; the classes of cls and
-label fields. Each problem names the tarfirst command that pulls the sample out. --bytes-only
-leaves all that out (sizes and names only, the fastest).
+naming them on stderr; an input with no sample at all is a problem too. --summary and --report
+also say what the fields hold, read from headers (no pixel decoded): image formats (and
+extensions that lie), sizes and modes, and images cut short (a JPEG without its end marker, a
+PNG or WebP whose chunks run past the end); audio and video duration (and the total hours),
+rate, channels, fps and codec (PyAV: pip install 'tarproc[media]'; WAV without it); text
+lengths, empty and non-UTF-8 text; JSON key coverage and value types; the classes of cls and
+label fields, and labels that are not integers where the others are. Each problem names the
+tarfirst command that pulls the sample out. --bytes-only leaves all that out (sizes and names
+only, the fastest).
+--decode (with --summary or --report) also decodes every image (libjpeg-turbo, strictly:
+"Corrupt JPEG data" is a failure; Pillow for other formats), audio and video field (PyAV) in -p
+processes, and lists every one that fails with its tarfirst command (--json: the first 1000,
+and the count). The result is the same for any -p.
+Class names: --classes FILE (one name a line, line i naming label i, as tarcreate --classes
+writes it), or else a classes.txt beside the first local shard, shows "3 (golden_retriever)"
+for label 3 in --summary, --report and --serve.
 --report writes one self-contained HTML file (no request to any other host; open it from disk or
-mail it): the summary as tables and charts, the problems, and --sample samples chosen at random
-(--seed) as cards with thumbnails, audio players, video poster frames, text, labels and JSON.
+mail it): the problems first, with a card for each sample that has one (up to 24), then the
+summary as tables and charts, and --sample samples chosen at random (--seed) as cards with
+thumbnails, audio players, video poster frames, text, labels and JSON.
 --serve starts a read-only web viewer of the inputs (paths or URLs, not stdin) on --host:--port
 until Ctrl-C; --host other than 127.0.0.1/localhost/::1 makes it reachable from other machines.
 --view picks kitty, iTerm2 or sixel graphics from $TERM, $TERM_PROGRAM and $KITTY_WINDOW_ID, and
@@ -118,6 +134,12 @@ colour half blocks elsewhere; --view-protocol overrides it.
 @shared_option("--force", is_flag=True, help="Write --grid - even when stdout is a terminal.")
 @click.option("--bytes-only", is_flag=True,
               help="--summary/--report: sizes and names only, no content statistics (faster).")
+@shared_option("--decode", "decode", is_flag=True,
+               help="--summary/--report: also decode every image, audio and video field; list each failure.")
+@shared_option("-p", "--processes", "processes", type=number(1, MAX_PROCESSES), default=1, show_default=True,
+               help="--decode: decoding processes.")
+@shared_option("--classes", "classes", metavar="FILE", default=None,
+               help="Class names, one a line (line i: label i) [default: classes.txt beside the first shard].")
 @click.option("--report", metavar="PATH", help="Write a self-contained HTML report: summary, charts, problems, "
                                                "sample cards.")
 @click.option("--sample", "sample_size", type=number(0), default=None, metavar="N",
@@ -147,6 +169,9 @@ def main(
     delay: float,
     force: bool,
     bytes_only: bool,
+    decode: bool,
+    processes: int,
+    classes: str | None,
     report: str | None,
     sample_size: int | None,
     seed: int | None,
@@ -177,6 +202,14 @@ def main(
         raise OptionError("--columns and --thumb have no effect without --grid")
     if strict and not summary:
         raise OptionError("--strict works with --summary only")
+    if decode and not (summary or report is not None):
+        raise OptionError("--decode works with --summary and --report only")
+    if decode and bytes_only:
+        raise OptionError("--decode reads the fields' content: it cannot be used with --bytes-only")
+    if processes != 1 and not decode:
+        raise OptionError("-p sets the decoding processes of --decode: use it with --decode")
+    if classes is not None and not (summary or report is not None or serve):
+        raise OptionError("--classes works with --summary, --report and --serve only")
     spec = None
     if fields is not None:
         specs = parse_specs(fields, dataclasses.replace(SELECT_SPECS, what="tarshow -f"))
@@ -187,34 +220,80 @@ def main(
     if summary or report is not None:
         if spec is not None or skip:
             raise OptionError(f"{modes[0]} reads every field of every sample: -f and --skip have no effect")
+    names = read_class_names(classes) if classes is not None else None  # a bad file: one line, before any read
+    decode_in = processes if decode else None
     if summary:
-        _summary(reading, quiet, count, as_json, strict, not bytes_only)
+        names = names if names is not None else class_names_beside(reading.urls)
+        _summary(reading, quiet, count, as_json, strict, not bytes_only, decode_in, names)
         return
     if report is not None:
-        _report(reading, quiet, count, report, sample_size, 0 if seed is None else seed, not bytes_only)
+        names = names if names is not None else class_names_beside(reading.urls)
+        _report(reading, quiet, count, report, sample_size, 0 if seed is None else seed, not bytes_only, decode_in,
+                names)
         return
     if serve:
         if spec is not None or skip or count is not None:
             raise OptionError("--serve shows every sample: -f, --skip and -c have no effect")
-        _serve(reading, host, port, quiet)
+        _serve(reading, host, port, quiet, names)
         return
 
     stats = ReadStats()
     source = reading.samples(stats)
+    watch = FieldWatch(spec)
     with contextlib.closing(source):
         samples: Iterator[Sample] = iter(source)
         if skip:
             samples = slice_samples(samples, skip, None)
-        if grid is not None:
-            _grid(samples, grid, spec, 16 if count is None else count, columns, thumb, force, quiet)
-            return
-        if count is not None:
-            samples = slice_samples(samples, 0, count)
-        if view:
-            protocol = detect_protocol(os.environ) if view_protocol == "auto" else view_protocol
-            _view(samples, spec, width, protocol, delay)
-        else:
-            _previews(samples, spec, width, as_json, delay)
+        if spec is not None:
+            samples = watch.watch(samples)
+        try:
+            if grid is not None:
+                _grid(samples, grid, spec, 16 if count is None else count, columns, thumb, force, quiet)
+                return
+            if count is not None:
+                samples = slice_samples(samples, 0, count)
+            if view:
+                protocol = detect_protocol(os.environ) if view_protocol == "auto" else view_protocol
+                _view(samples, spec, width, protocol, delay)
+            else:
+                _previews(samples, spec, width, as_json, delay)
+        finally:
+            for line in watch.unmatched():
+                warn(line)
+
+
+class FieldWatch:
+    """Which entries of ``-f`` no sample shown had: a misspelt field (``-f jgp``) would otherwise
+    show nothing and exit 0. Said on stderr at the end, as tar2tsv does for its columns."""
+
+    MAX_SEEN = 50  # field names kept to name in the warning
+
+    def __init__(self, spec: list[tuple[str, list[str]]] | None) -> None:
+        self.spec = spec or []
+        self.missing = {name: alternatives for name, alternatives in self.spec}
+        self.seen: set[str] = set()
+        self.samples = 0
+
+    def watch(self, samples: Iterator[Sample]) -> Iterator[Sample]:
+        missing, seen = self.missing, self.seen
+        for sample in samples:
+            self.samples += 1
+            if missing:
+                for name, alternatives in list(missing.items()):
+                    if any(alt in sample for alt in alternatives):
+                        del missing[name]
+                if len(seen) < self.MAX_SEEN:
+                    seen.update(k for k in sample if not k.startswith("__"))
+            yield sample
+
+    def unmatched(self) -> list[str]:
+        """One warning line per ``-f`` entry that no sample had (none when no sample was read)."""
+        if not self.samples:
+            return []
+        fields = ", ".join(escape_text(name) for name in sorted(self.seen)) or "none"
+        return [f"-f {escape_text(';'.join(alternatives))!r}: no sample has that field "
+                f"(in {plural(self.samples, 'sample')} read; their fields: {fields})"
+                for alternatives in self.missing.values()]
 
 
 def _previews(samples: Iterator[Sample], spec: Any, width: int, as_json: bool, delay: float) -> None:
@@ -311,8 +390,9 @@ def _write_json(out: Any, doc: Any) -> None:
         buffer.write(line)
 
 
-def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool, strict: bool, content: bool) -> None:
-    acc = Summary(content=content)
+def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool, strict: bool, content: bool,
+             decode: int | None, names: list[str] | None) -> None:
+    acc = Summary(content=content, decode=decode)
 
     def report() -> dict[str, Any]:
         out = sys.stdout
@@ -320,7 +400,7 @@ def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool
         if as_json:
             _write_json(out, doc)
         else:
-            out.write(acc.format_text(doc) + "\n")
+            out.write(acc.format_text(doc, names) + "\n")
         out.flush()
         return doc
 
@@ -334,13 +414,18 @@ def _summary(reading: ReadOptions, quiet: bool, count: int | None, as_json: bool
     except TarprocError:
         report()  # what was read up to the damage; the error itself goes to stderr (exit 1)
         raise
+    finally:
+        acc.close()  # the decode workers, if any (Ctrl-C included)
+    note = acc.content.decode.note if acc.content is not None and acc.content.decode is not None else None
+    if note:  # once, not per field
+        warn(f"--decode: audio and video not decoded: {note}")
     doc = report()
     if strict and doc["problems"]:  # field names come from the data: no control characters to the terminal
         raise LintError([escape_text(problem) for problem in doc["problems"]])
 
 
 def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sample_size: int | None, seed: int,
-            content: bool) -> None:
+            content: bool, decode: int | None, names: list[str] | None) -> None:
     from ..view.report import DEFAULT_SAMPLE, write_report  # the report's room: only for --report
 
     def wrap(members: Any) -> Any:
@@ -351,7 +436,10 @@ def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sam
 
     sample = DEFAULT_SAMPLE if sample_size is None else sample_size
     info = write_report(reading.urls, path, sample=sample, seed=seed, count=count, content=content,
-                        on_error=reading.on_error, wrap=wrap, wrap_cards=wrap_cards, policy=reading.policy)
+                        on_error=reading.on_error, wrap=wrap, wrap_cards=wrap_cards, policy=reading.policy,
+                        decode=decode, classes=names)
+    if info.decode_note:  # once, not per field
+        warn(f"--decode: audio and video not decoded: {info.decode_note}")
     if not quiet:
         problems = f", {plural(len(info.problems), 'kind')} of problem" if info.problems else ", no problems found"
         where = "the report to stdout" if path == "-" else path
@@ -359,12 +447,13 @@ def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sam
             f" ({info.bytes / 1e6:.1f} MB)")
 
 
-def _serve(reading: ReadOptions, host: str, port: int, quiet: bool) -> None:
+def _serve(reading: ReadOptions, host: str, port: int, quiet: bool, names: list[str] | None) -> None:
     # the server checks the inputs (files or URLs, not stdin), warns about a host that is not
-    # loopback, prints its URL on stderr and blocks until Ctrl-C
+    # loopback, prints its URL on stderr and blocks until Ctrl-C; without --classes it looks for a
+    # classes.txt beside the shards itself
     from ..view.server import serve  # the viewer's web stack: only for --serve
 
-    serve(list(reading.urls), host, port, quiet)
+    serve(list(reading.urls), host, port, quiet, classes=names)
 
 
 if __name__ == "__main__":  # pragma: no cover

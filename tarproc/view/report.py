@@ -26,11 +26,23 @@ import json
 import math
 import random
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..content import IMAGE_TYPES, PROBLEMS, Distribution, classes, other_keys, plural, sniff_content
+from ..classnames import label_name
+from ..content import (
+    IMAGE_TYPES,
+    PROBLEMS,
+    Distribution,
+    classes,
+    hours,
+    media_hours,
+    other_keys,
+    plural,
+    sniff_content,
+)
 from ..errors import DataWarning, MissingDependencyError, OptionError, TarprocError, warner
 from ..imaging import PILLOW_MODULES
 from ..samples import is_metadata_name
@@ -46,6 +58,10 @@ MAX_KEPT_TOTAL = 512 << 20  # nor one that would take the fields of all the chos
 MAX_TEXT = 2000  # characters of a text field shown on a card
 MAX_JSON = 4000
 MAX_CHART_BARS = 20
+MAX_PROBLEM_CARDS = 24  # cards of samples with a problem; the rest are counted
+MAX_DECODE_LISTED = 200  # decode failures listed on the page (tarshow --summary --decode --json lists more)
+RECENT_SAMPLES = 64  # samples kept after they end: some problems are known only then (a missing field)
+RECENT_BYTES = 64 << 20
 
 
 @dataclass
@@ -57,6 +73,8 @@ class ReportInfo:
     cards: int
     bytes: int
     problems: list[str]
+    decode_note: str | None = None  # why some fields were not decoded (--decode without PyAV)
+    problem_cards: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,6 +158,82 @@ class SampleReservoir:
     def samples(self) -> list[dict[str, Any]]:
         """The chosen samples in the order they came."""
         return [s for _, s in sorted(self.chosen, key=lambda x: x[0])]
+
+
+class ProblemSamples:
+    """The samples that have a problem, kept for their cards: the summary tells ``note`` of each
+    problem as it finds it (``tarproc.content.Observer``), and the sample is kept if it is the one
+    being read or one of the ``RECENT_SAMPLES`` before it (a decode verdict can come later: then
+    the card has the failing field alone). At most ``2 * limit`` are kept, some of which the end
+    of the pass may not confirm (a label that is not an integer where most are not either)."""
+
+    def __init__(self, limit: int = MAX_PROBLEM_CARDS) -> None:
+        self.limit = limit
+        self.kept: dict[tuple[str | None, str], tuple[dict[str, Any], list[tuple[str, str, str]]]] = {}
+        self.more: set[tuple[str | None, str]] = set()  # samples with problems past the ones kept (counted)
+        self._current: dict[str, Any] | None = None
+        self._recent: deque[dict[str, Any]] = deque()
+        self._recent_bytes = 0
+        self._by_key: dict[tuple[str | None, str], dict[str, Any]] = {}
+
+    def watch(self, members: Iterable[tuple[str | None, str, Any, int]], url: str | None) -> Iterator[Any]:
+        """Pass ``(key, field, data, offset)`` members through, holding the recent samples' fields."""
+        for member in members:
+            key, field = member[0], member[1]
+            if key is not None and field[:2] != "__" and not (key[0] == "_" and is_metadata_name(f"{key}.{field}")):
+                current = self._current
+                if current is None or key != current["__key__"] or url != current["__url__"]:
+                    current = self._start(key, url)
+                if field not in current:
+                    data = member[2]
+                    size = len(data)
+                    current[field] = (data if type(data) is bytes else bytes(data)) if size <= MAX_KEEP else TooBig(size)
+                    current["__bytes__"] += size if size <= MAX_KEEP else 0
+            yield member
+
+    def _start(self, key: str, url: str | None) -> dict[str, Any]:
+        done = self._current
+        if done is not None:
+            self._recent.append(done)
+            self._recent_bytes += done["__bytes__"]
+            while self._recent and (len(self._recent) > RECENT_SAMPLES or self._recent_bytes > RECENT_BYTES):
+                old = self._recent.popleft()
+                self._recent_bytes -= old["__bytes__"]
+                self._by_key.pop((old["__url__"], old["__key__"]), None)
+        sample: dict[str, Any] = {"__key__": key, "__url__": url, "__bytes__": 0}
+        self._current = self._by_key[(url, key)] = sample
+        return sample
+
+    def note(self, kind: str, url: str | None, key: str, field: str, reason: str, data: Any) -> None:
+        """A problem of kind ``kind`` (a key of ``PROBLEMS``, or ``missing``) in ``key.field``."""
+        entry = self.kept.get((url, key))
+        if entry is None:
+            if len(self.kept) >= 2 * self.limit:
+                if len(self.more) < 1_000_000:
+                    self.more.add((url, key))
+                return
+            sample = self._by_key.get((url, key))
+            if sample is None:  # gone by now: the failing field alone
+                sample = {"__key__": key, "__url__": url, "__bytes__": 0}
+                if data is not None and len(data) <= MAX_KEEP:
+                    sample[field] = bytes(data)
+            entry = self.kept[(url, key)] = (sample, [])
+        entry[1].append((kind, field, reason))
+
+    def cards(self, d: dict[str, Any]) -> tuple[list[tuple[dict[str, Any], list[tuple[str, str, str]]]], int]:
+        """The samples whose problems the summary document ``d`` confirms, at most ``limit``, and how
+        many more samples have problems."""
+        content = (d.get("content") or {}).get("problems", {})
+
+        def confirmed(kind: str, field: str) -> bool:
+            return field in d["missing"] if kind == "missing" else kind in content
+
+        chosen = []
+        for sample, problems in self.kept.values():
+            problems = [p for p in problems if confirmed(p[0], p[1])]
+            if problems:
+                chosen.append((sample, problems))
+        return chosen[:self.limit], len(chosen[self.limit:]) + len(self.more)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,14 +360,16 @@ class _Page:
 def _overview(page: _Page, d: dict[str, Any], urls: list[str]) -> None:
     problems = (f'<a class="problem" href="#problems">{_esc(plural(len(d["problems"]), "kind"))} of problem</a>'
                 if d["problems"] else '<span class="ok">no problems found</span>')
+    durations = media_hours(d["content"]) if d.get("content") else {}
+    media = "".join(f" · {_esc(hours(h * 3600))} of {kind}" for kind, h in durations.items())
     page.add(f"<p>{_esc(plural(d['samples'], 'sample'))} in {_esc(plural(d['shards'], 'shard'))} · "
-             f"{_esc(plural(d['members'], 'member'))} · {_esc(_size(d['bytes']))} · {problems}"
+             f"{_esc(plural(d['members'], 'member'))} · {_esc(_size(d['bytes']))}{media} · {problems}"
              + (" (stopped at -c)" if d["stopped_early"] else "") + "</p>")
     shown = urls[:20]
     page.add("<p class=note>inputs: " + ", ".join(f"<code>{_esc(u)}</code>" for u in shown)
              + (f" and {len(urls) - len(shown)} more" if len(urls) > len(shown) else "")
-             + ' · <a href="#samples">samples</a> · <a href="#fields">fields</a> · <a href="#content">content</a>'
-             ' · <a href="#problems">problems</a></p>')
+             + ' · <a href="#problems">problems</a> · <a href="#samples">samples</a> · <a href="#fields">fields</a>'
+             ' · <a href="#content">content</a></p>')
 
 
 def _size(n: int) -> str:
@@ -303,7 +399,7 @@ def _tally_rows(t: dict[str, Any]) -> list[tuple[str, int]]:
     return items
 
 
-def _content(page: _Page, content: dict[str, Any]) -> None:
+def _content(page: _Page, content: dict[str, Any], names: Sequence[str] | None = None) -> None:
     if not content["fields"]:
         return
     page.add('<h2 id="content">Content</h2>')
@@ -320,13 +416,15 @@ def _content(page: _Page, content: dict[str, Any]) -> None:
                 ["modes", ", ".join(f"{k} {v}" for k, v in _tally_rows(im["modes"]))],
                 ["channels", ", ".join(f"{k} {v}" for k, v in _tally_rows(im["channels"]))],
                 ["misnamed", ", ".join(f"{k}: {v}" for k, v in im["extension_mismatch"].items()) or "none"],
-                ["undecodable", im["undecodable"]],
+                ["header unreadable", im["undecodable"]],
+                ["cut short or damaged", im.get("damaged", 0)],
             ])
             charts += [_hist(im["width"], f"{name}: width", " px"), _hist(im["height"], f"{name}: height", " px")]
         for kind in ("audio", "video"):
             if kind in f:
                 m = f[kind]
-                rows = [["codecs", ", ".join(f"{k} {v}" for k, v in _tally_rows(m["codecs"]))]]
+                rows = [["codecs", ", ".join(f"{k} {v}" for k, v in _tally_rows(m["codecs"]))],
+                        ["total duration", hours(m["total_seconds"])]]
                 if kind == "audio":
                     rows += [["sample rates", ", ".join(f"{k} {v}" for k, v in _tally_rows(m["sample_rates"]))],
                              ["channels", ", ".join(f"{k} {v}" for k, v in _tally_rows(m["channels"]))]]
@@ -359,13 +457,16 @@ def _content(page: _Page, content: dict[str, Any]) -> None:
         if "labels" in f:
             lb = f["labels"]
             page.add(f"<p>{_esc(plural(lb['count'], 'label'))}, {_esc(classes(lb))}</p>")
-            charts.append(svg_bars(_tally_rows(lb), f"{name}: most frequent classes", lb["count"]))
+            bars = [(label_name(k, names), n) for k, n in _tally_rows(lb)]
+            charts.append(svg_bars(bars, f"{name}: most frequent classes", lb["count"]))
         page.add(*[c for c in charts if c], "</div>")
     if content.get("media_note"):
         page.add(f"<p class=note>audio and video not probed: {_esc(content['media_note'])}</p>")
 
 
-def _problems(page: _Page, d: dict[str, Any], text: str) -> None:
+def _problems(page: _Page, d: dict[str, Any], cards: list[str], more: int) -> None:
+    """The problems, first on the page: each kind with its examples and their tarfirst commands
+    (every decode failure, up to ``MAX_DECODE_LISTED``), then a card for each sample that has one."""
     page.add('<h2 id="problems">Problems</h2>')
     if not d["problems"]:
         page.add('<p class="ok">no problems found</p>')
@@ -373,13 +474,22 @@ def _problems(page: _Page, d: dict[str, Any], text: str) -> None:
         page.add("<ul>" + "".join(f'<li class="problem">{_esc(p)}</li>' for p in d["problems"]) + "</ul>")
     content = d.get("content") or {}
     for name, p in content.get("problems", {}).items():
+        examples = p["examples"]
+        if name == "decode_failures" and content.get("decode"):
+            examples = content["decode"]["failures"][:MAX_DECODE_LISTED]
         page.add(f"<h3>{_esc(PROBLEMS[name])}: {p['count']}</h3><ul>")
-        for e in p["examples"]:
+        for e in examples:
             page.add(f"<li><code>{_esc(e['key'])}.{_esc(e['field'])}</code> in <code>{_esc(e['url'])}</code>: "
                      f"{_esc(e['reason'])}<br><code>{_esc(e['command'])}</code></li>")
         page.add("</ul>")
-    page.add(f"<details><summary>the summary as text (<code>tarshow --summary</code>)</summary><pre>{_esc(text)}</pre>"
-             "</details>")
+        if p["count"] > len(examples):
+            page.add(f"<p class=note>and {p['count'] - len(examples)} more"
+                     + (" (tarshow --summary --decode --json lists them)" if name == "decode_failures" else "")
+                     + "</p>")
+    if cards:
+        page.add('<h3 id="problem-samples">Samples with problems</h3><div class="cards">', *cards, "</div>")
+    if more:
+        page.add(f"<p class=note>{_esc(plural(more, 'more sample'))} with problems not shown as cards</p>")
 
 
 def _data_uri(mime: str, data: bytes) -> str:
@@ -396,14 +506,21 @@ def _img_tag(img: Any, alt: str) -> str:
     return f'<img src="{_jpeg_uri(img)}" width="{img.width}" height="{img.height}" alt="{_esc(alt)}">'
 
 
-def _card(sample: dict[str, Any], thumb: int) -> str:
-    from ..content import LABEL_FIELDS
+def _card(sample: dict[str, Any], thumb: int, names: Sequence[str] | None = None,
+          problems: list[tuple[str, str, str]] | None = None) -> str:
+    """One sample as a card; ``problems``: ``(kind, field, reason)`` said at its top, each with the
+    tarfirst command of its field."""
+    from ..content import LABEL_FIELDS, tarfirst_command
     from ..imaging import decode_image
     from ..sniff import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
 
     key = str(sample["__key__"])
     out = [f'<div class="card"><div class="key" title="{_esc(sample["__url__"])}">{_esc(key)}</div>']
-    for name in sorted((k for k in sample if not k.startswith("__")), key=lambda k: (_card_order(k, sample[k]), k)):
+    for _kind, field, reason in problems or []:
+        command = tarfirst_command(sample["__url__"], key, field)
+        out.append(f'<div class="problem">{_esc(field)}: {_esc(reason)}<br><code>{_esc(command)}</code></div>')
+    fields = (k for k in sample if not k.startswith("__"))
+    for name in sorted(fields, key=lambda k: (_card_order(k, sample[k]), k)):
         data: bytes = sample[name]
         if isinstance(data, TooBig):
             out.append(f'<div class="field"><span class="name">{_esc(name)} · {int(data):,} B</span><br>'
@@ -422,7 +539,7 @@ def _card(sample: dict[str, Any], thumb: int) -> str:
         elif ext in VIDEO_EXTENSIONS or kind in ("mp4", "matroska", "avi"):
             body = _video(data, ext, thumb, f"{key}.{name}")
         elif name in LABEL_FIELDS or ext in LABEL_FIELDS:
-            body = f'<span class="label">{_esc(_text(data, 200))}</span>'
+            body = f'<span class="label">{_esc(label_name(_text(data, 200), names))}</span>'
         elif kind == "json":
             body = f"<pre>{_esc(_json(data))}</pre>"
         elif kind in ("text", "empty"):
@@ -522,9 +639,11 @@ def _video(data: bytes, ext: str, thumb: int, alt: str) -> str:
 
 def render_html(acc: Summary, samples: list[dict[str, Any]], urls: list[str], title: str, thumb: int = THUMB,
                 wrap: Callable[[Iterable[dict[str, Any]]], Iterable[dict[str, Any]]] | None = None,
-                seed: int | None = None) -> str:
+                seed: int | None = None, problem_samples: ProblemSamples | None = None,
+                names: Sequence[str] | None = None) -> str:
     """The whole page for a finished summary and the chosen samples (``wrap``: a progress bar;
-    ``seed``: the seed that chose them, to say so)."""
+    ``seed``: the seed that chose them, to say so; ``problem_samples``: the samples with problems,
+    shown as cards with the problems; ``names``: class names for integer labels)."""
     from .. import __version__
 
     d = acc.as_dict()
@@ -534,20 +653,24 @@ def render_html(acc: Summary, samples: list[dict[str, Any]], urls: list[str], ti
              f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{_esc(title)}</h1><p class=note>tarshow --report (tarproc {_esc(__version__)})</p>")
     _overview(page, d, urls)
-    chosen = "all of them" if len(samples) == d["samples"] else (
-        "chosen at random" + (f" (seed {seed})" if seed is not None else ""))
-    page.add(f'<h2 id="samples">Samples</h2><p class=note>{len(samples)} of {d["samples"]} samples, {chosen}</p>'
-             "<div class=cards>")
     with warnings.catch_warnings():
         # a damaged field is said on its card: nothing from Pillow on stderr (the reader's warnings still are)
         warnings.filterwarnings("ignore", module=PILLOW_MODULES)
+        chosen_problems, more = problem_samples.cards(d) if problem_samples is not None else ([], 0)
+        _problems(page, d, [_card(sample, thumb, names, problems) for sample, problems in chosen_problems], more)
+        chosen = "all of them" if len(samples) == d["samples"] else (
+            "chosen at random" + (f" (seed {seed})" if seed is not None else ""))
+        page.add(f'<h2 id="samples">Samples</h2><p class=note>{len(samples)} of {d["samples"]} samples, {chosen}</p>'
+                 "<div class=cards>")
         for sample in (wrap(samples) if wrap else samples):
-            page.add(_card(sample, thumb))
+            page.add(_card(sample, thumb, names))
     page.add("</div>")
     _fields(page, d, acc)
     if d.get("content"):
-        _content(page, d["content"])
-    _problems(page, d, acc.format_text(d))
+        _content(page, d["content"], names)
+    text = acc.format_text(d, names)
+    page.add(f"<details><summary>the summary as text (<code>tarshow --summary</code>)</summary><pre>{_esc(text)}</pre>"
+             "</details>")
     page.add("</body></html>\n")
     return "".join(page.parts)
 
@@ -566,43 +689,61 @@ def write_report(
     wrap_cards: Callable[[Iterable[dict[str, Any]]], Iterable[dict[str, Any]]] | None = None,
     thumb: int = THUMB,
     title: str | None = None,
+    decode: int | None = None,
+    classes: Sequence[str] | None = None,
     **tar: Any,
 ) -> ReportInfo:
     """Read ``urls`` once and write the report to ``path`` (a local path, '-' or a URL ``open_sink``
-    takes). ``count`` stops after that many samples; ``on_error="skip-shard"`` records a damaged
-    shard, warns (``warn``, a callback; default a ``DataWarning``) and goes on, ``"fail"`` raises
-    (and writes nothing). ``wrap``: wraps each shard's member
-    iterator (a progress bar); ``tar``: ``policy`` (a ``ReadPolicy``) as for ``Summary.add_shard``."""
+    takes).
+
+    Args:
+        count: stop after that many samples.
+        on_error: ``"skip-shard"`` records a damaged shard, warns (``warn``, a callback; default a
+            ``DataWarning``) and goes on; ``"fail"`` raises (and writes nothing).
+        wrap: wraps each shard's member iterator (a progress bar); ``wrap_cards`` the cards'.
+        decode: decode every image, audio and video field in that many processes and list the
+            failures (``tarproc.decode.check``); None: headers only.
+        classes: class names for integer labels (``tarproc.classnames``), on the charts and cards.
+        tar: ``policy`` (a ``ReadPolicy``) as for ``Summary.add_shard``.
+    """
     if sample < 0:
         raise OptionError(f"bad sample size {sample}; must be >= 0")
     urls = list(urls)
     _refuse_an_input(path, urls)
-    acc = Summary(content=content)
+    problem_samples = ProblemSamples()
+    acc = Summary(content=content, decode=decode, observer=problem_samples.note)
     reservoir = SampleReservoir(sample, seed, count)
     # opened first: a report that can't be written fails before the read, not after it; on any
     # error (Ctrl-C included) the sink is aborted and nothing is left under the final name
-    with open_sink(path, compression=None) as sink:
-        for url in urls:
+    try:
+        with open_sink(path, compression=None) as sink:
+            for url in urls:
 
-            def members(items: Iterator[Any], url: str = url) -> Iterable[Any]:
-                return reservoir.watch(wrap(items) if wrap else items, url)
+                def members(items: Iterator[Any], url: str = url) -> Iterable[Any]:
+                    return problem_samples.watch(reservoir.watch(wrap(items) if wrap else items, url), url)
 
-            try:
-                acc.add_shard(url, count=count, wrap=members, **tar)
-            except TarprocError as e:
-                if on_error == "fail":
-                    raise
-                warner(warn, DataWarning)(f"{e}; skipping the rest of this shard")
-            if acc.stopped_early:
-                break
-        acc.finish()
-        chosen = reservoir.samples()
-        first = urls[0].rstrip("/").rsplit("/", 1)[-1] if urls else "(no input)"
-        name = first if len(urls) <= 1 else f"{first} and {plural(len(urls) - 1, 'more shard')}"
-        # names that are not UTF-8 (surrogate-escaped) are written as \udcNN, as the text summary shows them
-        text = render_html(acc, chosen, urls, title or name, thumb, wrap_cards, seed).encode("utf-8", "backslashreplace")
-        sink.write(text)
-    return ReportInfo(path, acc.samples, len(chosen), len(text), acc.problems())
+                try:
+                    acc.add_shard(url, count=count, wrap=members, **tar)
+                except TarprocError as e:
+                    if on_error == "fail":
+                        raise
+                    warner(warn, DataWarning)(f"{e}; skipping the rest of this shard")
+                if acc.stopped_early:
+                    break
+            acc.finish()
+            chosen = reservoir.samples()
+            first = urls[0].rstrip("/").rsplit("/", 1)[-1] if urls else "(no input)"
+            name = first if len(urls) <= 1 else f"{first} and {plural(len(urls) - 1, 'more shard')}"
+            # names that are not UTF-8 (surrogate-escaped) are written as \udcNN, as the text summary shows them
+            text = render_html(acc, chosen, urls, title or name, thumb, wrap_cards, seed, problem_samples,
+                               classes).encode("utf-8", "backslashreplace")
+            sink.write(text)
+    finally:
+        acc.close()  # the decode workers, if any
+    checker = acc.content.decode if acc.content is not None else None
+    cards = len(problem_samples.cards(acc.as_dict())[0])
+    return ReportInfo(path, acc.samples, len(chosen), len(text), acc.problems(),
+                      checker.note if checker is not None else None, cards)
 
 
 def _refuse_an_input(path: str, urls: list[str]) -> None:
@@ -621,5 +762,5 @@ def _refuse_an_input(path: str, urls: list[str]) -> None:
             raise OptionError(f"--report {path}: that is an input ({url}); give the report another name")
 
 
-__all__ = ["DEFAULT_SAMPLE", "ReportInfo", "SampleReservoir", "render_html", "svg_bars", "svg_histogram",
-           "write_report"]
+__all__ = ["DEFAULT_SAMPLE", "MAX_PROBLEM_CARDS", "ProblemSamples", "ReportInfo", "SampleReservoir", "render_html",
+           "svg_bars", "svg_histogram", "write_report"]

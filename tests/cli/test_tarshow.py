@@ -533,11 +533,14 @@ def test_report_writes_one_html_file(cli, content_shard, tmp_path):
     assert r.stdout == ""  # data only on stdout: the report goes to its file
     assert r.stderr == f"tarshow: wrote {out}: 4 samples of 6, 2 kinds of problem (0.0 MB)\n"
     text = out.read_text(encoding="utf-8")
-    assert text.startswith("<!DOCTYPE html>") and text.count('class="card"') == 4
+    problems, samples = text.split('<h2 id="samples">')
+    assert text.startswith("<!DOCTYPE html>") and samples.count('class="card"') == 4
+    assert problems.count('class="card"') == 2  # the two samples with a problem, as cards
     assert "png named .jpg" in text and f"tarfirst {content_shard} --key c/001 -f jpg" in text
     r = cli.run(tarshow, [content_shard, "--report", out, "-c", "2", "-q"])  # -c: the first 2 samples only
     assert r.exit_code == 0 and r.stderr == ""
-    assert out.read_text().count('class="card"') == 2 and "c/005" not in out.read_text()
+    samples = out.read_text().split('<h2 id="samples">')[1]
+    assert samples.count('class="card"') == 2 and "c/005" not in out.read_text()
 
 
 def test_report_of_bad_input_is_one_line_and_leaves_no_file(cli, tmp_path):
@@ -573,7 +576,7 @@ def test_serve_calls_the_viewer(cli, content_shard, monkeypatch):
 
     calls = []
     fake = types.ModuleType("tarproc.view.server")
-    fake.serve = lambda urls, host, port, quiet: calls.append((urls, host, port, quiet))
+    fake.serve = lambda urls, host, port, quiet, *, classes: calls.append((urls, host, port, quiet))
     monkeypatch.setitem(sys.modules, "tarproc.view.server", fake)
     import tarproc.view
 

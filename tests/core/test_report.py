@@ -76,6 +76,9 @@ class Page(HTMLParser):
 
 
 def card_keys(text: str) -> list[str]:
+    """The keys of the sample cards (not those of the samples with problems, above them)."""
+    text = text.split('<h2 id="samples">', 1)[1]
+
     class Keys(HTMLParser):
         def __init__(self):
             super().__init__(convert_charrefs=True)
@@ -115,14 +118,14 @@ def test_the_report_is_self_contained(shard, tmp_path):
     assert "@import" not in out.read_text() and "url(" not in "".join(page.text)
     # thumbnails are small JPEGs that decode; the audio players carry the WAV
     imgs = page.all("img")
-    assert len(imgs) == 39  # 40 cards, one image broken
+    assert len(imgs) == 39  # 40 cards, one image broken; the problem card (of that sample) above them
     for attrs in imgs:
         assert attrs["src"].startswith("data:image/jpeg;base64,")
         img = Image.open(io.BytesIO(base64.b64decode(attrs["src"].split(",", 1)[1])))
         img.load()
         assert max(img.size) <= 192 and (img.width, img.height) == (int(attrs["width"]), int(attrs["height"]))
     audios = page.all("audio")
-    assert len(audios) == 40 and all(a["src"].startswith("data:audio/wav;base64,UklGR") for a in audios)
+    assert len(audios) == 40 + 1 and all(a["src"].startswith("data:audio/wav;base64,UklGR") for a in audios)
     assert len(page.all("svg")) >= 5  # size histograms, width/height, durations, classes
 
 
@@ -375,3 +378,49 @@ def test_audio_in_a_video_container_gets_a_player(tmp_path):
     audios = page.all("audio")
     assert len(audios) == 1 and audios[0]["src"].startswith("data:audio/mp4;base64,")
     assert not page.all("img") and "aac" in "".join(page.text)
+
+
+# ---------------------------------------------------------------------------------------------
+# problems first, with cards (issue 35)
+
+
+def test_problems_come_first_with_a_card_per_damaged_sample(tmp_path):
+    from damaged import PLANTED, planted_samples
+
+    shard = write_tar(tmp_path / "planted.tar", planted_samples())
+    out = tmp_path / "r.html"
+    names = ["cat", "dog", "bird", "fish", "frog"]
+    info = write_report([shard], str(out), sample=3, decode=2, classes=names)
+    assert info.problem_cards == len(PLANTED) and info.cards == 3
+    text = out.read_text(encoding="utf-8")
+    problems, rest = text.split('<h2 id="samples">')
+    assert '<h2 id="problems">' in problems and "<svg" not in problems  # before the charts
+    assert problems.count('class="card"') == len(PLANTED)
+    assert card_keys(text) and set(card_keys(text)) <= {f"s/{i:04d}" for i in range(47)}
+    for key in PLANTED:
+        assert f"--key {key} -f" in problems
+    assert "libjpeg: Corrupt JPEG data" in problems and "fields that fail to decode (--decode): 4" in problems
+    assert "<title>3 (fish): " in rest  # the class chart names the classes
+    assert '<span class="label">3 (fish)</span>' in problems  # s/0003's card: cls 3
+
+
+def test_a_problem_found_after_its_sample_is_gone_shows_the_field_alone(monkeypatch):
+    from tarproc.view import report
+
+    monkeypatch.setattr(report, "RECENT_SAMPLES", 1)
+    keeper = report.ProblemSamples(limit=2)
+    members = [(f"k{i}", field, f"{field}{i}".encode(), 0) for i in range(5) for field in ("txt", "cls")]
+    assert list(keeper.watch(members, "x.tar")) == members
+    keeper.note("decode_failures", "x.tar", "k1", "txt", "bad", b"txt1")  # k1 is gone: only k3 and k4 are kept
+    keeper.note("decode_failures", "x.tar", "k4", "txt", "bad too", b"txt4")
+    keeper.note("missing", "x.tar", "k0", "json", "no json field", None)  # not confirmed at the end: no card
+    keeper.note("decode_failures", "x.tar", "k3", "cls", "worse", b"cls3")  # past the limit of cards: counted
+    doc = {"missing": {}, "content": {"problems": {"decode_failures": {}}}}
+    cards, more = keeper.cards(doc)
+    assert [(s["__key__"], sorted(k for k in s if not k.startswith("__")), p) for s, p in cards] == [
+        ("k1", ["txt"], [("decode_failures", "txt", "bad")]),
+        ("k4", ["cls", "txt"], [("decode_failures", "txt", "bad too")]),
+    ]
+    assert more == 1
+    keeper.note("decode_failures", "x.tar", "k2", "cls", "past 2 * limit kept", b"cls2")
+    assert keeper.cards(doc)[1] == 2 and ("x.tar", "k2") in keeper.more

@@ -601,3 +601,105 @@ def test_histogram_bins_whole_numbers_one_each_and_fractions_evenly():
     bins = d.histogram()
     assert len(bins) == content.CHART_BINS and sum(n for *_, n in bins) == 4
     assert [n for lo, hi, n in bins if lo <= 1.5 < hi] == [1]
+
+
+# ---------------------------------------------------------------------------------------------
+# damage (issue 35): the cheap checks, labels, an empty input, --decode
+
+
+def test_images_cut_short_are_damaged_not_unreadable():
+    jpg, png, webp = image_bytes((80, 60)), image_bytes((80, 60), "PNG"), image_bytes((80, 60), "WEBP")
+    samples = [{"__key__": f"ok{i}", "jpg": jpg, "png": png, "webp": webp} for i in range(3)]
+    samples.append({"__key__": "cut", "jpg": jpg[: len(jpg) // 2], "png": png[:-30], "webp": webp[:-20]})
+    s, d = content_of(samples)
+    damaged = d["content"]["problems"]["damaged_images"]
+    assert damaged["count"] == 3 and {e["key"] for e in damaged["examples"]} == {"cut"}
+    reasons = {e["field"]: e["reason"] for e in damaged["examples"]}
+    assert reasons["jpg"] == "cut short: no end-of-image marker after the scan"
+    assert reasons["png"].startswith("cut short: its 'IDAT' chunk at byte 33 declares")
+    assert reasons["webp"].startswith("cut short: its RIFF header declares")
+    assert "undecodable_images" not in d["content"]["problems"]  # their headers read
+    assert d["content"]["fields"]["png"]["image"]["width"]["count"] == 4  # the PNG and JPEG count as images
+
+
+def test_a_jpeg_with_bytes_after_its_end_or_an_exif_thumbnail_is_fine():
+    from tarproc.content import field_damage
+
+    jpg = image_bytes((80, 60))
+    thumb = image_bytes((8, 8))  # an APP1 segment holding a whole JPEG, with its own end marker
+    app1 = b"\xff\xe1" + (len(thumb) + 2).to_bytes(2, "big") + thumb
+    with_thumb = jpg[:2] + app1 + jpg[2:]
+    assert field_damage("jpeg", jpg + bytes(100)) is None and field_damage("jpeg", with_thumb) is None
+    cut = with_thumb[: len(app1) + 200]
+    assert field_damage("jpeg", cut) == "cut short: no end-of-image marker after the scan"
+
+
+def test_labels_that_are_not_integers_among_integers():
+    samples = [{"__key__": f"s{i}", "cls": str(i % 3).encode()} for i in range(6)]
+    samples += [{"__key__": "dog", "cls": b"dog"}, {"__key__": "empty", "cls": b""}, {"__key__": "neg", "cls": b"-1"}]
+    s, d = content_of(samples)
+    p = d["content"]["problems"]["non_integer_labels"]
+    assert p["count"] == 2 and [e["key"] for e in p["examples"]] == ["dog", "empty"]
+    assert p["examples"][0]["command"] == "tarfirst x.tar --key dog -f cls"
+    assert "labels that are not integers among integer labels: 2" in s.problems()
+    # names as labels, a few numbers among them: not a problem (most are not integers)
+    _, d = content_of([{"__key__": f"s{i}", "cls": b"cat" if i % 3 else b"7"} for i in range(6)])
+    assert "non_integer_labels" not in d["content"]["problems"]
+
+
+def test_an_empty_input_is_a_problem_but_c_0_is_not():
+    s = summary_of(tar())
+    assert s.problems() == ["no samples: the input holds no sample"]
+    assert "no samples: the input holds no sample" in s.format_text()
+    s = Summary(content=False)
+    s.add_members(iter_keyed_members(io.BytesIO(tar([{"__key__": "a", "txt": b"x"}])), "x.tar"), "x.tar", count=0)
+    s.finish()
+    assert s.stopped_early and s.problems() == []
+
+
+def test_decode_checks_images_in_order_whatever_the_processes(monkeypatch):
+    from tarproc.decode import check
+
+    good = image_bytes((80, 60))
+    sos = good.index(b"\xff\xda")
+    garbled = good[: sos + 40] + b"\xff\x23" * 50 + good[sos + 40:]  # bytes of no marker in the scan
+    samples = [{"__key__": f"s{i:02d}", "jpg": garbled if i in (3, 17) else good, "png": image_bytes((9, 9), "PNG")}
+               for i in range(20)]
+    monkeypatch.setattr(check, "BATCH_ITEMS", 3)  # several batches in flight
+    docs = []
+    for processes in (1, 2):
+        s = Summary(decode=processes)
+        s.add_members(iter_keyed_members(io.BytesIO(tar(samples)), "x.tar", stats=s.stats), "x.tar")
+        s.finish()
+        docs.append(s.as_dict())
+    assert docs[0] == docs[1]
+    decode = docs[0]["content"]["decode"]
+    assert decode["checked"] == {"image": 40, "media": 0} and decode["failed"] == 2
+    assert [f["key"] for f in decode["failures"]] == ["s03", "s17"]
+    assert decode["failures"][0]["reason"].startswith("libjpeg: ")
+    assert "damaged_images" not in docs[0]["content"]["problems"]  # its end marker is there
+
+
+def test_decode_without_pyav_notes_it_once_and_counts_nothing_failed(monkeypatch):
+    from tarproc.decode import check
+    from tarproc.errors import MissingDependencyError
+
+    def no_av():
+        raise MissingDependencyError("audio and video fields need PyAV: pip install 'tarproc[media]'")
+
+    monkeypatch.setattr(check, "import_av", no_av)
+    samples = [{"__key__": f"s{i}", "flac": b"fLaC" + bytes(60), "wav": wav_bytes(0.1)} for i in range(3)]
+    s = Summary(decode=1, content=True)
+    s.content._probe_media = False  # headers too would need PyAV
+    s.add_members(iter_keyed_members(io.BytesIO(tar(samples)), "x.tar", stats=s.stats), "x.tar")
+    s.finish()
+    decode = s.as_dict()["content"]["decode"]
+    assert decode["unchecked"] == 3 and decode["failed"] == 0 and decode["checked"]["media"] == 3  # the WAVs
+    assert decode["note"] == "audio and video fields need PyAV: pip install 'tarproc[media]'"
+
+
+def test_decode_needs_the_content_statistics():
+    from tarproc.errors import OptionError
+
+    with pytest.raises(OptionError):
+        Summary(content=False, decode=1)
