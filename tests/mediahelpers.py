@@ -160,3 +160,26 @@ def mp3_with_cover(seconds: float = 1.0, rate: int = 16000) -> bytes:
             out.mux(sound.encode(resampled))
         out.mux(sound.encode(None))
     return buf.getvalue()
+
+
+def wav_file(fmt: bytes, data: bytes) -> bytes:
+    """A RIFF WAV of the ``fmt`` chunk body ``fmt`` (``struct.pack("<HHIIHH", tag, channels, rate,
+    byte_rate, block_align, bits)``) and the sample bytes ``data``, written by hand: any header."""
+    import struct
+
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def wave64_file(fmt: bytes, data: bytes) -> bytes:
+    """``fmt`` and ``data`` as Sony Wave64 (GUIDs for chunk ids, 64-bit sizes): a WAV that FFmpeg
+    (PyAV) decodes and numpy does not."""
+    import struct
+
+    tail = bytes.fromhex("f3acd3118cd100c04f8edb8a")
+
+    def chunk(tag: bytes, body: bytes) -> bytes:
+        return tag + tail + struct.pack("<Q", 24 + len(body)) + body + bytes(-len(body) % 8)
+
+    body = b"wave" + tail + chunk(b"fmt ", fmt) + chunk(b"data", data)
+    return b"riff" + bytes.fromhex("2e91cf11a5d628db04c10000") + struct.pack("<Q", 24 + len(body)) + body

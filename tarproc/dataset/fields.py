@@ -32,7 +32,7 @@ from ..decode.spec import AugmentSpec
 from ..decode.stage import DEFAULT_FIELDS, parse_field_list
 from ..decode.video import VideoSpec
 from ..errors import DecodeError, MissingDependencyError, OptionError, SampleError
-from ..fieldspec import Accepts, parse_spec
+from ..fieldspec import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, Accepts, parse_spec
 from ..samples import Sample
 from ..tar import DEFAULT_MAX_MEMBER_SIZE
 
@@ -45,6 +45,40 @@ class BatchBuffer(NamedTuple):
 
     handle: Any
     array: Any
+
+
+class BatchTuple(tuple):  # type: ignore[type-arg]
+    """A batch with ``to_tuple``, as the Dataset yields it: a tuple whose type tells torch's
+    ``default_collate`` (which the torch layer teaches to refuse it) that it is a whole batch
+    already, not one sample: ``DataLoader(ds, batch_size=16)`` would stack 16 batches into one.
+    It pickles and copies as a plain tuple."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return tuple, (tuple(self),)
+
+
+class BatchDict(dict):  # type: ignore[type-arg]
+    """A batch without ``to_tuple`` (a dict of columns), marked as ``BatchTuple`` is; it pickles and
+    copies as a plain dict."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return dict, (dict(self),)
+
+    def __copy__(self) -> dict[Any, Any]:
+        return dict(self)
+
+
+def as_batch(value: Any) -> Any:
+    """A collated batch marked as one (``BatchTuple``, ``BatchDict``); any other value as it is.
+
+    >>> type(as_batch((1, 2))).__name__, type(as_batch({"a": 1})).__name__, as_batch([1])
+    ('BatchTuple', 'BatchDict', [1])
+    """
+    if type(value) is tuple:
+        return BatchTuple(value)
+    if type(value) is dict:
+        return BatchDict(value)
+    return value
 
 
 def as_numpy(value: Any) -> Any:
@@ -93,7 +127,7 @@ def _pth(data: bytes) -> Any:
     try:
         import torch
     except ImportError:
-        raise MissingDependencyError("pth fields need PyTorch: pip install torch (or handlers={'pth': None})") from None
+        raise MissingDependencyError("pth fields need PyTorch: pip install 'tarproc[torch]' (or handlers={'pth': None})") from None
     return torch.load(io.BytesIO(bytes(data)), weights_only=True, map_location="cpu")
 
 
@@ -313,9 +347,29 @@ def pick(sample: Sample, selection: list[list[str]]) -> tuple[Any, ...]:
                 values.append(int(sample[base].shape[-1]))
                 break
         else:
-            have = ", ".join(k for k in sample if not k.startswith("__"))
-            raise DecodeError(f"no field {'/'.join(names)} (it has: {have})", sample.get("__url__"), sample.get("__key__"))
+            have = [k for k in sample if not k.startswith("__")]
+            raise DecodeError(f"no field {'/'.join(names)} (it has: {', '.join(have)}){_alternatives(names, have)}",
+                              sample.get("__url__"), sample.get("__key__"))
     return tuple(values)
+
+
+_KINDS = (frozenset(IMAGE_EXTENSIONS), AUDIO_EXTENSIONS, VIDEO_EXTENSIONS)
+
+
+def _alternatives(names: list[str], have: list[str]) -> str:
+    """A hint for a column the sample lacks when it holds a field of the same kind under another
+    extension (``jpg`` asked, ``jpeg`` there: ImageNet's ``.JPEG`` files).
+
+    >>> _alternatives(["jpg"], ["cls", "jpeg"])
+    "; give the column as 'jpg;jpeg' to take whichever of them a sample has"
+    >>> _alternatives(["cls"], ["jpeg"])
+    ''
+    """
+    kinds = [kind for kind in _KINDS if any(n.rsplit(".", 1)[-1].lower() in kind for n in names)]
+    others = [f for f in have if f not in names and any(f.rsplit(".", 1)[-1].lower() in kind for kind in kinds)]
+    if not others:
+        return ""
+    return f"; give the column as {';'.join(names + others)!r} to take whichever of them a sample has"
 
 
 def collate_column(values: list[Any]) -> Any:

@@ -4,6 +4,10 @@ Without torch, ``Dataset`` is the plain iterable of ``tarproc.dataset.core`` (nu
 With torch, it is also an ``IterableDataset`` whose batches hold tensors, and it knows its
 DataLoader worker. ``Loader`` is a DataLoader over it that records what the training loop took
 (``state_dict`` for exact resume) and decodes in the main process for ``device="gpu"``.
+
+Its batches are ``BatchTuple``/``BatchDict``, which torch's ``default_collate`` is taught here
+(``default_collate_fn_map``, its extension point) to refuse: a DataLoader given a ``batch_size``
+(1 by default) would otherwise stack batches of batches without a word.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from typing import Any
 from ..errors import DataWarning, warn
 from .core import COUNT_HINT, Position, Taken
 from .core import Dataset as _Core
-from .fields import BatchBuffer, as_numpy
+from .fields import BatchBuffer, BatchDict, BatchTuple, as_batch, as_numpy
+
+BATCHED = ("tarproc.Dataset yields whole batches (its own batch_size): give the DataLoader batch_size=None, "
+           "as in DataLoader(ds, batch_size=None, num_workers=8), or iterate ds.loader(num_workers=8)")
 
 try:  # torch stays optional at runtime
     # imported here, once, and not by each forked DataLoader worker (torch seeds numpy.random in
@@ -33,6 +40,24 @@ except ImportError:  # pragma: no cover - the test suite runs with torch
     torch = None  # type: ignore[assignment]
     IterableDataset = object  # type: ignore[assignment, misc]
     HAVE_TORCH = False
+
+
+def refuse_batches(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    """torch's ``default_collate`` of items that are batches already: a DataLoader with a
+    ``batch_size`` over the Dataset. An ``OptionError`` saying what to give instead."""
+    from ..errors import OptionError
+
+    raise OptionError(f"a DataLoader with a batch_size (1 unless given) would stack the Dataset's batches ({len(batch)} "
+                      f"of them) into one: {BATCHED}")
+
+
+if HAVE_TORCH:
+    try:
+        from torch.utils.data._utils.collate import default_collate_fn_map
+    except ImportError:  # pragma: no cover - torch before 1.13 has no map: batches of batches go unnoticed
+        default_collate_fn_map = {}
+    default_collate_fn_map.setdefault(BatchTuple, refuse_batches)
+    default_collate_fn_map.setdefault(BatchDict, refuse_batches)
 
 
 def _as_torch(value: Any) -> Any:
@@ -79,12 +104,12 @@ class Dataset(_Core, IterableDataset):  # type: ignore[misc, valid-type]
 
     def to_tensors(self, batch: Any) -> Any:
         if self.tensors == "numpy" or (self.tensors == "auto" and not HAVE_TORCH):
-            return as_numpy(batch)
+            return as_batch(as_numpy(batch))
         if not HAVE_TORCH:
             from ..errors import OptionError
 
-            raise OptionError("tensors='torch' needs PyTorch: pip install torch")
-        batch = _as_torch(batch)
+            raise OptionError("tensors='torch' needs PyTorch: pip install 'tarproc[torch]'")
+        batch = as_batch(_as_torch(batch))  # a batch that default_collate refuses (see BATCHED)
         if self._pool is not None and isinstance(batch, (tuple, dict)) and self.worker_info()[2]:
             batch = self._pool.settle(batch)
         return batch
@@ -133,7 +158,7 @@ class Loader:
         if not HAVE_TORCH:
             from ..errors import OptionError
 
-            raise OptionError("Loader needs PyTorch: pip install torch (or iterate the Dataset itself)")
+            raise OptionError("Loader needs PyTorch: pip install 'tarproc[torch]' (or iterate the Dataset itself)")
         if kwargs.get("batch_size") is not None:
             from ..errors import OptionError
 

@@ -10,16 +10,21 @@ The exact semantics:
 
 - values are float32, full scale -1..1 (integer PCM divided by 2**(bits-1); unsigned 8-bit
   centred first); the shape is ``(channels, samples)``, as torchaudio's;
-- PCM WAV at the wanted rate (or ``sample_rate=None``) is read with numpy alone; everything else
-  is decoded by PyAV (FFmpeg: ``pip install 'tarproc[media]'``), and a change of rate is made,
-  after the channels, by its ``AudioResampler`` (libswresample's default filter), channel by channel;
+- PCM WAV (integers of 8 to 64 bits, floats) is read with numpy alone; everything else is decoded
+  by PyAV (FFmpeg: ``pip install 'tarproc[media]'``), and a change of rate is made, after the
+  channels, by its ``AudioResampler`` (libswresample's default filter), channel by channel;
 - ``channels``: 1 is the mean of the stored channels; from mono, the channel is repeated; from
-  more channels to fewer (not 1), the first ones are kept (FL, FR of a 5.1 file); ``None`` keeps them;
+  more channels to fewer (not 1), the first ones are kept (FL, FR of a 5.1 file); ``None`` keeps
+  them, up to ``MAX_CHANNELS`` (64: third-order ambisonics is 16, a 64-capsule microphone array
+  64); more is an error (a damaged header claiming 65,535 channels would make gigabytes);
 - ``seconds``: the clip is cut (or padded with zeros at its end) to ``round(seconds * sample_rate)``
   samples. The cut starts at 0, or with ``random_crop`` at a random sample drawn uniformly from
   every start that keeps the clip inside the audio, from ``random.Random(f"{seed}/{key}")``: the key
   is the sample's ``plan_key`` (key, plus the epoch after the first), as for the image plans, so a
-  resumed run draws the same crops;
+  resumed run draws the same crops. With a change of rate, the audio counts as
+  ``round(samples * sample_rate / stored_rate)`` samples long at the new rate, and only the stretch
+  the clip needs (plus the filter's reach) is resampled: the work follows the clip, not the length
+  the audio claims (a 3.6 KB WAV at 1 Hz is an hour long);
 - audio longer than ``max_seconds`` (default one hour) is an error rather than an allocation of
   gigabytes. Data FFmpeg cannot open (a FLAC or Ogg file cut short, usually) and a WAV holding
   less than its header declares are errors; a stream without a declared length (MP3) cut short
@@ -38,14 +43,30 @@ import numpy as np
 
 from ..errors import MediaError, OptionError
 from .media import MAX_SAMPLE_RATE, audio_stream, ffmpeg_reason, import_av, is_wav, open_container, wav_header
+from .spec import named_parameters
 
 DEFAULT_MAX_SECONDS = 3600.0
 MAX_CHANNELS = 64
 
 
+@named_parameters
 @dataclass(frozen=True)
 class AudioSpec:
-    """How to decode an audio field (see the module docstring for the exact semantics).
+    """How to decode an audio field (see the module docstring for the exact semantics), e.g.
+    ``tarproc.Dataset(urls, decode={"flac;wav": AudioSpec(seconds=4.0)})``.
+
+    Args:
+        sample_rate: samples per second out (default 16000); None: as stored (then no ``seconds``).
+        channels: 1 (default: the mean), N (the first N; mono repeated), or None: as stored, up to
+            ``MAX_CHANNELS`` (64).
+        seconds: cut or pad every clip to this length (default None: as long as the audio).
+        random_crop: start the clip at a random sample (default False: at 0); needs ``seconds``.
+        seed: seeds the random crops with each sample's key (default None; a Dataset gives its own).
+        max_seconds: refuse audio longer than this (default 3600).
+
+    Raises:
+        OptionError: a value out of range or of the wrong kind, naming it.
+        ParameterError: a keyword it doesn't take, saying where it belongs.
 
     >>> AudioSpec(sample_rate=16000, seconds=2.5).length
     40000
@@ -110,21 +131,63 @@ def decode_audio(data: bytes | bytearray | memoryview, spec: AudioSpec, key: str
     samples, rate = _read_wav(data, spec) if is_wav(data) else (None, 0)
     if samples is None:
         samples, rate = _read_av(data, spec)
+    length = spec.length
+    if length is not None and spec.sample_rate is not None and spec.sample_rate != rate:
+        # cut before resampling: the work follows the clip, not the length the audio claims
+        samples = _resampled_clip(samples, rate, spec, key)
+        return np.ascontiguousarray(samples, dtype=np.float32)
     samples = _mix(samples, spec.channels)  # before resampling: fewer channels to resample
     if spec.sample_rate is not None and spec.sample_rate != rate:
         samples = _resample(samples, rate, spec.sample_rate)
-    length = spec.length
     if length is not None:
         start = spec.crop_start(key, samples.shape[1])
-        samples = samples[:, start:start + length]
-        if samples.shape[1] < length:
-            samples = np.pad(samples, ((0, 0), (0, length - samples.shape[1])))
+        samples = _cut(samples, start, length)
     return np.ascontiguousarray(samples, dtype=np.float32)
+
+
+def _cut(samples: np.ndarray, start: int, length: int) -> np.ndarray:
+    """``length`` samples of ``samples`` (C, N) from ``start``, padded with zeros past the end."""
+    samples = samples[:, start:start + length]
+    if samples.shape[1] < length:
+        samples = np.pad(samples, ((0, 0), (0, length - samples.shape[1])))
+    return samples
+
+
+# samples at the lower of the two rates: libswresample's default filter (32 taps) reaches 16 each way;
+# from 32 on, a clip resampled alone is the whole audio resampled, sample for sample (16 is not)
+_FILTER_REACH = 32
+
+
+def _resampled_clip(samples: np.ndarray, rate: int, spec: AudioSpec, key: str) -> np.ndarray:
+    """The clip of ``spec`` from ``samples`` (C, N) at ``rate``, resampling only the input it needs.
+
+    The stretch resampled starts on an input sample that falls exactly on an output sample (the two
+    rates meet every ``rate / gcd`` input samples), so its output samples are those of the whole
+    audio resampled, and reaches ``_FILTER_REACH`` samples past the clip on both sides, so the
+    filter sees what it would have seen there.
+    """
+    to = spec.sample_rate
+    length = spec.length
+    assert to is not None and length is not None
+    total = samples.shape[1]
+    start = spec.crop_start(key, round(total * to / rate))  # the clip, in samples at the new rate
+    g = math.gcd(rate, to)
+    step_in, step_out = rate // g, to // g
+    reach_in = _FILTER_REACH * max(1, -(-rate // to))  # input samples the filter reaches
+    reach_out = -(-reach_in * to // rate)
+    block = max(0, start - reach_out) // step_out
+    first_in, first_out = block * step_in, block * step_out
+    end_in = min(total, -(-(start + length) * rate // to) + reach_in)
+    if first_in >= end_in:  # the clip starts past the audio's end: all padding
+        return np.zeros((_mix(samples[:, :1], spec.channels).shape[0], length), np.float32)
+    window = _mix(samples[:, first_in:end_in], spec.channels)
+    return _cut(_resample(window, rate, to), start - first_out, length)
 
 
 def _read_wav(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.ndarray | None, int]:
     """Linear PCM WAV with numpy, at its own rate; None for the codecs PyAV must decode."""
     h = wav_header(data)
+    _check_channels(h.channels, spec)
     if not h.is_pcm:
         return None, 0
     width = h.bits // 8
@@ -146,6 +209,14 @@ def _read_wav(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np
     return values.reshape(frames, h.channels).T, h.sample_rate
 
 
+def _check_channels(stored: int, spec: AudioSpec) -> None:
+    """Refuse to keep more than ``MAX_CHANNELS`` stored channels (``channels=None``), before any
+    sample is read: a header's count is 16 bits, and 65,535 channels resampled make gigabytes."""
+    if spec.channels is None and stored > MAX_CHANNELS:
+        raise MediaError(f"audio of {stored:,} channels, more than the {MAX_CHANNELS} that channels=None keeps "
+                         "(damage, or give channels=N: the mean, or the first N)")
+
+
 def _to_float(values: np.ndarray) -> np.ndarray:
     """Samples of any PCM dtype as float32 in -1..1 (unsigned 8-bit centred on 128)."""
     if values.dtype.kind == "f":
@@ -159,8 +230,13 @@ def _to_float(values: np.ndarray) -> np.ndarray:
 def _frame_samples(frame: Any) -> np.ndarray:
     """A decoded ``av.AudioFrame`` as float32 ``(channels, samples)``, converted by numpy (not by
     libswresample, which crashes on some layouts without a channel order, e.g. 8 unnamed channels)."""
-    array = frame.to_ndarray()
     channels = len(frame.layout.channels)
+    if frame.format.name in ("s64", "s64p"):  # PyAV's to_ndarray has no 64-bit integers: read the planes
+        count = frame.samples * (1 if frame.format.is_planar else channels)
+        planes = [np.frombuffer(plane, dtype=np.int64, count=count) for plane in frame.planes]
+        array = np.stack(planes) if frame.format.is_planar else planes[0]
+    else:
+        array = frame.to_ndarray()
     if not frame.format.is_planar:
         array = array.reshape(-1, channels).T
     return _to_float(array)
@@ -176,6 +252,7 @@ def _read_av(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.
         rate = stream.codec_context.sample_rate
         if not rate or not 0 < rate <= MAX_SAMPLE_RATE:
             raise MediaError(f"bad sample rate {rate} Hz in the audio stream's header")
+        _check_channels(stream.codec_context.channels or 0, spec)
         limit = spec.max_seconds * rate
         chunks: list[np.ndarray] = []
         total = 0
@@ -183,6 +260,7 @@ def _read_av(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.
             for frame in container.decode(stream):
                 if frame.sample_rate != rate:
                     raise MediaError(f"the sample rate changes within the audio ({rate} to {frame.sample_rate} Hz)")
+                _check_channels(len(frame.layout.channels), spec)
                 chunks.append(_frame_samples(frame))
                 total += chunks[-1].shape[1]
                 if total > limit:
@@ -191,6 +269,8 @@ def _read_av(data: bytes | bytearray | memoryview, spec: AudioSpec) -> tuple[np.
             if not chunks:
                 raise MediaError(f"cannot decode the audio: {ffmpeg_reason(e)}") from None
             # damage after some good frames: keep what decoded, as for a stream cut short
+        except (ValueError, TypeError) as e:  # PyAV refusing a frame (a sample format it can't convert)
+            raise MediaError(f"cannot decode the audio: {ffmpeg_reason(e)}") from None
     if not total:
         raise MediaError("no audio samples decode")
     channels = {c.shape[0] for c in chunks}
@@ -240,4 +320,4 @@ def _mix(samples: np.ndarray, channels: int | None) -> np.ndarray:
     raise MediaError(f"cannot make {channels} channels from {have}")
 
 
-__all__ = ["DEFAULT_MAX_SECONDS", "AudioSpec", "decode_audio"]
+__all__ = ["DEFAULT_MAX_SECONDS", "MAX_CHANNELS", "AudioSpec", "decode_audio"]

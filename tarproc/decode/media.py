@@ -110,8 +110,8 @@ class WavHeader(NamedTuple):
 
     @property
     def is_pcm(self) -> bool:
-        """Linear PCM that numpy can read (integers of 8/16/24/32 bits, floats of 32/64 bits)."""
-        return (self.format_tag == 1 and self.bits in (8, 16, 24, 32)) or (self.format_tag == 3 and self.bits in (32, 64))
+        """Linear PCM that numpy can read (integers of 8/16/24/32/64 bits, floats of 32/64 bits)."""
+        return (self.format_tag == 1 and self.bits in (8, 16, 24, 32, 64)) or (self.format_tag == 3 and self.bits in (32, 64))
 
     @property
     def duration(self) -> float:

@@ -43,15 +43,24 @@ every pass, as torchvision gives, but not reproducible.
 
 Pixel values: RGB (grayscale replicated, CMYK converted, alpha dropped), EXIF orientation ignored
 (pixels as stored). Without ``mean``/``std`` the values are 0..255 (as uint8 or float); with them,
-``(pixel / 255 - mean) / std`` per channel, computed in float32 and then cast to ``dtype``.
+``(pixel / 255 - mean) / std`` per channel, computed in float32 and then cast to ``dtype``. The
+dtype, unless given: **uint8 without** ``mean``/``std``, **float32 with** them (``output_dtype``);
+``dtype="float32"`` without them gives floats 0..255, not 0..1.
+
+A keyword that belongs to another object (``AugmentSpec(image="jpg")``: ``image`` is the
+Dataset's) is a ``ParameterError`` (an ``OptionError`` and a ``TypeError``) that says where it goes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from ..errors import OptionError
 
@@ -169,9 +178,131 @@ def color_matrix(color: tuple[float, float, float, float]) -> tuple[list[list[fl
 DEFAULT_MAX_PIXELS = 8192 * 8192  # the largest image a decode may allocate: 64 Mi pixels (~200 MB as RGB)
 
 
+class ParameterError(OptionError, TypeError):
+    """A keyword an object doesn't take, with where it belongs when it is another object's
+    (``AugmentSpec(image=...)``: the Dataset's). A ``TypeError`` too, as Python's own is."""
+
+
+# the keywords of tarproc.Dataset and of the torch DataLoader that ds.loader() makes, named here
+# (this layer is under the dataset's) so that a spec given one says where it goes;
+# tests/core/test_first_steps.py checks them against the real signatures
+DATASET_PARAMETERS = (
+    "urls", "batch_size", "shuffle", "drop_last", "pad", "to_tuple", "collate", "map", "tensors", "shuffle_shards",
+    "part_size", "interleave", "seed", "repeat", "batches_per_epoch", "decode", "device", "decode_in", "image", "threads",
+    "handlers", "default_handlers", "lengths", "rank", "world_size", "on_error", "read", "network",
+)
+LOADER_PARAMETERS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "multiprocessing_context",
+                     "worker_init_fn", "pin_memory_device", "in_order")
+
+
+def parameter_homes() -> list[tuple[str, tuple[str, ...], str]]:
+    """``(object, its keywords, how to write one there)`` for every object a training script
+    configures; ``{name}`` and ``{owner}`` in the last are the keyword and the object it was given to."""
+    from ..sources.remote import Network
+    from ..tar.policy import ReadPolicy
+    from .audio import AudioSpec
+    from .video import VideoSpec
+
+    def names(cls: Any) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    return [
+        ("Dataset", DATASET_PARAMETERS, "tarproc.Dataset(urls, {name}=..., decode={owner}(...))"),
+        ("AugmentSpec", names(AugmentSpec), "tarproc.Dataset(urls, decode=AugmentSpec({name}=...))"),
+        ("AudioSpec", names(AudioSpec), "tarproc.Dataset(urls, decode={{'flac': AudioSpec({name}=...)}})"),
+        ("VideoSpec", names(VideoSpec), "tarproc.Dataset(urls, decode={{'mp4': VideoSpec({name}=...)}})"),
+        ("ReadPolicy", names(ReadPolicy), "tarproc.Dataset(urls, read=tarproc.ReadPolicy({name}=...))"),
+        ("Network", names(Network), "tarproc.Dataset(urls, network=tarproc.Network({name}=...))"),
+        ("DataLoader", LOADER_PARAMETERS, "ds.loader({name}=...)"),
+    ]
+
+
+def unknown_parameter(owner: str, name: str) -> ParameterError:
+    """The error for keyword ``name`` given to ``owner``: where it belongs, or the names it may be
+    a misspelling of.
+
+    >>> print(unknown_parameter("AugmentSpec", "image"))
+    AugmentSpec has no parameter image: image= is a Dataset parameter: tarproc.Dataset(urls, image=..., decode=AugmentSpec(...))
+    >>> print(unknown_parameter("AugmentSpec", "sise"))
+    AugmentSpec has no parameter sise (did you mean size or resize?)
+    """
+    homes = [(home, example) for home, names, example in parameter_homes() if name in names and home != owner]
+    if homes:
+        home, example = homes[0]
+        also = "".join(f" (also {other}'s)" for other, _ in homes[1:2])
+        article = "an" if home[0] in "AEIOU" else "a"
+        where = example.format(name=name, owner=owner if owner.endswith("Spec") else "AugmentSpec")
+        return ParameterError(f"{owner} has no parameter {name}: {name}= is {article} {home} parameter{also}: {where}")
+    mine = next((names for home, names, _ in parameter_homes() if home == owner), ())
+    known = {n for _, names, _ in parameter_homes() for n in names}
+    close = difflib.get_close_matches(name, sorted(set(mine) or known), n=2) or difflib.get_close_matches(name, known, n=2)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else f" (see help(tarproc.{owner}))"
+    return ParameterError(f"{owner} has no parameter {name}{hint}")
+
+
+T = TypeVar("T")
+
+
+def named_parameters(cls: type[T]) -> type[T]:
+    """Make a keyword ``cls`` (a dataclass) doesn't take a ``ParameterError`` saying where it
+    belongs, not Python's bare ``TypeError``. ``help()`` still shows the fields."""
+    init: Callable[..., None] = cls.__init__  # type: ignore[misc]
+    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        for name in kwargs:
+            if name not in fields:
+                raise unknown_parameter(cls.__name__, name)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
+def _whole(name: str, value: object, low: int) -> None:
+    """``value`` must be an int >= ``low`` (not a bool, not a float)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise OptionError(f"bad {name} {value!r}; must be a whole number >= {low}")
+
+
+@named_parameters
 @dataclass(frozen=True)
 class AugmentSpec:
-    """Decode and augmentation parameters (see the module docstring for the exact semantics).
+    """How images are decoded and augmented (the module docstring gives the exact semantics).
+
+    Given to ``tarproc.Dataset(urls, decode=AugmentSpec(...), image="jpg;png")``, to
+    ``decode_samples`` and to ``tardecode``/``tarserve`` (as flags); which field holds the image is
+    the Dataset's ``image=`` (or the key of a ``decode`` dict), not a parameter here.
+
+    Args:
+        size: the output side in pixels, a square crop (default None: no crop). With ``resize``:
+            a centre crop of the image scaled to ``resize``; alone: the centre ``size`` x ``size``
+            stored pixels; with ``random_crop``: the crop's output size. One number: the output is
+            square (rectangular output is not supported).
+        resize: scale the shorter side to this many pixels (default None).
+        random_crop: torchvision's RandomResizedCrop to ``size`` (default False).
+        scale: the crop's area fraction range (default (0.08, 1.0)).
+        ratio: the crop's aspect ratio range (default (3/4, 4/3)).
+        flip: the probability of a horizontal flip (default 0).
+        mean: per-channel mean (R, G, B) in 0..1, e.g. ``IMAGENET_MEAN``: normalize (default None).
+        std: per-channel std (R, G, B), e.g. ``IMAGENET_STD`` (default None).
+        layout: ``"HWC"`` (default) or ``"CHW"`` (as torchvision models take).
+        dtype: ``"uint8"``, ``"float16"`` or ``"float32"``. Default None: **uint8 (0..255) without
+            mean/std, float32 with them**; ``"float32"`` without them gives floats 0..255.
+        seed: seeds the random crops, flips and jitter with each image's key (default None: a new
+            seed each run; a Dataset gives its own seed to a spec without one).
+        rotate: the largest rotation in degrees, 0..180 (default 0).
+        brightness: colour jitter factors drawn from [1 - x, 1 + x] (default 0).
+        contrast: as brightness (default 0).
+        saturation: as brightness (default 0).
+        hue: the hue shift drawn from [-x, x] of a turn, 0..0.5 (default 0).
+        max_pixels: refuse a stored image larger than this (default 8192 x 8192).
+
+    Raises:
+        OptionError: a value out of range or of the wrong kind, naming it.
+        ParameterError: a keyword it doesn't take, saying where it belongs (``image=`` is the
+            Dataset's).
 
     >>> spec = AugmentSpec(size=224, resize=256)
     >>> spec.plan("k", 375, 500).out, spec.output_dtype
@@ -201,16 +332,30 @@ class AugmentSpec:
     def __post_init__(self) -> None:
         import math
 
+        if isinstance(self.size, (tuple, list)):
+            raise OptionError(f"bad size {tuple(self.size)!r}; give one number: images are cropped to SIZE x SIZE squares "
+                              "(rectangular output is not supported; a VideoSpec's size is (height, width))")
+        for name, side in (("size", self.size), ("resize", self.resize)):
+            if side is not None:
+                _whole(name, side, 1)
+        _whole("max_pixels", self.max_pixels, 1)
+        if not isinstance(self.random_crop, bool):
+            raise OptionError(f"bad random_crop {self.random_crop!r}; must be True or False")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise OptionError(f"bad seed {self.seed!r}; must be an integer or None")
+        for name, pair, count in (("scale", self.scale, 2), ("ratio", self.ratio, 2), ("mean", self.mean, 3),
+                                  ("std", self.std, 3)):
+            if pair is None:
+                continue
+            if not isinstance(pair, (tuple, list)) or len(pair) != count:
+                raise OptionError(f"bad {name} {pair!r}; give {count} numbers" + (" (R, G, B)" if count == 3 else " (LO, HI)"))
+            object.__setattr__(self, name, tuple(pair))  # a list given: kept as a tuple (the spec is hashable)
         for name, numbers in (("scale", self.scale), ("ratio", self.ratio), ("flip", (self.flip,)),
                              ("rotate", (self.rotate,)), ("brightness", (self.brightness,)),
                              ("contrast", (self.contrast,)), ("saturation", (self.saturation,)), ("hue", (self.hue,)),
                              ("mean", self.mean or ()), ("std", self.std or ())):
             if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
                 raise OptionError(f"bad {name} {','.join(map(str, numbers))}; must be finite numbers (not nan or inf)")
-        if self.size is not None and self.size < 1:
-            raise OptionError(f"bad size {self.size}; must be >= 1")
-        if self.resize is not None and self.resize < 1:
-            raise OptionError(f"bad resize {self.resize}; must be >= 1")
         if self.random_crop and self.size is None:
             raise OptionError("a random resized crop needs the output size (--size)")
         if self.random_crop and self.resize is not None:
@@ -241,8 +386,6 @@ class AugmentSpec:
             raise OptionError(f"bad layout {self.layout!r}; use one of {', '.join(LAYOUTS)}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise OptionError(f"bad dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
-        if self.max_pixels < 1:
-            raise OptionError(f"bad max_pixels {self.max_pixels}; must be >= 1")
         for name, side in (("size", self.size), ("resize", self.resize)):
             if side is not None and side * side > self.max_pixels:
                 raise OptionError(f"{name} {side} makes images of at least {side}x{side} pixels, over the "

@@ -12,7 +12,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from mediahelpers import encode_audio, encode_video, frame_level
+from mediahelpers import encode_audio, encode_video, frame_level, wav_file, wave64_file
 from tarhelpers import encode_image, write_tar
 
 from tarproc.dataset import Dataset
@@ -169,6 +169,48 @@ def test_undecodable_media_fail_or_skip(tmp_path: Path) -> None:
     assert labels.tolist() == [0, 1, 3, 4] and ds.decode_stats.skipped == 1 and ds.decode_stats.decoded == 4
     with pytest.raises(DecodeError, match=r"sample 'k0'.*no field wav \(it has: cls, flac\)"):
         list(Dataset(path, batch_size=5, decode={"wav": AudioSpec()}))
+
+
+def test_64_bit_integer_wavs_decode_and_a_frame_pyav_refuses_is_skipped(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 64-bit integer PCM WAV made PyAV raise a ValueError out of decode_audio, which ended an
+    on_error="skip" epoch: it decodes now (numpy; PyAV's frames read plane by plane), and what PyAV
+    still refuses is the project's DecodeError, skipped and counted."""
+    import struct
+    import warnings
+
+    from tarproc.decode import audio
+    from tarproc.errors import DataWarning
+
+    values = np.array([0.5, -0.25, 0.125, -1.0])
+    fmt = struct.pack("<HHIIHH", 1, 1, 8000, 64000, 8, 64)
+    raw = (values * 2 ** 63).astype("<i8").tobytes()
+    samples = [{"__key__": f"k{i}", "wav": encode_audio("wav", 0.1, 8000), "cls": i} for i in range(5)]
+    samples[1]["wav"], samples[3]["wav"] = wav_file(fmt, raw), wave64_file(fmt, raw)
+    path = str(write_tar(tmp_path / "s64.tar", samples))
+    spec = {"wav": AudioSpec(sample_rate=8000, seconds=0.001)}  # 8 samples
+    ds = Dataset(path, batch_size=5, decode=spec, on_error="skip", to_tuple=("wav", "cls"), tensors="numpy")
+    ((clips, labels),) = list(ds)
+    assert labels.tolist() == [0, 1, 2, 3, 4] and ds.decode_stats.skipped == 0
+    assert clips[1].tolist() == clips[3].tolist() == [values.tolist() + [0.0] * 4]
+
+    convert = audio._frame_samples
+
+    def refuse_64_bits(frame: Any) -> np.ndarray:  # what PyAV did with them: a ValueError
+        if frame.format.name.startswith("s64"):
+            raise ValueError("Conversion from 's64' format to numpy array is not supported.")
+        return convert(frame)
+
+    monkeypatch.setattr(audio, "_frame_samples", refuse_64_bits)
+    ds = Dataset(path, batch_size=5, decode=spec, on_error="skip", to_tuple=("cls",), tensors="numpy")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ((labels,),) = list(ds)
+    assert labels.tolist() == [0, 1, 2, 4] and ds.decode_stats.skipped == 1
+    skips = [str(w.message) for w in said if issubclass(w.category, DataWarning)]
+    assert len(skips) == 1 and "'k3'" in skips[0] and "cannot decode the audio: Conversion from 's64'" in skips[0]
+    with pytest.raises(DecodeError, match=r"s64\.tar: cannot decode field 'wav' of sample 'k3'"):
+        list(Dataset(path, batch_size=5, decode=spec))
 
 
 def test_missing_pyav_is_an_error_not_a_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,8 @@ import io
 import random
 import struct
 import sys
+import tracemalloc
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from mediahelpers import (
     frame_level,
     has_encoder,
     mp3_with_cover,
+    wave64_file,
 )
 
 from tarproc.decode import video as video_module
@@ -234,7 +237,7 @@ def test_decode_wav_exact_and_without_av(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.parametrize(("tag", "bits", "dtype", "scale"), [(1, 8, np.uint8, None), (1, 16, "<i2", 2 ** 15),
                                                            (1, 24, None, 2 ** 23), (1, 32, "<i4", 2 ** 31),
-                                                           (3, 32, "<f4", 1), (3, 64, "<f8", 1)])
+                                                           (1, 64, "<i8", 2 ** 63), (3, 32, "<f4", 1), (3, 64, "<f8", 1)])
 def test_decode_wav_sample_formats(tag: int, bits: int, dtype: object, scale: int | None) -> None:
     values = np.array([0.0, 0.25, -0.25, -1.0, 0.5, -0.5])  # 3 frames of 2 channels
     if bits == 8:
@@ -326,6 +329,87 @@ def test_decode_audio_bad_data() -> None:
     mp3 = encode_audio("mp3", seconds=1.0)
     cut = decode_audio(mp3[: len(mp3) // 2], spec)  # no declared length: an mp3 cut short decodes what it holds
     assert 4000 < cut.shape[1] < 12000
+
+
+def _peak_bytes(call: Any) -> int:
+    """The most memory (numpy arrays included) that ``call()`` held at once."""
+    tracemalloc.start()
+    try:
+        call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_clip_is_resampled_alone_so_the_work_follows_the_clip() -> None:
+    """A 600-byte WAV at 1 Hz claims ten minutes: resampled whole to 16 kHz it was 9.6 M samples
+    (an hour of it, 1.8 GB and 7 s) before the one-second clip was cut."""
+    fmt = struct.pack("<HHIIHH", 1, 1, 1, 1, 1, 8)
+    wav = _wav(fmt, bytes(range(100, 160)) * 10)
+    spec = AudioSpec(sample_rate=16000, seconds=1.0)
+    assert decode_audio(wav, spec).shape == (1, 16000)
+    # whole: 9.6 M float32 samples, 38 MB an array (over 100 MB at the peak); the clip and the
+    # filter's reach each side (32 samples at 1 Hz: 2 x 0.5 M samples at 16 kHz) are a few MB
+    assert _peak_bytes(lambda: decode_audio(wav, spec)) < 24 << 20
+    crop = AudioSpec(sample_rate=16000, seconds=1.0, random_crop=True, seed=4)
+    assert _peak_bytes(lambda: decode_audio(wav, crop, "k")) < 24 << 20
+
+
+@pytest.mark.parametrize(("rate", "to"), [(8000, 16000), (44100, 16000), (22050, 16000), (16000, 44100), (7919, 16000)])
+def test_a_clip_resampled_alone_is_the_clip_of_the_whole_resampled(rate: int, to: int) -> None:
+    signal = np.random.default_rng(rate).uniform(-0.5, 0.5, (2, 3 * rate)).astype(np.float32)
+    wav = _wav(struct.pack("<HHIIHH", 3, 2, rate, rate * 8, 8, 32), signal.T.tobytes())
+    whole = decode_audio(wav, AudioSpec(sample_rate=to, channels=None))
+    spec = AudioSpec(sample_rate=to, channels=None, seconds=0.5, random_crop=True, seed=1)
+    starts = set()
+    for key in (f"k{i}" for i in range(6)):
+        start = spec.crop_start(key, round(3 * rate * to / rate))  # the audio's length at the new rate
+        starts.add(start)
+        clip = whole[:, start:start + spec.length]
+        assert np.allclose(decode_audio(wav, spec, key), clip, atol=1e-6)
+    assert len(starts) > 1
+    head = decode_audio(wav, AudioSpec(sample_rate=to, channels=1, seconds=4.0))  # past the end: padded
+    assert head.shape == (1, 4 * to) and not head[0, 3 * to + 50:].any()
+    assert np.allclose(head[0, :3 * to - 50], whole.mean(axis=0)[:3 * to - 50], atol=1e-6)
+
+
+def test_more_channels_than_channels_none_keeps_are_refused_before_reading() -> None:
+    """A 262 KB WAV whose header says 65,535 channels: kept and resampled, 3.9 GiB."""
+    fmt = struct.pack("<HHIIHH", 1, 65535, 1, 65535, 65535, 8)
+    wav = _wav(fmt, bytes(range(256)) * 1024)
+    spec = AudioSpec(sample_rate=16000, channels=None, seconds=1.0)
+    with pytest.raises(MediaError, match="audio of 65,535 channels, more than the 64 that channels=None keeps"):
+        decode_audio(wav, spec)
+    assert _peak_bytes(lambda: pytest.raises(MediaError, decode_audio, wav, spec)) < 1 << 20
+    assert decode_audio(wav, AudioSpec(sample_rate=16000, channels=2, seconds=1.0)).shape == (2, 16000)
+    assert decode_audio(wav, AudioSpec(sample_rate=16000, channels=1, seconds=1.0)).shape == (1, 16000)
+    with pytest.raises(MediaError, match="65,535 channels"):  # a format PyAV decodes: the same check
+        decode_audio(_wav(struct.pack("<HHIIHH", 6, 65535, 1, 65535, 65535, 8), bytes(65535 * 4)), spec)
+    stored = np.random.default_rng(0).integers(-1000, 1000, (100, 64)).astype("<i2")
+    wav64 = _wav(struct.pack("<HHIIHH", 1, 64, 8000, 8000 * 128, 128, 16), stored.tobytes())
+    assert decode_audio(wav64, AudioSpec(sample_rate=8000, channels=None)).shape == (64, 100)  # 64 is kept
+
+
+def test_64_bit_integer_pcm_decodes_in_wav_and_through_pyav() -> None:
+    """PyAV converts no 64-bit integer frames (its ValueError escaped decode_audio): numpy reads them."""
+    values = np.array([0.0, 0.25, -0.25, -1.0, 0.5, -0.5])
+    fmt = struct.pack("<HHIIHH", 1, 2, 1000, 16000, 16, 64)
+    raw = (values * 2 ** 63).astype("<i8").tobytes()
+    for data in (_wav(fmt, raw), wave64_file(fmt, raw)):
+        audio = decode_audio(data, AudioSpec(sample_rate=1000, channels=None))
+        assert audio.tolist() == values.reshape(3, 2).T.tolist()
+    assert probe(wave64_file(fmt, raw)).codec == "pcm_s64le"
+
+
+def test_a_frame_pyav_cannot_convert_is_a_media_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tarproc.decode import audio
+
+    def refuse(frame: Any) -> np.ndarray:
+        raise ValueError("Conversion from 's64' format to numpy array is not supported.")
+
+    monkeypatch.setattr(audio, "_frame_samples", refuse)
+    with pytest.raises(MediaError, match="cannot decode the audio: Conversion from 's64'"):
+        decode_audio(encode_audio("flac", 0.1, 8000), AudioSpec(sample_rate=8000))
 
 
 def _frame_indices(clip: np.ndarray, frames: int) -> list[int]:
