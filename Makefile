@@ -20,7 +20,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py tarproc/_speedups.c ta
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,torch]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -132,7 +132,8 @@ SANITIZE_DIR   := build-sanitize
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -g
 SANITIZE_TESTS := tests/core/test_c_arguments.py tests/core/test_parity.py tests/core/test_writer_parity.py \
                   tests/core/test_index_parity.py tests/core/test_grouper_parity.py tests/core/test_jpeg_fastpath.py \
-                  tests/core/test_imaging.py tests/core/test_index_fuzz.py tests/core/test_tario_damage.py
+                  tests/core/test_imaging.py tests/core/test_index_fuzz.py tests/core/test_tario_damage.py \
+                  tests/core/test_relayout.py
 SANITIZE_ENV    = PYTHONPATH=$(SANITIZE_DIR) TARPROC_SANITIZED_BUILD=$(SANITIZE_DIR) PYTHONMALLOC=malloc \
                   LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
                   UBSAN_OPTIONS=print_stacktrace=1

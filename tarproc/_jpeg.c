@@ -13,6 +13,17 @@
  * the crop; other damage below the window leaves the window's pixels right and is not seen. Returns
  * (bytearray of RGBX rows -- RGB with channels=3 --, width, height, x_origin, y_origin), the origin being the decoded
  * area's top-left corner in the scaled image (it covers the region asked for, and a little more); or None for CMYK/YCCK images (the caller uses Pillow).
+ * Where the JPEG has restart markers (relayout writes them) whose segments are a part of an MCU row
+ * or whole rows, only the segments that the window (and two pixels, and two MCUs at least, around
+ * it) intersects are entropy-decoded: they are made into a smaller JPEG (window_jpeg) decoded as
+ * above, with the same pixels. Damage in those segments is an error as above; damage in the other
+ * segments is not seen; a marker missing or out of sequence makes it decode from the top as a JPEG
+ * without markers would be.
+ *
+ * relayout(data, interval=0, optimize=False) rewrites a baseline JPEG losslessly with a restart
+ * marker every `interval` MCUs (libjpeg's transcoding: the same coefficients), keeping its markers
+ * (EXIF, ICC...) and the bytes after it: bytes, or a str saying why it is left as it is
+ * (progressive, restart markers, CMYK, arithmetic coding); damaged data is a ValueError.
  *
  * read_header(data) reads a JPEG's headers with libjpeg: (width, height, components), or a
  * ValueError in libjpeg's words (what a user can act on where simplejpeg says only -1).
@@ -198,6 +209,215 @@ static int output_ok(const char *func, int out_w, int out_h, int mode, const Py_
     return 1;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Restart markers: the segments a window needs (decode_region) and the re-layout that writes  */
+/* them (relayout). A restart marker resets the DC predictors, so the entropy-coded data        */
+/* between two markers decodes on its own: a window needs only the segments it intersects.      */
+
+#if JPEG_LIB_VERSION >= 70
+#define MIN_DCT_SCALED_SIZE(c) ((c)->min_DCT_h_scaled_size)
+#else
+#define MIN_DCT_SCALED_SIZE(c) ((c)->min_DCT_scaled_size)
+#endif
+
+static size_t be16(const unsigned char *p)
+{
+    return ((size_t)p[0] << 8) | p[1];
+}
+
+/* How a scan's MCUs fall into restart segments, and which of them a window needs. A segment is
+   either `seg_w` MCUs of one MCU row (the interval divides the row) or whole rows (`seg_rows` of
+   them); other intervals mix rows and columns, and the window is decoded from the top as before. */
+struct segment_plan {
+    size_t per_band, bands;  /* segments across the image, and bands of segment rows down it */
+    size_t s0, s1, b0, b1;   /* the segments the window needs: columns [s0, s1) of bands [b0, b1) */
+    int sub_w, sub_h;        /* the smaller image those segments make, in image pixels */
+    int ox, oy;              /* its top-left corner in the scaled image */
+};
+
+/* 1 where the window (x0, y0, x1, y1 in the scaled image, already inside it) can be decoded from
+   fewer segments than today's path reads (every row down to the window's bottom), else 0. */
+static int plan_segments(const struct jpeg_decompress_struct *c, int x0, int y0, int x1, int y1,
+                         struct segment_plan *plan)
+{
+    if (c->restart_interval == 0 || c->progressive_mode || c->arith_code || c->comps_in_scan != c->num_components)
+        return 0;
+    int n = MIN_DCT_SCALED_SIZE(c); /* an 8-pixel block decodes to n x n pixels */
+    size_t mw = c->num_components == 1 ? 8 : 8 * (size_t)c->max_h_samp_factor;
+    size_t mh = c->num_components == 1 ? 8 : 8 * (size_t)c->max_v_samp_factor;
+    size_t width = c->image_width, height = c->image_height, k = c->restart_interval;
+    size_t per_row = (width + mw - 1) / mw, rows = (height + mh - 1) / mh, seg_w, seg_rows;
+    if (per_row % k == 0) {
+        seg_w = k;
+        seg_rows = 1;
+    } else if (k % per_row == 0) {
+        seg_w = per_row;
+        seg_rows = k / per_row;
+    } else {
+        return 0;
+    }
+    plan->per_band = per_row / seg_w;
+    plan->bands = (rows + seg_rows - 1) / seg_rows;
+    /* the MCUs under the window and two pixels around it: the smaller image's edge pixels are
+       upsampled as an image edge (their chroma neighbour is missing), and two pixels keep every
+       pixel of the window away from them, as the crop decode's own margin does for columns */
+    long long sw = (long long)mw * n / 8, sh = (long long)mh * n / 8;
+    long long xa = (long long)x0 - 2, xb = (long long)x1 + 2, ya = (long long)y0 - 2, yb = (long long)y1 + 2;
+    long long c0 = xa < 0 ? 0 : xa / sw, c1 = (xb + sw - 1) / sw, r0 = ya < 0 ? 0 : ya / sh, r1 = (yb + sh - 1) / sh;
+    if (c1 > (long long)per_row) c1 = (long long)per_row;
+    if (r1 > (long long)rows) r1 = (long long)rows;
+    /* at least two MCUs across and down: libjpeg-turbo upsamples an image whose chroma is two
+       samples wide (3 or 4 pixels of 4:2:0) otherwise than the same columns of a wider image */
+    if (c0 > c1 - 2) c0 = c1 - 2;
+    if (r0 > r1 - 2) r0 = r1 - 2;
+    if (c0 < 0) c0 = 0;
+    if (r0 < 0) r0 = 0;
+    plan->s0 = (size_t)c0 / seg_w;
+    plan->s1 = ((size_t)c1 + seg_w - 1) / seg_w;
+    plan->b0 = (size_t)r0 / seg_rows;
+    plan->b1 = ((size_t)r1 + seg_rows - 1) / seg_rows;
+    if (plan->b0 == 0 && plan->s0 == 0 && plan->s1 == plan->per_band)
+        return 0; /* the rows above and the columns beside are all needed: nothing to skip */
+    size_t x = plan->s0 * seg_w * mw, y = plan->b0 * seg_rows * mh;
+    size_t xe = plan->s1 * seg_w * mw, ye = plan->b1 * seg_rows * mh;
+    plan->sub_w = (int)((xe < width ? xe : width) - x);
+    plan->sub_h = (int)((ye < height ? ye : height) - y);
+    plan->ox = (int)(x / 8 * (size_t)n);
+    plan->oy = (int)(y / 8 * (size_t)n);
+    return 1;
+}
+
+/* The segments of the scan starting at `at`, in one pass over its bytes: 0xFF 0x00 is a stuffed
+   byte, 0xFF 0xD0..0xD7 the restart marker that ends segment i (numbered i mod 8), any other
+   marker the end of the scan. Segment i's bytes are [start[i], stop[i]) (offsets in `base`).
+   1: exactly `count` segments, in order, then the end-of-image marker. 0: the markers don't fit
+   (one missing, misnumbered or extra, or the scan ended by another marker): the caller decodes
+   from the top, with the damage rules of a stream without markers. -1: the data ends inside the
+   scan (cut short). */
+static int find_segments(const unsigned char *base, const unsigned char *at, const unsigned char *end, size_t count,
+                         size_t *start, size_t *stop)
+{
+    size_t n = 0;
+    start[0] = (size_t)(at - base);
+    for (const unsigned char *p = at;;) {
+        const unsigned char *q = memchr(p, 0xFF, (size_t)(end - p));
+        if (q == NULL)
+            return -1;
+        const unsigned char *m = q + 1;
+        while (m < end && *m == 0xFF) /* fill bytes before a marker */
+            m++;
+        if (m >= end)
+            return -1;
+        if (*m == 0x00) {
+            p = m + 1;
+            continue;
+        }
+        stop[n] = (size_t)(q - base);
+        if (*m < 0xD0 || *m > 0xD7)
+            return *m == 0xD9 && n + 1 == count ? 1 : 0;
+        if ((size_t)(*m - 0xD0) != n % 8 || n + 1 >= count)
+            return 0;
+        start[++n] = (size_t)(m + 1 - base);
+        p = m + 1;
+    }
+}
+
+/* The headers before the scan's data (`buf` up to `sos_end`) as a smaller image's: the frame's
+   height and width replaced, APP1..APP13, APP15 and COM left out (APP0 and APP14 stay: they say
+   the colour space). Returns the bytes written to `to` (at most sos_end), or 0 where the headers
+   don't parse as marker segments ending at sos_end. */
+static size_t copy_headers(const unsigned char *buf, size_t sos_end, unsigned char *to, int width, int height)
+{
+    size_t p = 2, n = 2;
+    to[0] = 0xFF;
+    to[1] = 0xD8;
+    while (p < sos_end) {
+        if (buf[p] != 0xFF || p + 1 >= sos_end)
+            return 0;
+        unsigned int m = buf[p + 1];
+        if (m == 0xFF) { /* fill byte */
+            p++;
+            continue;
+        }
+        if (m == 0x01 || (m >= 0xD0 && m <= 0xD8)) { /* markers without a length */
+            p += 2;
+            continue;
+        }
+        if (p + 4 > sos_end)
+            return 0;
+        size_t length = be16(buf + p + 2);
+        if (length < 2 || p + 2 + length > sos_end)
+            return 0;
+        int dropped = (m >= 0xE1 && m <= 0xED) || m == 0xEF || m == 0xFE;
+        if (!dropped) {
+            memcpy(to + n, buf + p, 2 + length);
+            int frame = m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
+            if (frame && length >= 7) {
+                to[n + 5] = (unsigned char)(height >> 8);
+                to[n + 6] = (unsigned char)height;
+                to[n + 7] = (unsigned char)(width >> 8);
+                to[n + 8] = (unsigned char)width;
+            }
+            n += 2 + length;
+        }
+        p += 2 + length;
+    }
+    return p == sos_end ? n : 0;
+}
+
+/* The window's segments as a JPEG of their own: the headers (copy_headers), the segments of
+   `plan` in order with their restart markers renumbered, and an end-of-image marker. 1 with
+   *out (malloc'd) and *out_len; 0 where the stream's markers don't fit the plan (decode it from
+   the top); -1 where it is cut short; -2 out of memory. Touches no Python object (runs without
+   the GIL). */
+static int window_jpeg(const unsigned char *buf, size_t len, size_t sos_end, const struct segment_plan *plan,
+                       unsigned char **out, size_t *out_len)
+{
+    size_t count = plan->per_band * plan->bands;
+    if (count > len / 2 + 1) /* each segment but the last ends with a two-byte marker */
+        return 0;
+    size_t *start = malloc(sizeof(size_t) * count), *stop = malloc(sizeof(size_t) * count);
+    if (start == NULL || stop == NULL) {
+        free(start);
+        free(stop);
+        return -2;
+    }
+    int found = find_segments(buf, buf + sos_end, buf + len, count, start, stop);
+    size_t need = sos_end + 2;
+    for (size_t b = plan->b0; found == 1 && b < plan->b1; b++)
+        for (size_t s = plan->s0; s < plan->s1; s++)
+            need += stop[b * plan->per_band + s] - start[b * plan->per_band + s] + 2;
+    unsigned char *to = found == 1 ? malloc(need) : NULL;
+    if (found == 1 && to == NULL)
+        found = -2;
+    size_t n = found == 1 ? copy_headers(buf, sos_end, to, plan->sub_w, plan->sub_h) : 0;
+    if (found == 1 && n == 0)
+        found = 0;
+    if (found == 1) {
+        size_t marker = 0;
+        for (size_t b = plan->b0; b < plan->b1; b++) {
+            for (size_t s = plan->s0; s < plan->s1; s++) {
+                size_t i = b * plan->per_band + s;
+                if (marker > 0 || b > plan->b0 || s > plan->s0) {
+                    to[n++] = 0xFF;
+                    to[n++] = (unsigned char)(0xD0 + (marker++ % 8));
+                }
+                memcpy(to + n, buf + start[i], stop[i] - start[i]);
+                n += stop[i] - start[i];
+            }
+        }
+        to[n++] = 0xFF;
+        to[n++] = 0xD9;
+        *out = to;
+        *out_len = n;
+    } else {
+        free(to);
+    }
+    free(start);
+    free(stop);
+    return found;
+}
+
 static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer data;
@@ -231,6 +451,7 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
     PyObject *result = NULL;
     PyObject *volatile out = NULL;
     PyThreadState *volatile released = NULL; /* the GIL, while libjpeg works */
+    unsigned char *volatile window = NULL;   /* the window's restart segments as a JPEG of their own */
     new_decompressor(&cinfo, &err);
     if (setjmp(err.jump)) { /* libjpeg failed: take the GIL back before touching Python objects */
         if (released != NULL)
@@ -238,10 +459,12 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
         jpeg_destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
         Py_XDECREF(out);
+        free(window);
         PyErr_SetString(PyExc_ValueError, err.message[0] ? err.message : "JPEG decoding failed");
         return NULL;
     }
-    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+    const unsigned char *buf = (const unsigned char *)data.buf;
+    jpeg_mem_src(&cinfo, buf, (unsigned long)data.len);
     jpeg_read_header(&cinfo, TRUE);
     if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
         jpeg_destroy_decompress(&cinfo);
@@ -252,7 +475,7 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
     cinfo.scale_num = (unsigned int)num;
     cinfo.scale_denom = (unsigned int)denom;
     cinfo.dct_method = JDCT_ISLOW;
-    jpeg_start_decompress(&cinfo);
+    jpeg_calc_output_dimensions(&cinfo);
     int width = (int)cinfo.output_width, height = (int)cinfo.output_height;
     if (x1 <= 0 || y1 <= 0 || x0 >= width || y0 >= height) {
         jpeg_destroy_decompress(&cinfo);
@@ -261,6 +484,47 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
                      "(decoded at %d/%d)", x0, y0, x1, y1, width, height, num, denom * 8);
         return NULL;
     }
+    /* with restart markers, decode only the segments the window intersects: they make a smaller
+       JPEG (same tables, the frame's size cut to them), decoded below as any other, its origin
+       (ox, oy) added back. Its pixels in the window are the whole image's: the same blocks, the
+       same upsampling (a margin of one MCU around the window keeps the neighbours it reads). */
+    int ox = 0, oy = 0;
+    struct segment_plan plan;
+    if (plan_segments(&cinfo, x0, y0, x1, y1, &plan)) {
+        size_t sos_end = (size_t)(cinfo.src->next_input_byte - buf), window_len = 0;
+        unsigned char *made = NULL;
+        released = PyEval_SaveThread();
+        int found = window_jpeg(buf, (size_t)data.len, sos_end, &plan, &made, &window_len);
+        PyEval_RestoreThread(released);
+        released = NULL;
+        window = made;
+        if (found < 0) {
+            jpeg_destroy_decompress(&cinfo);
+            PyBuffer_Release(&data);
+            if (found == -2)
+                return PyErr_NoMemory();
+            PyErr_SetString(PyExc_ValueError, "Premature end of JPEG file (no end-of-image marker: the data is cut short)");
+            return NULL;
+        }
+        if (found == 1) {
+            jpeg_abort_decompress(&cinfo);
+            jpeg_mem_src(&cinfo, window, (unsigned long)window_len);
+            jpeg_read_header(&cinfo, TRUE);
+            cinfo.out_color_space = channels == 3 ? JCS_RGB : JCS_EXT_RGBX;
+            cinfo.scale_num = (unsigned int)num;
+            cinfo.scale_denom = (unsigned int)denom;
+            cinfo.dct_method = JDCT_ISLOW;
+            ox = plan.ox;
+            oy = plan.oy;
+            x0 -= ox;
+            x1 -= ox;
+            y0 -= oy;
+            y1 -= oy;
+        }
+    }
+    jpeg_start_decompress(&cinfo);
+    width = (int)cinfo.output_width;
+    height = (int)cinfo.output_height;
     /* the outermost decoded columns of a cropped decode are upsampled as an image edge (their
        chroma neighbours are missing): decode two more on each side, so the region asked for
        gets exactly the pixels of a full decode. Clamped to the image before the widening, which
@@ -279,6 +543,7 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
     if (out == NULL) {
         jpeg_destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
+        free(window);
         return NULL;
     }
     unsigned char *pixels = (unsigned char *)PyByteArray_AS_STRING(out);
@@ -309,13 +574,197 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
     released = NULL;
     jpeg_destroy_decompress(&cinfo);
     PyBuffer_Release(&data);
+    free(window);
+    window = NULL;
     if (err.warned || cut_short) {
         Py_DECREF(out);
         PyErr_SetString(PyExc_ValueError, err.warned ? err.message
                         : "Premature end of JPEG file (no end-of-image marker: the data is cut short)");
         return NULL;
     }
-    result = Py_BuildValue("(Niiii)", out, (int)cinfo.output_width, rows, (int)xoffset, y0);
+    result = Py_BuildValue("(Niiii)", out, (int)cinfo.output_width, rows, (int)xoffset + ox, y0 + oy);
+    return result;
+}
+
+/* The restart interval relayout chooses for a scan of `rows` rows of `per_row` MCUs, from a file
+   of `size` bytes: the divisor of the row that cuts it into the number of segments nearest 8 (at
+   most 16), so that a crop of part of the width entropy-decodes little more than its own columns;
+   fewer where the markers (about 4 bytes each, with the DC values they reset) would cost more
+   than about 1.5% of the file: one segment a row, or a segment of several rows for a small file.
+   A row whose divisors give no such cut (a prime number of MCUs) gets one segment a row. */
+static unsigned int auto_interval(size_t per_row, size_t rows, size_t size)
+{
+    size_t budget = size / 300, best = 0;
+    double best_score = 1e9;
+    for (size_t d = 1; d <= per_row; d++) {
+        size_t across = per_row / d;
+        if (per_row % d != 0 || across > 16 || across * rows > budget)
+            continue;
+        double score = fabs(log((double)across / 8.0));
+        if (score < best_score) {
+            best_score = score;
+            best = d;
+        }
+    }
+    if (best == 0) /* not even a segment a row fits the budget: segments of several rows */
+        best = per_row * (budget == 0 ? rows : (rows + budget - 1) / budget);
+    return best > 65535 ? 65535 : (unsigned int)best;
+}
+
+/* Give `dst` the Huffman tables of `src`, table for table and component for component, where they
+   can code the re-laid data: the coefficients are the same, so every AC symbol is in them; only
+   the first DC difference of each segment changes (taken from 0, not from the block before), so
+   each DC table must code every category a DC value can have (0..11, as the standard tables do).
+   1 where they were given (no statistics pass, the size grows by the markers alone), 0 where the
+   tables must be optimized instead. */
+static int keep_tables(const struct jpeg_decompress_struct *src, struct jpeg_compress_struct *dst)
+{
+    for (int i = 0; i < NUM_HUFF_TBLS; i++) {
+        const JHUFF_TBL *dc = src->dc_huff_tbl_ptrs[i];
+        if (dc == NULL)
+            continue;
+        int count = 0, seen[16] = {0};
+        for (int l = 1; l <= 16; l++)
+            count += dc->bits[l];
+        for (int k = 0; k < count && k < 256; k++)
+            if (dc->huffval[k] < 16)
+                seen[dc->huffval[k]] = 1;
+        for (int c = 0; c < 12; c++)
+            if (!seen[c])
+                return 0;
+    }
+    for (int c = 0; c < src->num_components; c++) {
+        int d = src->comp_info[c].dc_tbl_no, a = src->comp_info[c].ac_tbl_no;
+        if (d < 0 || d >= NUM_HUFF_TBLS || a < 0 || a >= NUM_HUFF_TBLS || src->dc_huff_tbl_ptrs[d] == NULL ||
+            src->ac_huff_tbl_ptrs[a] == NULL)
+            return 0;
+    }
+    for (int i = 0; i < NUM_HUFF_TBLS; i++) {
+        JHUFF_TBL **pairs[2][2] = {{&dst->dc_huff_tbl_ptrs[i], (JHUFF_TBL **)&src->dc_huff_tbl_ptrs[i]},
+                                   {&dst->ac_huff_tbl_ptrs[i], (JHUFF_TBL **)&src->ac_huff_tbl_ptrs[i]}};
+        for (int j = 0; j < 2; j++) {
+            const JHUFF_TBL *from = *pairs[j][1];
+            if (from == NULL)
+                continue;
+            if (*pairs[j][0] == NULL)
+                *pairs[j][0] = jpeg_alloc_huff_table((j_common_ptr)dst);
+            memcpy((*pairs[j][0])->bits, from->bits, sizeof(from->bits));
+            memcpy((*pairs[j][0])->huffval, from->huffval, sizeof(from->huffval));
+            (*pairs[j][0])->sent_table = FALSE;
+        }
+    }
+    for (int c = 0; c < src->num_components; c++) {
+        dst->comp_info[c].dc_tbl_no = src->comp_info[c].dc_tbl_no;
+        dst->comp_info[c].ac_tbl_no = src->comp_info[c].ac_tbl_no;
+    }
+    return 1;
+}
+
+/* relayout(data, interval=0, optimize=False) -> bytes, or a str saying why the JPEG is left as it
+   is ("progressive", "restart markers", "CMYK", "arithmetic coding"). The same coefficients
+   written again (libjpeg's transcoding, as jpegtran -restart does), with a restart marker every
+   `interval` MCUs (0: auto_interval's choice) and the input's Huffman tables (keep_tables), or
+   tables optimized for the image where those can't be kept or with `optimize` (a pass more: a few
+   percent smaller, about half the speed): the decoded pixels are the input's. The APPn and COM markers are copied (EXIF, ICC
+   profiles, XMP), and so are the bytes after the end-of-image marker. Damaged data (a libjpeg
+   error or warning: cut short, corrupt) is a ValueError in libjpeg's words. Runs without the GIL. */
+static PyObject *relayout(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer data;
+    int interval = 0, optimize = 0;
+    if (!PyArg_ParseTuple(args, "y*|ip", &data, &interval, &optimize))
+        return NULL;
+    if (interval < 0 || interval > 65535) {
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "relayout: interval must be 0 (chosen from the width) to 65535 MCUs, not %d",
+                     interval);
+        return NULL;
+    }
+    if (!jpeg_length_ok(&data, "relayout")) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    struct jpeg_decompress_struct src;
+    struct jpeg_compress_struct dst;
+    struct error_manager err;
+    unsigned char *outbuf = NULL; /* libjpeg's (malloc'd, grown as it writes); ours to free */
+    unsigned long outsize = 0;
+    const char *volatile reason = NULL;
+    PyThreadState *volatile released = NULL;
+    new_decompressor(&src, &err);
+    memset(&dst, 0, sizeof(dst));
+    dst.err = &err.pub; /* one error manager: either's failure jumps here */
+    jpeg_create_compress(&dst);
+    if (setjmp(err.jump)) {
+        if (released != NULL)
+            PyEval_RestoreThread(released);
+        jpeg_destroy_compress(&dst);
+        jpeg_destroy_decompress(&src);
+        free(outbuf);
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, err.message[0] ? err.message : "JPEG transcoding failed");
+        return NULL;
+    }
+    released = PyEval_SaveThread();
+    jpeg_mem_src(&src, (const unsigned char *)data.buf, (unsigned long)data.len);
+    jpeg_save_markers(&src, JPEG_COM, 0xFFFF);
+    for (int m = 0; m < 16; m++)
+        jpeg_save_markers(&src, JPEG_APP0 + m, 0xFFFF);
+    jpeg_read_header(&src, TRUE);
+    if (src.jpeg_color_space == JCS_CMYK || src.jpeg_color_space == JCS_YCCK)
+        reason = "CMYK";
+    else if (src.progressive_mode)
+        reason = "progressive";
+    else if (src.arith_code)
+        reason = "arithmetic coding";
+    else if (src.restart_interval != 0)
+        reason = "restart markers";
+    size_t trailing = 0;
+    if (reason == NULL) {
+        jvirt_barray_ptr *coefficients = jpeg_read_coefficients(&src);
+        if (err.warned)
+            longjmp(err.jump, 1); /* damaged: err.message says how */
+        jpeg_copy_critical_parameters(&src, &dst);
+        dst.optimize_coding = optimize || !keep_tables(&src, &dst) ? TRUE : FALSE;
+        size_t mw = src.num_components == 1 ? 8 : 8 * (size_t)src.max_h_samp_factor;
+        size_t mh = src.num_components == 1 ? 8 : 8 * (size_t)src.max_v_samp_factor;
+        dst.restart_interval = interval ? (unsigned int)interval
+                                        : auto_interval((src.image_width + mw - 1) / mw,
+                                                        (src.image_height + mh - 1) / mh, (size_t)data.len);
+        jpeg_mem_dest(&dst, &outbuf, &outsize);
+        jpeg_write_coefficients(&dst, coefficients);
+        for (jpeg_saved_marker_ptr m = src.marker_list; m != NULL; m = m->next) {
+            /* the JFIF and Adobe markers that libjpeg writes itself are not written twice */
+            if (dst.write_JFIF_header && m->marker == JPEG_APP0 && m->data_length >= 5 &&
+                memcmp(m->data, "JFIF", 5) == 0)
+                continue;
+            if (dst.write_Adobe_marker && m->marker == JPEG_APP0 + 14 && m->data_length >= 5 &&
+                memcmp(m->data, "Adobe", 5) == 0)
+                continue;
+            jpeg_write_marker(&dst, m->marker, m->data, m->data_length);
+        }
+        jpeg_finish_compress(&dst);
+        jpeg_finish_decompress(&src);
+        if (err.warned)
+            longjmp(err.jump, 1);
+        trailing = src.src->bytes_in_buffer;
+    }
+    PyEval_RestoreThread(released);
+    released = NULL;
+    PyObject *result;
+    if (reason != NULL) {
+        result = PyUnicode_FromString(reason);
+    } else {
+        result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(outsize + trailing));
+        if (result != NULL) {
+            memcpy(PyBytes_AS_STRING(result), outbuf, outsize);
+            memcpy(PyBytes_AS_STRING(result) + outsize, (const char *)data.buf + data.len - trailing, trailing);
+        }
+    }
+    jpeg_destroy_compress(&dst);
+    jpeg_destroy_decompress(&src);
+    free(outbuf);
+    PyBuffer_Release(&data);
     return result;
 }
 
@@ -881,6 +1330,7 @@ static PyObject *warp(PyObject *Py_UNUSED(self), PyObject *args)
 
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS, "Decode the rows and columns of a JPEG that a crop needs (RGBX)."},
+    {"relayout", relayout, METH_VARARGS, "relayout(data, interval=0, optimize=False) -> the JPEG with restart markers (bytes), or why not (str)."},
     {"read_header", read_header, METH_O, "read_header(data) -> (width, height, components), or ValueError in libjpeg's words."},
     {"resample", resample, METH_VARARGS, "Pillow's antialiased bilinear resize of a window, fused with colour, flip and lookup."},
     {"use_simd", use_simd, METH_O, "use_simd(flag) -> whether resample now runs its AVX2 passes (for tests)."},

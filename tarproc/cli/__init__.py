@@ -21,4 +21,5 @@ COMMANDS = {
     "tarrecv": "tarproc.cli.tarrecv:main",
     "tarkeys": "tarproc.cli.tarkeys:main",
     "tarjob": "tarproc.cli.tarjob:main",
+    "tarjpeg": "tarproc.cli.tarjpeg:main",
 }

@@ -47,6 +47,8 @@ VOCABULARY: dict[str, Flag] = {
     "-o": Flag("Where the output goes: '-' (stdout), a path or a URL (tarsplit: a pattern of shard names)."),
     "--output": Flag("Long form of -o."),
     "--force": Flag("Write binary output (a tar stream, an image, bytes) even when stdout is a terminal."),
+    "--overwrite": Flag("Replace a file the command otherwise refuses to replace (tarkeys: existing keys; tarindex: "
+                        "another tool's index)."),
     "--mtime": Flag("mtime of written members."),
     "--uid": Flag("Owner id of written members."),
     "--gid": Flag("Group id of written members."),
@@ -88,7 +90,9 @@ VOCABULARY: dict[str, Flag] = {
     "-p": Flag("How many run at once, as xargs -P: the long name says what runs (--readers, --processes, "
                "--senders)."),
     "--senders": Flag("How many sender processes: tarserve starts them, tarrecv waits for them to finish."),
-    "--processes": Flag("Long form of -p where processes run: tarproc's commands, tardecode's decoders."),
+    "--threads": Flag("Long form of -p where threads run: tarjpeg's re-layout threads; tarserve's decoders."),
+    "--processes": Flag("Long form of -p where processes run: tarproc's commands, tardecode's decoders, "
+                        "tarshow --decode's checks."),
     "--command-timeout": Flag("Seconds a command run for a sample (tarproc) or a shard (tarjob) may take; then its "
                               "whole process group is killed."),
     "--tmpdir": Flag("Directory for temporary files [default: $TMPDIR or /tmp]."),
@@ -102,13 +106,22 @@ VOCABULARY: dict[str, Flag] = {
     "--traceback": Flag("Show the Python traceback of an error (for debugging)."),
     "--version": Flag("Print the version and exit."),
     # files other than tar
+    "--classes": Flag(
+        "The class names file: one name a line, line i naming label i (tarshow reads it).",
+        {"tarcreate": "--classes FILE is where tarcreate --classes-from-dirs writes that file: the same file, "
+                      "written there and read by tarshow.",
+         "tsv2tar": "tarcreate's other name: --classes FILE is where --classes-from-dirs writes that file."}),
     "--format": Flag("Format of the command's other file (tar2tsv's table, tarcreate's plan, tarindex's index)."),
     "--name": Flag("Name given to what the command makes (a wids dataset, a Kubernetes or Slurm job)."),
     # decoding images (tardecode, tarserve)
     "--field": Flag("The image field: the first of these names a sample has."),
     "--output-field": Flag("Name of the decoded image array."),
     "--device": Flag("Decoding backend: cpu, dali-cpu or gpu; auto = gpu if present."),
-    "--decode": Flag("Another spelling of --device."),
+    "--decode": Flag(
+        "Another spelling of --device.",
+        {"tarshow": "--decode is a flag of --summary and --report: decode every image, audio and video field and "
+                    "list those that fail. It picks no backend (the checks run on the CPU), so it takes no value; "
+                    "tarshow has no --device."}),
     "-b": Flag("Images per batch."),
     "--batch-size": Flag("Long form of -b."),
     "--size": Flag("Output N x N images."),

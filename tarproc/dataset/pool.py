@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from .fields import BatchDict, BatchTuple
+
 RING = 4  # buffers per worker: the DataLoader's prefetch (2 by default), the loop's batch, one spare
 CELLS = 4096  # lease cells shared by all the workers of a dataset (of every loader and rank using it)
 
@@ -222,7 +224,7 @@ def _received(batch: Any, marks: list[tuple[Any, str, int, int]]) -> Any:
     return batch
 
 
-class _SharedTuple(tuple):  # type: ignore[type-arg]
+class _SharedTuple(BatchTuple):
     """A tuple batch on its way out of a worker. ``_fields`` makes torch's default_convert rebuild
     it as it rebuilds a namedtuple (``type(batch)(*items)``), keeping the wrapper."""
 
@@ -235,7 +237,7 @@ class _SharedTuple(tuple):  # type: ignore[type-arg]
         return _received, (tuple(self), _marks(list(enumerate(self))))
 
 
-class _SharedDict(dict):  # type: ignore[type-arg]
+class _SharedDict(BatchDict):
     """A dict batch on its way out of a worker (default_convert copies it with ``copy.copy``)."""
 
     def __copy__(self) -> _SharedDict:

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tar", ("tar", "tario")),
     ("io", ("sources", "sinks")),
     ("records", ("samples", "stages", "index", "shards", "sort", "process", "pcat", "first", "tables", "classnames")),
-    ("media", ("content", "imaging", "decode", "show")),
+    ("media", ("content", "imaging", "decode", "show", "relayout")),
     ("consumers", ("dataset", "transport", "jobs", "view")),
     ("front", ("cli", "demo", "__init__")),
 ]
