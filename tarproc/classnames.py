@@ -29,19 +29,16 @@ class ClassNamesError(TarprocError):
 def read_class_names(path: str) -> list[str]:
     """The names in ``path`` (local or a URL), one a line, line i naming label i; blank lines at the
     end are dropped. Raises ``ClassNamesError`` naming the file when it can't be read or isn't text."""
-    from .sources import open_source
+    import os
 
+    from .sources import local_path, open_source, read_to_end
+
+    local = local_path(path)
+    if local is not None and os.path.isdir(local):  # open_source would call it "not a tar file"
+        raise ClassNamesError("is a directory, not a list of class names", path)
     try:
         with open_source(path) as src:
-            chunks: list[bytes] = []  # a source's read may return less than asked: read to the end
-            size = 0
-            while size <= MAX_CLASSES_BYTES:
-                chunk = src.read(MAX_CLASSES_BYTES + 1 - size)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            data = b"".join(chunks)
+            data = read_to_end(src, MAX_CLASSES_BYTES + 1)
     except SourceError as e:
         raise ClassNamesError(e.message, path) from None
     if len(data) > MAX_CLASSES_BYTES:
@@ -60,6 +57,8 @@ def read_class_names(path: str) -> list[str]:
 def class_names_beside(urls: Sequence[str]) -> list[str] | None:
     """The names in the ``classes.txt`` in the directory of the first shard, when it has one (local
     shards only: a remote listing would cost a request per run); None otherwise."""
+    import os
+
     from .sources import local_path
 
     if not urls:
@@ -68,8 +67,6 @@ def class_names_beside(urls: Sequence[str]) -> list[str] | None:
     if path is None or urls[0] == "-":
         return None
     candidate = posixpath.join(posixpath.dirname(path) or ".", CLASSES_FILE)
-    import os
-
     if not os.path.isfile(candidate):
         return None
     return read_class_names(candidate)

@@ -74,7 +74,12 @@ PROBLEMS = {
     "damaged_images": "images cut short or damaged (no end marker, or chunks past the end)",
     "non_integer_labels": "labels that are not integers among integer labels",
     "decode_failures": "fields that fail to decode (--decode)",
+    "odd_audio": "audio whose header declares a rate or channel count no recording has (damage, or a decode bomb)",
 }
+# audio beyond these is said as a problem: training's decode refuses more channels than
+# tarproc.decode.audio.MAX_CHANNELS (64), and a rate this low turns a few KB into hours to resample
+MAX_AUDIO_CHANNELS = 64
+MIN_AUDIO_RATE = 1000  # Hz; telephone speech is 8000
 DECODE_SHOWN = 20  # decode failures the text report lists one by one (--json lists up to MAX_LISTED)
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null",
                list: "array", dict: "object"}
@@ -102,15 +107,16 @@ def plural(n: int, word: str, words: str | None = None) -> str:
     return f"{n} {word if n == 1 else (words or word + 's')}"
 
 
-def tarfirst_command(url: str | None, key: str, field: str) -> str:
-    """The command that writes this sample's field to stdout.
+def tarfirst_command(url: str | None, key: str, field: str | None) -> str:
+    """The command that writes this sample's field to stdout (``field`` None: its first member).
 
     >>> tarfirst_command("data/train 1.tar", "a/001", "jpg")
     "tarfirst 'data/train 1.tar' --key a/001 -f jpg"
     """
     import shlex  # here: tarshow starts without it
 
-    return f"tarfirst {shlex.quote(url or '-')} --key {shlex.quote(key)} -f {shlex.quote(field)}"
+    command = f"tarfirst {shlex.quote(url or '-')} --key {shlex.quote(key)}"
+    return command if field is None else f"{command} -f {shlex.quote(field)}"
 
 
 class Tally:
@@ -371,6 +377,32 @@ def riff_damage(data: bytes | bytearray | memoryview) -> str | None:
     if declared > len(data):
         return f"cut short: its RIFF header declares {declared} bytes, {len(data)} are there"
     return None
+
+
+def odd_audio(rate: int | None, channels: int | None, duration: float | None) -> str | None:
+    """Why audio with this header is damage or a decode bomb, or None: more channels than a
+    training decode keeps, or a sample rate under ``MIN_AUDIO_RATE`` (a 3.6 KB WAV at 1 Hz says
+    it is an hour long).
+
+    >>> odd_audio(1, 1, 3600.0), odd_audio(16000, 65535, 0.0), odd_audio(16000, 2, 3.0)
+    ('sample rate 1 Hz (3600 s declared)', '65,535 channels (training keeps at most 64)', None)
+    """
+    if channels is not None and channels > MAX_AUDIO_CHANNELS:
+        return f"{channels:,} channels (training keeps at most {MAX_AUDIO_CHANNELS})"
+    if rate is not None and 0 < rate < MIN_AUDIO_RATE:
+        declared = f" ({duration:g} s declared)" if duration is not None and math.isfinite(duration) else ""
+        return f"sample rate {rate} Hz{declared}"
+    return None
+
+
+def not_an_image(sniffed: str) -> str:
+    """Why an image field whose data sniffs as ``sniffed`` (no image type) shows no picture: the
+    one wording of the summary, the report and the viewer.
+
+    >>> not_an_image("text"), not_an_image("empty")
+    ('not an image (the data looks like text)', 'no data (an empty field)')
+    """
+    return "no data (an empty field)" if sniffed == "empty" else f"not an image (the data looks like {sniffed})"
 
 
 def field_damage(sniffed: str, data: bytes | bytearray | memoryview) -> str | None:
@@ -663,8 +695,7 @@ class ContentStats:
                claimed: str | None) -> None:
         if sniffed not in IMAGE_TYPES:
             fc.undecodable += 1
-            self.problems["undecodable_images"].add(key, field, url, f"not an image (the data looks like {sniffed})",
-                                                    data)
+            self.problems["undecodable_images"].add(key, field, url, not_an_image(sniffed), data)
             return
         fc.formats.add(sniffed)
         if claimed is not None and claimed != sniffed and {claimed, sniffed} != {"heic", "heif"}:
@@ -752,6 +783,9 @@ class ContentStats:
                 fc.sample_rates.add(str(info.sample_rate))
             if info.channels:
                 fc.audio_channels.add(str(info.channels))
+            odd = odd_audio(info.sample_rate, info.channels, info.duration)
+            if odd is not None:
+                self.problems["odd_audio"].add(key, field, url, odd, data)
         else:
             if info.fps and math.isfinite(info.fps):
                 fc.fps.add(f"{info.fps:g}")
@@ -974,4 +1008,4 @@ def decode_listed() -> int:
 
 
 __all__ = ["PROBLEMS", "ContentStats", "Distribution", "FieldContent", "Observer", "Tally", "classes", "field_damage",
-           "hours", "media_hours", "median_of_counts", "plural", "sniff_content", "tarfirst_command"]
+           "hours", "media_hours", "median_of_counts", "not_an_image", "odd_audio", "plural", "sniff_content", "tarfirst_command"]

@@ -67,7 +67,7 @@ from .errors import (
     warner,
 )
 from .samples import Sample, group_keyed
-from .sources import Network, is_fsspec_url, local_path, open_source
+from .sources import Network, is_fsspec_url, local_path, open_source, read_to_end
 from .sources.remote import url_to_fs
 from .tar import (
     BLOCK,
@@ -587,10 +587,7 @@ def load_index(url: str, network: Network | None = None) -> ShardIndex:
     """Read an index file (a path or any URL ``open_source`` takes) in the ``tarproc`` format;
     a remote one as ``network`` says (its retries, its shard cache)."""
     with open_source(url, network=network) as source:
-        chunks = []
-        while chunk := source.read(1 << 20):
-            chunks.append(chunk)
-    raw = b"".join(chunks)
+        raw = read_to_end(source)
     kind = index_kind(raw[:_SNIFF_BYTES])
     if kind is not None and kind != "tarproc":
         raise foreign_index_error(url, kind)
@@ -661,23 +658,10 @@ def index_kind_at(url: str, network: Network | None = None) -> str | None:
         return None
     try:
         with open_source(url, network=network) as source:
-            head = _read_up_to(source, _SNIFF_BYTES)
+            head = read_to_end(source, _SNIFF_BYTES)
     except SourceError:
         return None
     return index_kind(head)
-
-
-def _read_up_to(source: Any, limit: int | None = None, head: bytes = b"") -> bytes:
-    """``head`` and what follows it in ``source``, up to ``limit`` bytes in all (None: to the end)."""
-    chunks = [head]
-    got = len(head)
-    while limit is None or got < limit:
-        chunk = source.read(1 << 20 if limit is None else min(1 << 20, limit - got))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
 
 
 def foreign_index_error(url: str | None, kind: str) -> ForeignIndexError:
@@ -756,7 +740,7 @@ def parse_energon_index(data: bytes, url: str | None = None) -> EnergonIndex:
 
 def read_energon_index(source: Any, url: str | None, head: bytes = b"") -> EnergonIndex:
     """Energon's index from an open ``source``, of which ``head`` was read already."""
-    return parse_energon_index(_read_up_to(source, None, head), url)
+    return parse_energon_index(read_to_end(source, None, head), url)
 
 
 def load_energon_index(url: str, network: Network | None = None) -> EnergonIndex:
@@ -831,7 +815,7 @@ def check_index_file(shard_url: str, index_url: str, *, policy: ReadPolicy = Rea
 
 def _read_text(url: str) -> str:
     with open_source(url) as source:
-        raw = _read_up_to(source)
+        raw = read_to_end(source)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -372,7 +372,7 @@ class Summary:
         if self._want_examples and len(self._sample_fields) < len(self.fields):
             self._note_missing(self._key, self._sample_fields)
         if self.observer is not None and len(self._sample_fields) < len(self.fields):
-            self._observe_missing(self._key, self._sample_fields)
+            self._observe_missing(self._key, self._sample_fields, self.samples)
         self._key = ""
         self._sample_fields = {}
 
@@ -387,12 +387,14 @@ class Summary:
                 if len(examples) >= EXAMPLES:
                     self._want_examples.discard(name)
 
-    def _observe_missing(self, key: str, have: dict[str, int]) -> None:
-        """Tell the observer of the fields seen so far that this sample lacks (a problem if most
-        samples have them: the report checks at the end)."""
+    def _observe_missing(self, key: str, have: dict[str, int], samples: int) -> None:
+        """Tell the observer of the fields that most of the ``samples`` read so far have and this
+        sample lacks (a problem if most samples have them at the end: the report checks then). Not
+        every field seen so far: a rare field (a PNG among JPEGs) would make every other sample one
+        to keep, and crowd the damaged ones out of the report's cards."""
         assert self.observer is not None
-        for name in self.fields:
-            if name not in have:
+        for name, fs in self.fields.items():
+            if name not in have and 2 * (fs.samples + len(fs.pending)) > samples:
                 self.observer("missing", self._url, key, name, f"no {name} field", None)
 
     def _new_field(self, key: str, field: str) -> FieldStats | None:
@@ -459,7 +461,7 @@ class Summary:
                         if want_examples and len(have) < len(fields):
                             self._note_missing(cur_key, have)
                         if observe and len(have) < len(fields):
-                            self._observe_missing(cur_key, have)
+                            self._observe_missing(cur_key, have, samples)
                         if not samples % FLUSH_EVERY:
                             self._flush()
                         cur_key, have = "", {}

@@ -85,7 +85,8 @@ naming them on stderr; an input with no sample at all is a problem too. --summar
 also say what the fields hold, read from headers (no pixel decoded): image formats (and
 extensions that lie), sizes and modes, and images cut short (a JPEG without its end marker, a
 PNG or WebP whose chunks run past the end); audio and video duration (and the total hours),
-rate, channels, fps and codec (PyAV: pip install 'tarproc[media]'; WAV without it); text
+rate, channels, fps and codec (PyAV: pip install 'tarproc[media]'; WAV without it), and audio
+whose rate (under 1 kHz) or channels (over 64) no recording has: damage or a decode bomb; text
 lengths, empty and non-UTF-8 text; JSON key coverage and value types; the classes of cls and
 label fields, and labels that are not integers where the others are. Each problem names the
 tarfirst command that pulls the sample out. --bytes-only leaves all that out (sizes and names

@@ -177,6 +177,19 @@ def _check_batch(jobs: list[tuple[str, bytes]]) -> list[str | None]:
     return [_answer(kind, data) for kind, data in jobs]
 
 
+def _init_worker(setup: Any) -> None:
+    """A worker leaves Ctrl-C and SIGTERM to the parent, which stops the pool. A forked worker
+    would otherwise raise on them, perhaps while it holds the result queue's lock: the parent
+    then waits for the pool forever (``tarshow --summary --decode -p 2`` hung on Ctrl-C)."""
+    import signal
+
+    adopt_warnings_setup(setup)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("SIGTERM", "SIGHUP"):  # the commands' handlers, inherited through fork
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 class DecodeCheck:
     """Decodes fields as they are added and keeps what failed: counts per kind, the failures in the
     order the fields came (``MAX_LISTED`` of them, with the ``tarfirst`` command), the count of
@@ -221,7 +234,7 @@ class DecodeCheck:
             # fork starts workers in milliseconds and needs no importable __main__; elsewhere the default
             method = "fork" if sys.platform.startswith("linux") else None
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                self.processes, mp_context=multiprocessing.get_context(method), initializer=adopt_warnings_setup,
+                self.processes, mp_context=multiprocessing.get_context(method), initializer=_init_worker,
                 initargs=(warnings_setup() if method != "fork" else None,),
             )
         future = self._pool.submit(_check_batch, [(kind, data) for _, _, _, kind, data in batch])

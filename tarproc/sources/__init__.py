@@ -385,6 +385,26 @@ def open_source(
     return Source(url, raw if raw is not None else open_remote(url, offset, network, prefetcher.budget, end))
 
 
+def read_to_end(source: Any, limit: int | None = None, head: bytes = b"") -> bytes:
+    """``head`` and what follows it in ``source`` (an open stream), up to ``limit`` bytes in all
+    (None: to the end). A source's ``read(n)`` may return less than ``n`` before its end (a pipe,
+    a remote read): this reads until it returns nothing. Ask for ``limit + 1`` to tell a source of
+    exactly ``limit`` bytes from a longer one.
+
+    >>> read_to_end(io.BytesIO(b"abcdef"), 4, b"<"), read_to_end(io.BytesIO(b"abcdef"))
+    (b'<abc', b'abcdef')
+    """
+    chunks = [head]
+    got = len(head)
+    while limit is None or got < limit:
+        chunk = source.read(1 << 20 if limit is None else min(1 << 20, limit - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
 def open_remote(url: str, offset: int = 0, network: Network | None = None, budget: Budget | None = None,
                 end: int | None = None) -> Any:
     """The raw stream of a remote URL from byte ``offset`` on, for a ``Source``. With a shard
@@ -452,5 +472,6 @@ class _Unclosable:
 
 __all__ = [
     "Identity", "Network", "Prefetcher", "Source", "configure", "expand_braces", "expand_urls", "finish_fills",
-    "is_fsspec_url", "local_path", "open_remote", "open_source", "read_list_file", "settings", "shard_cache",
+    "is_fsspec_url", "local_path", "open_remote", "open_source", "read_list_file", "read_to_end", "settings",
+    "shard_cache",
 ]

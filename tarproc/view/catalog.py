@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Container, Iterator
 from typing import Any, NamedTuple
 
-from ..content import IMAGE_TYPES, field_damage, jpeg_header, png_header, sniff_content
+from ..content import IMAGE_TYPES, field_damage, jpeg_header, not_an_image, png_header, sniff_content
 from ..errors import IndexFileError, OptionError, SourceError, TarFormatError, TarprocError
 from ..fieldspec import IMAGE_FORMATS
 from ..index import IndexedShard, IndexEntry, default_index_url
@@ -110,13 +110,11 @@ def image_problem(data: bytes) -> str | None:
     in it, cut short (``content.field_damage``) or a header that can't be read. None when fine.
 
     >>> image_problem(b""), image_problem(b"hello"), image_problem(bytes.fromhex("ffd8ffe0"))
-    ('empty', 'not an image (the data looks like text)', 'cut short: no end-of-image marker after the scan')
+    ('no data (an empty field)', 'not an image (the data looks like text)', 'cut short: no end-of-image marker after the scan')
     """
-    if not data:
-        return "empty"
     sniffed = sniff_content(data)
     if sniffed not in IMAGE_TYPES:
-        return f"not an image (the data looks like {sniffed})"
+        return not_an_image(sniffed)
     damage = field_damage(sniffed, data)
     if damage is not None:
         return damage

@@ -59,6 +59,7 @@ MAX_TEXT = 2000  # characters of a text field shown on a card
 MAX_JSON = 4000
 MAX_CHART_BARS = 20
 MAX_PROBLEM_CARDS = 24  # cards of samples with a problem; the rest are counted
+MAX_MORE = 100_000  # samples past the cards whose problems are kept to confirm them; the rest are counted as found
 MAX_DECODE_LISTED = 200  # decode failures listed on the page (tarshow --summary --decode --json lists more)
 RECENT_SAMPLES = 64  # samples kept after they end: some problems are known only then (a missing field)
 RECENT_BYTES = 64 << 20
@@ -170,7 +171,10 @@ class ProblemSamples:
     def __init__(self, limit: int = MAX_PROBLEM_CARDS) -> None:
         self.limit = limit
         self.kept: dict[tuple[str | None, str], tuple[dict[str, Any], list[tuple[str, str, str]]]] = {}
-        self.more: set[tuple[str | None, str]] = set()  # samples with problems past the ones kept (counted)
+        # samples with problems past the ones kept: their problems, confirmed at the end and counted
+        self.more: dict[tuple[str | None, str], list[tuple[str, str]]] = {}
+        self.more_unconfirmed = 0  # past MAX_MORE of those: counted as they come
+        self._missing_only = False  # whether a sample may be kept for a missing field alone
         self._current: dict[str, Any] | None = None
         self._recent: deque[dict[str, Any]] = deque()
         self._recent_bytes = 0
@@ -208,9 +212,9 @@ class ProblemSamples:
         """A problem of kind ``kind`` (a key of ``PROBLEMS``, or ``missing``) in ``key.field``."""
         entry = self.kept.get((url, key))
         if entry is None:
-            if len(self.kept) >= 2 * self.limit:
-                if len(self.more) < 1_000_000:
-                    self.more.add((url, key))
+            if (url, key) in self.more or (len(self.kept) >= 2 * self.limit
+                                           and not (kind != "missing" and self._make_room())):
+                self._count_more(url, key, [(kind, field)])
                 return
             sample = self._by_key.get((url, key))
             if sample is None:  # gone by now: the failing field alone
@@ -218,11 +222,34 @@ class ProblemSamples:
                 if data is not None and len(data) <= MAX_KEEP:
                     sample[field] = bytes(data)
             entry = self.kept[(url, key)] = (sample, [])
+            self._missing_only = self._missing_only or kind == "missing"
         entry[1].append((kind, field, reason))
+
+    def _make_room(self) -> bool:
+        """Give the card of a sample kept for a missing field alone to a damaged one (the missing
+        field's sample is counted instead); False when every sample kept has damage."""
+        if self._missing_only:
+            for where, (_, problems) in self.kept.items():
+                if all(kind == "missing" for kind, _, _ in problems):
+                    del self.kept[where]
+                    self._count_more(*where, [(kind, field) for kind, field, _ in problems])
+                    return True
+            self._missing_only = False
+        return False
+
+    def _count_more(self, url: str | None, key: str, problems: list[tuple[str, str]]) -> None:
+        more = self.more.get((url, key))
+        if more is not None:
+            more.extend(problems)
+        elif len(self.more) < MAX_MORE:
+            self.more[(url, key)] = problems
+        else:
+            self.more_unconfirmed += 1
 
     def cards(self, d: dict[str, Any]) -> tuple[list[tuple[dict[str, Any], list[tuple[str, str, str]]]], int]:
         """The samples whose problems the summary document ``d`` confirms, at most ``limit``, and how
-        many more samples have problems."""
+        many more samples have problems. Damage comes before a missing field: a field that a tenth
+        of the samples lack would otherwise take every card."""
         content = (d.get("content") or {}).get("problems", {})
 
         def confirmed(kind: str, field: str) -> bool:
@@ -233,7 +260,9 @@ class ProblemSamples:
             problems = [p for p in problems if confirmed(p[0], p[1])]
             if problems:
                 chosen.append((sample, problems))
-        return chosen[:self.limit], len(chosen[self.limit:]) + len(self.more)
+        chosen.sort(key=lambda c: all(kind == "missing" for kind, _, _ in c[1]))  # stable: in reading order
+        more = sum(any(confirmed(kind, field) for kind, field in problems) for problems in self.more.values())
+        return chosen[:self.limit], len(chosen[self.limit:]) + more + self.more_unconfirmed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -516,8 +545,10 @@ def _card(sample: dict[str, Any], thumb: int, names: Sequence[str] | None = None
 
     key = str(sample["__key__"])
     out = [f'<div class="card"><div class="key" title="{_esc(sample["__url__"])}">{_esc(key)}</div>']
-    for _kind, field, reason in problems or []:
-        command = tarfirst_command(sample["__url__"], key, field)
+    for kind, field, reason in problems or []:
+        # a missing field: the command pulls out one the sample has (tarfirst -f FIELD would find nothing)
+        shown = next((k for k in sample if not k.startswith("__")), None) if kind == "missing" else field
+        command = tarfirst_command(sample["__url__"], key, shown)
         out.append(f'<div class="problem">{_esc(field)}: {_esc(reason)}<br><code>{_esc(command)}</code></div>')
     fields = (k for k in sample if not k.startswith("__"))
     for name in sorted(fields, key=lambda k: (_card_order(k, sample[k]), k)):

@@ -57,6 +57,8 @@ def test_the_cheap_checks_find_the_planted_damage_but_the_garbage(cli, planted):
     example = doc["content"]["problems"]["non_integer_labels"]["examples"][0]
     assert example["reason"] == "label 'dog' among 45 integer labels"
     assert doc["content"]["fields"]["jpg"]["image"]["damaged"] == 1
+    reasons = {e["key"]: e["reason"] for e in doc["content"]["problems"]["undecodable_images"]["examples"]}
+    assert reasons[keyed("empty jpg")] == "no data (an empty field)"  # not "the data looks like empty"
 
 
 def test_decode_lists_every_failure_the_same_for_any_p(cli, planted):
@@ -156,6 +158,8 @@ def test_bad_classes_and_options_are_one_line(cli, planted, tmp_path):
     binary.write_bytes(b"cat\n\xff\xfe\n")
     r = cli.run(tarshow, [path, "--summary", "--classes", binary])
     assert r.exit_code == 1 and r.stderr == f"tarshow: error: {binary}: line 2: not UTF-8 text\n"
+    r = cli.run(tarshow, [path, "--summary", "--classes", tmp_path])  # not "not a tar file"
+    assert r.exit_code == 1 and r.stderr == f"tarshow: error: {tmp_path}: is a directory, not a list of class names\n"
     for args in (["--decode"], ["-p", "2"], ["--summary", "-p", "2"], ["--summary", "--decode", "--bytes-only"],
                  ["--classes", binary]):
         r = cli.run(tarshow, [path, *args])
@@ -187,6 +191,25 @@ def test_total_duration_of_audio(cli, tmp_path):
     out = tmp_path / "r.html"
     assert cli.run(tarshow, [path, "--report", out, "-q", "--sample", "1"]).exit_code == 0
     assert "1.25 h (4500 s) of audio" in out.read_text()
+
+
+def test_audio_bombs_are_problems(cli, tmp_path):
+    # issue 35's audio bombs: a 3.6 KB WAV at 1 Hz "an hour long", and 65,535 channels
+    def pcm(rate: int, channels: int, frames: int) -> bytes:
+        data = bytes(channels * frames)  # 8-bit
+        fmt = struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * channels, channels, 8)
+        return (b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + fmt + b"data"
+                + struct.pack("<I", len(data)) + data)
+
+    samples = [{"__key__": "good", "wav": pcm(16000, 2, 1600)}, {"__key__": "slow", "wav": pcm(1, 1, 3600)},
+               {"__key__": "wide", "wav": pcm(8000, 65535, 2)}]
+    path = cli.write_tar(tmp_path / "bombs.tar", samples)
+    doc = summary_json(cli, path)
+    reasons = {e["key"]: e["reason"] for e in doc["content"]["problems"]["odd_audio"]["examples"]}
+    assert reasons == {"slow": "sample rate 1 Hz (3600 s declared)", "wide": "65,535 channels (training keeps at most 64)"}
+    r = cli.run(tarshow, [path, "--summary", "--strict", "-q"])
+    assert r.exit_code == 1 and "a decode bomb" in r.stderr
+    assert f"tarfirst {path} --key wide -f wav" in r.stdout
 
 
 def test_serve_gets_the_class_names(cli, planted, tmp_path, monkeypatch):

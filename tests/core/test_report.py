@@ -422,5 +422,34 @@ def test_a_problem_found_after_its_sample_is_gone_shows_the_field_alone(monkeypa
         ("k4", ["cls", "txt"], [("decode_failures", "txt", "bad too")]),
     ]
     assert more == 1
-    keeper.note("decode_failures", "x.tar", "k2", "cls", "past 2 * limit kept", b"cls2")
-    assert keeper.cards(doc)[1] == 2 and ("x.tar", "k2") in keeper.more
+    keeper.note("decode_failures", "x.tar", "k2", "cls", "past 2 * limit kept: in k0's place", b"cls2")
+    assert ("x.tar", "k2") in keeper.kept and ("x.tar", "k0") in keeper.more  # k0: a missing field only
+    assert keeper.cards(doc)[1] == 2  # k3 and k2; k0's problem is not confirmed
+    keeper.note("decode_failures", "x.tar", "k1", "cls", "not in the way", b"cls1")
+    keeper.note("decode_failures", "x.tar", "k5", "cls", "past 2 * limit kept", b"cls5")
+    assert keeper.cards(doc)[1] == 3 and ("x.tar", "k5") in keeper.more
+
+
+def test_damage_gets_a_card_among_many_samples_with_a_missing_or_rare_field(tmp_path):
+    # an ImageNet-like tree: a few PNGs among the JPEGs (png a rare field, not a problem), then
+    # 60 samples without cls (a problem, but less than damage), then a JPEG cut short: the cut JPEG
+    # has a card, the missing cls cards pull out a field the sample has, and "more" counts the
+    # samples with a confirmed problem only
+    from damaged import jpeg_bytes, png_bytes
+
+    good = jpeg_bytes(1)
+    samples = [{"__key__": f"s{i:03d}", "jpg": good, "cls": b"1"} for i in range(300)]
+    for i in range(0, 300, 20):
+        samples[i] = {"__key__": f"s{i:03d}", "png": png_bytes(i), "cls": b"2"}  # they lack jpg, a problem too
+    for i in range(101, 221, 2):
+        del samples[i]["cls"]
+    samples[250]["jpg"] = good[: len(good) // 3]
+    shard = write_tar(tmp_path / "s.tar", samples)
+    out = tmp_path / "r.html"
+    info = write_report([shard], str(out), sample=0)
+    problems = out.read_text(encoding="utf-8").split('<h2 id="samples">')[0]
+    assert info.problem_cards == 24
+    assert problems.index("--key s250 -f jpg") < problems.index("--key s101")  # damage first
+    assert "--key s101 -f jpg<" in problems and "--key s101 -f cls" not in problems
+    # 60 + 15 + 1 - 24, less s000: read before any jpg, it is not known then to lack one
+    assert "51 more samples with problems not shown as cards" in problems

@@ -703,3 +703,34 @@ def test_decode_needs_the_content_statistics():
 
     with pytest.raises(OptionError):
         Summary(content=False, decode=1)
+
+
+def test_decode_workers_leave_ctrl_c_and_sigterm_to_the_parent(monkeypatch):
+    # a forked worker that raised on Ctrl-C (or ran the command's SIGTERM handler) could do so while
+    # holding the result queue's lock: `tarshow --summary --decode -p 2` then hung on Ctrl-C
+    import signal
+
+    from tarhelpers import children, wait_for
+
+    from tarproc.decode import check
+
+    def masks(pid):
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+        return int(fields["SigIgn"], 16), int(fields["SigCgt"], 16)
+
+    monkeypatch.setattr(check, "BATCH_ITEMS", 1)
+    before = set(children())
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # as the commands' handler
+    try:
+        c = check.DecodeCheck(processes=2)
+        c.add("x.tar", "a", "jpg", "image", image_bytes((8, 8)))  # starts the pool
+        workers = [pid for pid in children() if pid not in before]
+        assert workers
+        for pid in workers:  # a worker sets its signals as it starts: wait for that
+            wait_for(lambda pid=pid: masks(pid)[0] & (1 << (signal.SIGINT - 1)), what=f"worker {pid} ignoring Ctrl-C")
+            assert not masks(pid)[1] & (1 << (signal.SIGTERM - 1)), "the worker runs the parent's SIGTERM handler"
+        c.finish()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert c.checked["image"] == 1 and c.failed == 0
