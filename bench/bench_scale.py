@@ -10,17 +10,23 @@ Rows (the train section's 4 shards of ImageNet-like JPEGs, 2,000 an epoch, unles
    ``lengths=None`` the ranks all-reduce "I have a batch" every step, with counts they take equal
    steps and no collective. Timed inside the job, from ``iter(loader)`` to the last batch, the
    maximum over the ranks. Target ≥ 0.97×.
-3. ``tarproc.Mix`` of two Datasets (2 shards each, one worker each, ``until="all"``) against one
-   Dataset over the 4 shards on 2 workers. Target ≥ 0.97×.
+3. ``tarproc.Mix`` of two Datasets (2 shards each, ``until="all"``) read by one set of 2 workers
+   (``num_workers=2``: the sources mixed inside the workers) against one Dataset over the 4 shards
+   on 2 workers. Target ≥ 0.97×.
 4. Counting a dataset of 16 shards of 1 GB (links to ``big.tar``) with ``shard_counts``: every
    shard walked (no cache), and from a warm cache, against GNU ``tar -tf`` of each. Report.
 5. Resuming a job stopped in the middle of ``big.tar``: seconds from a fresh Dataset and
    ``load_state_dict`` to the first batch, seeking with an index (the default) against reading the
    shard from its start and skipping (no index at hand). Report (lower is better).
 6. Shuffle quality on a class-sorted dataset (40 classes x 250 samples in 8 shards, 5 classes
-   each), 2 ranks x 2 workers, shuffle buffer 1000, batches of 64: distinct classes per batch and
-   the share of a batch's most common class, parts of 256 (the default) against whole shards
-   (``part_size=None``); an ideal shuffle in the notes. Report.
+   each), 2 ranks x 2 workers, shuffle buffer 1000, batches of 64: distinct classes per batch, the
+   share of a batch's most common class and the mean distance in the epoch between samples that
+   were neighbours on disk, with the parts interleaved (the default, ``interleave=64``) against an
+   ideal shuffle (a seeded permutation; target >= 0.8x), the parts one after another
+   (``interleave=1``, the old default) and whole shards (``part_size=None``). Bytes read in an epoch
+   against the dataset's bytes (target <= 1.05x), locally (``/proc/self/io`` rchar, one process)
+   and over HTTP (``tests/faultserver.py``, an index beside each shard, read-ahead on), and the
+   train row 1 recipe's img/s interleaved against ``interleave=1`` (target >= 0.95x).
 
 Every pass is checked: the images received (rows 1-3), every key exactly once (row 2 with counts;
 without counts every rank the same number of steps as well), the counts (row 4), the first batch's
@@ -57,7 +63,7 @@ HERE = Path(__file__).resolve().parent
 # the recipes (user code): each returns what the training loop iterates
 
 
-def counted(url: str, lengths: Any = "auto") -> Any:
+def counted(url: str, lengths: Any = "auto", **kwargs: Any) -> Any:
     """The train section's row 1 recipe; ``lengths="auto"`` is the default (counts found)."""
     import torch
 
@@ -65,7 +71,8 @@ def counted(url: str, lengths: Any = "auto") -> Any:
     from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec
 
     spec = AugmentSpec(size=224, random_crop=True, flip=0.5, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout="CHW")
-    ds = tarproc.Dataset(url, decode=spec, shuffle=1000, to_tuple=("jpg", "cls"), batch_size=64, lengths=lengths)
+    ds = tarproc.Dataset(url, decode=spec, shuffle=1000, to_tuple=("jpg", "cls"), batch_size=64, lengths=lengths,
+                         **kwargs)
     return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
 
 
@@ -74,7 +81,7 @@ def uncounted(url: str) -> Any:
 
 
 def mixed(urls_a: list[str], urls_b: list[str]) -> Any:
-    """Two Datasets, half of the shards each, mixed 50/50 until both run out; one worker each."""
+    """Two Datasets, half of the shards each, mixed 50/50 until both run out, in one set of workers."""
     import tarproc
     from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec
 
@@ -83,7 +90,7 @@ def mixed(urls_a: list[str], urls_b: list[str]) -> Any:
     def dataset(urls: list[str]) -> Any:
         return tarproc.Dataset(urls, decode=spec, shuffle=1000, to_tuple=("jpg", "cls"), batch_size=64)
 
-    return tarproc.Mix({"a": dataset(urls_a), "b": dataset(urls_b)}, [0.5, 0.5], until="all", num_workers=1)
+    return tarproc.Mix({"a": dataset(urls_a), "b": dataset(urls_b)}, [0.5, 0.5], until="all", num_workers=WORKERS)
 
 
 def epoch(make: Callable[[], Any]) -> Callable[[], int]:
@@ -106,22 +113,27 @@ def free_port() -> int:
 
 def sorted_shards(ctx: Context) -> str:
     """Row 6's data: CLASSES x PER_CLASS tiny samples (``cls`` only) in class order, in
-    SORTED_SHARDS shards (so each holds CLASSES / SORTED_SHARDS classes); made once."""
+    SORTED_SHARDS shards (so each holds CLASSES / SORTED_SHARDS classes), an index beside each (for
+    the reads over HTTP); made once."""
     directory = ctx.directory / SECTION
     stamp = directory / "sorted.json"
-    source = {"classes": CLASSES, "per_class": PER_CLASS, "shards": SORTED_SHARDS}
+    source = {"classes": CLASSES, "per_class": PER_CLASS, "shards": SORTED_SHARDS, "index": True}
     url = str(directory / f"sorted-{{000000..{SORTED_SHARDS - 1:06d}}}.tar")
     try:
         if json.loads(stamp.read_text()) == source:
             return url
     except (OSError, ValueError):
         pass
+    from tarproc.index import build_index
+
     directory.mkdir(parents=True, exist_ok=True)
     per_shard = CLASSES * PER_CLASS // SORTED_SHARDS
     labels = [c for c in range(CLASSES) for _ in range(PER_CLASS)]
     for s in range(SORTED_SHARDS):
         chunk = range(s * per_shard, (s + 1) * per_shard)
-        write_tar(directory / f"sorted-{s:06d}.tar", ({"__key__": f"s{i:06d}", "cls": labels[i]} for i in chunk))
+        path = directory / f"sorted-{s:06d}.tar"
+        write_tar(path, ({"__key__": f"s{i:06d}", "cls": labels[i]} for i in chunk))
+        Path(f"{path}.idx").write_bytes(build_index(str(path)).jsonl_bytes())
     stamp.write_text(json.dumps(source) + "\n")
     log(f"scale: wrote {CLASSES} classes x {PER_CLASS} samples, class-sorted, in {SORTED_SHARDS} shards")
     return url
@@ -242,28 +254,65 @@ def quality(labels_by_batch: list[list[int]], size: int) -> tuple[float, float, 
     return distinct, top, len(full)
 
 
-def tarproc_batches(url: str, part_size: Any, epoch: int) -> list[list[int]]:
-    """The label batches of 2 ranks x 2 workers (simulated in this process, rank by rank)."""
+def tarproc_batches(url: Any, epoch: int, workers: int = WORKERS, **kwargs: Any) -> list[list[int]]:
+    """The batches of 2 ranks x ``workers`` workers (simulated in this process, rank by rank), as the
+    samples' numbers on disk, in epoch order: step by step, rank 0's batch before rank 1's."""
     import tarproc
 
-    batches: list[list[int]] = []
+    by_rank: list[list[list[int]]] = []
     for rank in range(2):
-        kwargs = {} if part_size == "auto" else {"part_size": part_size}
-        ds = tarproc.Dataset(url, shuffle=1000, batch_size=64, to_tuple=("cls",), rank=rank, world_size=2, **kwargs)
+        ds = tarproc.Dataset(url, shuffle=1000, batch_size=64, to_tuple=("__key__",), rank=rank, world_size=2, **kwargs)
         ds.set_epoch(epoch)
-        for batch in ds.loader(num_workers=WORKERS):
-            batches.append([int(x) for x in batch[0]])
-    got = collections.Counter(x for b in batches for x in b)
-    if got != collections.Counter({c: PER_CLASS for c in range(CLASSES)}):
-        raise RuntimeError(f"shuffle quality (part_size={part_size}, epoch {epoch}): labels received {sum(got.values())}, "
-                           f"not {PER_CLASS} of each of {CLASSES} classes")
+        by_rank.append([[int(k[1:]) for k in batch[0]] for batch in (ds.loader(num_workers=workers) if workers else ds)])
+    batches = [b for step in zip(*by_rank, strict=True) for b in step]
+    if sorted(x for b in batches for x in b) != list(range(CLASSES * PER_CLASS)):
+        raise RuntimeError(f"shuffle quality ({kwargs}, epoch {epoch}): not every sample once")
     return batches
 
 
 def ideal_batches(epoch: int) -> list[list[int]]:
-    labels = [c for c in range(CLASSES) for _ in range(PER_CLASS)]
-    random.Random(f"ideal/{epoch}").shuffle(labels)
-    return [labels[i : i + 64] for i in range(0, len(labels), 64)]
+    order = list(range(CLASSES * PER_CLASS))
+    random.Random(f"ideal/{epoch}").shuffle(order)
+    return [order[i : i + 64] for i in range(0, len(order), 64)]
+
+
+def neighbour_distance(batches: list[list[int]]) -> float:
+    """Mean distance in the epoch's order between samples that follow each other in a shard
+    (an ideal shuffle: about a third of the epoch)."""
+    per_shard = CLASSES * PER_CLASS // SORTED_SHARDS
+    at = {x: i for i, x in enumerate(x for b in batches for x in b)}
+    pairs = [(x, x + 1) for x in range(CLASSES * PER_CLASS - 1) if (x + 1) % per_shard]
+    return statistics.mean(abs(at[a] - at[b]) for a, b in pairs)
+
+
+def labelled(batches: list[list[int]]) -> list[list[int]]:
+    return [[x // PER_CLASS for x in b] for b in batches]
+
+
+def rchar() -> int:
+    """Bytes this process has read (from files, page cache included, and sockets)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def bytes_read_locally(url: str, **kwargs: Any) -> int:
+    """Bytes read by one epoch of the 2 x 1 readers, in this process (``/proc/self/io``)."""
+    import tarproc
+
+    tarproc.Dataset(url, shuffle=1000, **kwargs)  # the indexes and counts found before, not counted
+    before = rchar()
+    tarproc_batches(url, 0, workers=0, **kwargs)
+    return rchar() - before
+
+
+def bytes_read_over_http(directory: Path, names: list[str], **kwargs: Any) -> int:
+    """Bytes of the shards sent by an HTTP server (an index beside each) for one epoch of 2 x 2 readers."""
+    from bench_network import fault_server
+
+    with fault_server(directory) as server:
+        url = [f"{server.url}/{name}" for name in names]
+        tarproc_batches(url, 0, **kwargs)  # type: ignore[arg-type]
+        return sum(r.sent for r in server.requests if r.method == "GET" and r.path.endswith(".tar"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,11 +368,11 @@ def scale_rows(ctx: Context, rows: list[Row], notes: list[str]) -> None:
 
     # -- 3: Mix of two datasets vs one --
     half = len(shards) // 2
-    log(f"scale: Mix(a: {half} shards, b: {len(shards) - half} shards, 1 worker each) vs one Dataset, {workers}")
+    log(f"scale: Mix(a: {half} shards, b: {len(shards) - half} shards) in {workers} vs one Dataset, {workers}")
     t_ours, t_base = alternate_many([("Mix", reps, epoch(lambda: mixed(shards[:half], shards[half:]))),
                                      ("Dataset", reps, epoch(lambda: counted(url)))], n, "mix")
     ours, base = rate(n, t_ours), rate(n, t_base)
-    rows.append(Row("`Mix` of 2 Datasets (2 shards each, 1 worker each, `until=\"all\"`), img/s", ours, "img/s",
+    rows.append(Row(f"`Mix` of 2 Datasets (2 shards each, `until=\"all\"`) in one set of {WORKERS} workers, img/s", ours, "img/s",
                     f"one `Dataset` over the 4 shards, {workers}", base, "≥ 0.97×", yes_no(ours >= 0.97 * base)))
     notes.append(f"mix: Mix {spread(t_ours)}; one Dataset {spread(t_base)}")
 
@@ -349,7 +398,7 @@ def scale_rows(ctx: Context, rows: list[Row], notes: list[str]) -> None:
                  + f"); re-read {spread(t_base)}; both include the Dataset's construction and load_state_dict, the "
                  "first batch's keys checked against an uninterrupted run's, and the seek checked (ds.seeks)")
     # -- 6: shuffle quality --
-    quality_rows(ctx, rows, notes)
+    quality_rows(ctx, rows, notes, url)
 
 
 def count_rows(ctx: Context, rows: list[Row], notes: list[str]) -> None:
@@ -394,29 +443,64 @@ def count_rows(ctx: Context, rows: list[Row], notes: list[str]) -> None:
                  f"tar -tf of each {spread(t_tar)}")
 
 
-def quality_rows(ctx: Context, rows: list[Row], notes: list[str]) -> None:
+def quality_rows(ctx: Context, rows: list[Row], notes: list[str], train_url: str) -> None:
     url = sorted_shards(ctx)
     log(f"scale: shuffle quality, {CLASSES} classes x {PER_CLASS} class-sorted in {SORTED_SHARDS} shards, "
         f"2 ranks x {WORKERS} workers, {QUALITY_EPOCHS} epochs")
     t0 = time.perf_counter()
-    results = {}
+    modes: dict[str, dict[str, Any]] = {"interleaved": {}, "parts": {"interleave": 1}, "shards": {"part_size": None}}
+    results, distance = {}, {}
     for label, batches in (
-        ("parts", lambda e: tarproc_batches(url, "auto", e)),
-        ("shards", lambda e: tarproc_batches(url, None, e)),
+        *((label, lambda e, kw=kw: tarproc_batches(url, e, **kw)) for label, kw in modes.items()),
         ("ideal", ideal_batches),
     ):
-        every = [b for e in range(QUALITY_EPOCHS) for b in batches(e)]
-        results[label] = quality(every, 64)
-    parts, shards, ideal = results["parts"], results["shards"], results["ideal"]
+        epochs = [batches(e) for e in range(QUALITY_EPOCHS)]
+        results[label] = quality([x for e in epochs for x in labelled(e)], 64)
+        distance[label] = statistics.mean(neighbour_distance(e) for e in epochs)
+    new, parts, shards, ideal = results["interleaved"], results["parts"], results["shards"], results["ideal"]
     rows.append(Row("shuffle quality, class-sorted shards, 2 ranks x 2 workers, buffer 1000: distinct classes per "
-                    "batch of 64, parts of 256 (default)", parts[0], "classes", "whole shards (`part_size=None`)",
-                    shards[0], "report", "—"))
-    rows.append(Row("the same: share of a batch in its most common class (lower is better)", 100 * parts[1], "%",
-                    "whole shards", 100 * shards[1], "report", "—"))
+                    "batch of 64, parts of 256 interleaved 64 at a time (default)", new[0], "classes",
+                    "an ideal shuffle (a seeded permutation)", ideal[0], "≥ 0.80×", yes_no(new[0] >= 0.8 * ideal[0])))
+    rows.append(Row("the same against the parts one after another (`interleave=1`, the old default)", new[0], "classes",
+                    "parts one after another", parts[0], "report", "—"))
+    rows.append(Row("the same: share of a batch in its most common class (lower is better)", 100 * new[1], "%",
+                    "parts one after another", 100 * parts[1], "report", "—"))
+    rows.append(Row("the same: mean distance in the epoch between neighbours on disk, in samples", distance["interleaved"],
+                    "samples", "an ideal shuffle", distance["ideal"], "report", "—"))
     notes.append(
-        f"shuffle quality ({QUALITY_EPOCHS} epochs, full batches only): parts of 256 {parts[0]:.2f} classes per batch, "
-        f"top class {100 * parts[1]:.1f} % ({parts[2]} batches); whole shards {shards[0]:.2f}, {100 * shards[1]:.1f} % "
-        f"({shards[2]}); ideal shuffle (a random permutation cut into batches) {ideal[0]:.2f}, {100 * ideal[1]:.1f} % "
-        f"({ideal[2]}); every label received once per epoch ({time.perf_counter() - t0:.1f} s)"
+        f"shuffle quality ({QUALITY_EPOCHS} epochs, full batches only): interleaved (default) {new[0]:.2f} classes per "
+        f"batch, top class {100 * new[1]:.1f} %, neighbours on disk {distance['interleaved']:.0f} samples apart; parts "
+        f"one after another {parts[0]:.2f}, {100 * parts[1]:.1f} %, {distance['parts']:.0f}; whole shards "
+        f"{shards[0]:.2f}, {100 * shards[1]:.1f} %, {distance['shards']:.0f}; ideal shuffle {ideal[0]:.2f}, "
+        f"{100 * ideal[1]:.1f} %, {distance['ideal']:.0f} ({ideal[2]} batches an epoch); every sample received once "
+        f"per epoch ({time.perf_counter() - t0:.1f} s)"
     )
+    # bytes read in an epoch, against the dataset's
+    from tarproc.sources import expand_urls
+
+    shards_of = expand_urls([url])
+    size = sum(os.path.getsize(s) for s in shards_of)
+    local = {label: bytes_read_locally(url, **kw) for label, kw in modes.items() if label != "shards"}
+    directory = Path(shards_of[0]).parent
+    http = {label: bytes_read_over_http(directory, [Path(s).name for s in shards_of], **kw)
+            for label, kw in modes.items() if label != "shards"}
+    rows.append(Row("the same, bytes read in an epoch, local (`/proc/self/io` rchar, 2 x 1 readers; lower is better)",
+                    local["interleaved"] / 1e6, "MB", "the dataset's bytes", size / 1e6, "≤ 1.05×",
+                    yes_no(local["interleaved"] <= 1.05 * size)))
+    rows.append(Row("the same over HTTP (an index beside each shard, read-ahead on, 2 x 2 readers; lower is better)",
+                    http["interleaved"] / 1e6, "MB", "the dataset's bytes", size / 1e6, "≤ 1.05×",
+                    yes_no(http["interleaved"] <= 1.05 * size)))
+    notes.append(f"bytes read in an epoch of the class-sorted set ({size / 1e6:.2f} MB): local interleaved "
+                 f"{local['interleaved'] / size:.2f}x, parts one after another {local['parts'] / size:.2f}x (the tar "
+                 f"reader reads 512 KiB at a time: a local read stops at that grain, not at its part's end); over HTTP "
+                 f"interleaved {http['interleaved'] / size:.2f}x, parts one after another {http['parts'] / size:.2f}x")
+    # throughput: train row 1's recipe, interleaved (default) against the parts one after another
+    n = epoch(lambda: counted(train_url))()  # untimed: the images of an epoch, which every pass must deliver
+    t_ours, t_base = alternate_many([("interleaved", ctx.reps, epoch(lambda: counted(train_url))),
+                                     ("interleave=1", ctx.reps, epoch(lambda: counted(train_url, interleave=1)))],
+                                    n, "interleave")
+    ours, base = rate(n, t_ours), rate(n, t_base)
+    rows.append(Row(f"train row 1's recipe, parts interleaved (default), img/s, {WORKERS} DataLoader workers", ours,
+                    "img/s", "the parts one after another (`interleave=1`)", base, "≥ 0.95×", yes_no(ours >= 0.95 * base)))
+    notes.append(f"interleave: interleaved {spread(t_ours)}; interleave=1 {spread(t_base)}")
 

@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from ..decode.spec import AugmentSpec, plan_key
+from ..decode.spec import AugmentSpec, plan_key, unknown_parameter
 from ..decode.stage import DEFAULT_FIELDS, DecodeStats, decoded_batches, make_decoder
 from ..errors import (
     CompressionError,
@@ -84,7 +84,9 @@ from .split import (
     encode_work,
     epoch_order,
     epoch_work,
+    interleave_chunk,
     rank_plan,
+    read_streams,
     remaining,
     runs,
     split_by_shard,
@@ -102,6 +104,7 @@ MAX_READERS = 1 << 20  # ranks x workers a state may describe
 COUNT_HINT = ("for equal steps with every sample once, give counts: lengths='auto' (the default) counts every shard "
               "but pipe: commands; or lengths=MANIFEST, or index files beside the shards (tarindex SHARDS)")
 DEFAULT_PART_SIZE = 256  # samples: shuffled shards are read in parts this long, in one order for all readers
+DEFAULT_INTERLEAVE = 64  # parts each reader reads at once, a few samples of each in turn (split.interleave)
 _GAP = 64  # samples: a longer gap in what a reader wants of a shard is skipped by starting a new read past it
 _PASS_STRIDE = 1_000_000  # repeat=True: pass p of nominal epoch e draws its randomness as epoch e * stride + p
 
@@ -277,8 +280,8 @@ def _grouped_settings(read: ReadPolicy, network: Network, old: Mapping[str, Any]
     (said by one ``DeprecationWarning`` at the caller's line). Without ``remote`` shards a
     ``cache_size`` without ``cache_dir`` is left out, as it always was (no shard cache is made)."""
     unknown = [name for name in old if name not in _OLD_KEYWORDS]
-    if unknown:
-        raise TypeError(f"Dataset() got an unexpected keyword argument {unknown[0]!r}")
+    if unknown:  # an OptionError (and a TypeError) saying where it belongs: AugmentSpec(size=), ds.loader(num_workers=)
+        raise unknown_parameter("Dataset", unknown[0])
     if not isinstance(read, ReadPolicy):
         raise OptionError(f"bad read {read!r}; give a tarproc.ReadPolicy(...)")
     if not isinstance(network, Network):
@@ -330,6 +333,14 @@ def _shard_urls(urls: str | Iterable[str]) -> list[str]:
 
 def _check_batches(batch_size: int, shuffle: int, threads: int, tensors: str, pad: bool, drop_last: bool,
                    repeat: bool, batches_per_epoch: int | None) -> None:
+    if batch_size is None:
+        raise OptionError("bad batch_size None: the Dataset makes the batches, give it their size (samples, >= 1; "
+                          "default 64); batch_size=None goes to the DataLoader over it: DataLoader(ds, batch_size=None), "
+                          "or ds.loader()")
+    for name, value in (("batch_size", batch_size), ("shuffle", shuffle), ("threads", threads),
+                        ("batches_per_epoch", 1 if batches_per_epoch is None else batches_per_epoch)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise OptionError(f"bad {name} {value!r}; must be a whole number")
     if batch_size < 1:
         raise OptionError(f"bad batch size {batch_size}; must be >= 1")
     if shuffle < 0:
@@ -372,6 +383,14 @@ def _check_part_size(part_size: object) -> None:
         return
     if isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < 0:
         raise OptionError(f"bad part_size {part_size!r}; use 'auto', a number of samples, or None (whole shards)")
+
+
+def _check_interleave(interleave: object) -> None:
+    if interleave in ("auto", None):
+        return
+    if isinstance(interleave, bool) or not isinstance(interleave, int) or interleave < 0:
+        raise OptionError(f"bad interleave {interleave!r}; use 'auto', a number of parts read at once, or None (one "
+                          "after another)")
 
 
 def _check_pad_marked(pad: bool, selection: list[list[str]] | None) -> None:
@@ -424,6 +443,12 @@ class Dataset:
             all parts in one seeded order, for a better mix. ``"auto"`` (default): 256 where a reader
             can start mid-shard (local plain shards, shards with an index; not with a shard cache),
             else whole shards; a number >= 0; None or 0: whole shards.
+        interleave: with parts, each reader reads this many of them at once, 16 samples of each
+            in turn (a contiguous stretch of the epoch holds about that many parts, so each shuffle
+            buffer mixes far more of the dataset; each sample is still read once, in shard order).
+            ``"auto"`` (default): 64 where parts are read and every shard can be read from any
+            sample on (local plain shards, shards with an index), else 1;
+            a number >= 0; None, 0 or 1: the parts one after another. ``docs/training.md``.
         seed: seeds the shard order, the shuffle and the augmentations, mixed with the epoch
             (default 0): the same seed and epoch give the same batches.
         repeat: an endless stream of passes, each a new epoch's order (default False).
@@ -491,7 +516,8 @@ class Dataset:
 
     Raises:
         OptionError: a parameter out of range, of the wrong kind, or contradicting another (the
-            message names it); ``TypeError`` for a keyword the Dataset doesn't take.
+            message names it); a keyword the Dataset doesn't take is a ``ParameterError`` (an
+            ``OptionError`` and a ``TypeError``) saying where it belongs (``size=``: ``AugmentSpec``).
         ShardCountError: a shard said to be empty holds samples.
         SourceError: a shard that can't be opened while counting.
 
@@ -530,6 +556,7 @@ class Dataset:
         tensors: str = "auto",
         shuffle_shards: bool | None = None,
         part_size: int | str | None = "auto",
+        interleave: int | str | None = "auto",
         seed: int = 0,
         repeat: bool = False,
         batches_per_epoch: int | None = None,
@@ -556,6 +583,7 @@ class Dataset:
         _check_rank(rank, world_size)
         _check_on_error(on_error)
         _check_part_size(part_size)
+        _check_interleave(interleave)
         # store
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -601,10 +629,14 @@ class Dataset:
         self._reading: str | None = None  # the shard this process is reading now
         self._warned_uncounted = False
         self._offsets: dict[str, _Offsets] = {}  # shard -> where its samples begin (see _offset)
+        self._planned: tuple[tuple[Any, ...], list[Part]] | None = None  # the last epoch's work, and its key
         self.seeks = 0  # parts read from their first sample on, not from the shard's start (this process)
         # plan: the counts, then how the shards are cut
         self._find_counts(lengths, remote, network.cache_dir)
         self.part_size = self._choose_part_size(part_size)
+        self.interleave = self._choose_interleave(interleave)
+        # the samples of a part read at each turn, fixed here: the plan of every process the same
+        self.interleave_chunk = interleave_chunk(sum((self.lengths or {}).values())) if self.interleave else None
         if pad and self.lengths is None:
             raise OptionError(f"pad=True needs sample counts, and {_few(self.uncounted)} have none: {COUNT_HINT}")
 
@@ -639,6 +671,16 @@ class Dataset:
             seekable = self.lengths is not None and all(self._seekable(u) for u in self.urls)
             return DEFAULT_PART_SIZE if seekable and self.network.cache_dir is None else None
         return (int(part_size) or None) if part_size is not None else None
+
+    def _choose_interleave(self, interleave: int | str | None) -> int | None:
+        """K parts read at once (None: one after another): only where parts are read, and by default
+        only where every shard can be read from any sample on (else each stream reads its start)."""
+        if self.part_size is None or interleave is None:
+            return None
+        if interleave == "auto":
+            seekable = self.lengths is not None and all(self._seekable(u) for u in self.urls)
+            return DEFAULT_INTERLEAVE if seekable else None
+        return int(interleave) if int(interleave) > 1 else None
 
     def _say(self, message: str, kind: str, counted_in: str = "") -> None:
         """A warning that can come every epoch (a skipped sample, a skipped shard): said the first
@@ -767,7 +809,18 @@ class Dataset:
         assert self.lengths is not None
         if resume is not None and resume.work is not None:
             return resume.work
-        return epoch_work(self.urls, self.lengths, self.seed, epoch, self.shuffle_shards, self.part_size)
+        key = (epoch, self.seed, self.shuffle_shards, self.part_size, self._interleaved)
+        if self._planned is None or self._planned[0] != key:
+            # kept: len(), load_offsets() and each reader ask for it, and forked workers inherit it
+            self._planned = (key, epoch_work(self.urls, self.lengths, self.seed, epoch, self.shuffle_shards,
+                                             self.part_size, self._interleaved))
+        return self._planned[1]
+
+    @property
+    def _interleaved(self) -> tuple[int, int] | None:
+        """``(k, chunk)`` of ``split.interleave``, None: the parts one after another."""
+        return None if self.interleave is None or self.interleave_chunk is None else (self.interleave,
+                                                                                      self.interleave_chunk)
 
     def _seekable(self, url: str) -> bool:
         """Whether a reader can start in the middle of this shard: a plain local file, or a shard
@@ -798,6 +851,47 @@ class Dataset:
             )
         return self._state(self._epoch_seen, 1, self._steps, self._taken)
 
+    # -- one reader's batches, for a caller that runs the readers itself (Mix's shared workers) -----
+
+    def steps_left(self, epoch: int, workers: int) -> int:
+        """The batches this rank has left in ``epoch`` read by ``workers`` readers (with counts): all
+        of them, or what a state loaded for that epoch leaves."""
+        if self.lengths is None or self.repeat:
+            raise OptionError("steps_left needs sample counts and an epoch (not a repeat=True stream)")
+        rank, world = self.rank_world()
+        resume = self._resume_for(epoch, world * workers)
+        work = self._work(epoch, resume)
+        planned = split_work(work, rank, world, 0, 1, self.batch_size, self.drop_last, self.pad).steps or 0
+        return planned - (resume.steps if resume is not None else 0)
+
+    def reader_batches(self, epoch: int, worker: int, workers: int) -> Iterator[Any]:
+        """The batches reader ``worker`` of this rank's ``workers`` makes in ``epoch`` (with counts),
+        from where a state loaded for that epoch left it: batch ``k`` of what the rank has left is
+        made by reader ``k % workers``, as a ``Loader``'s workers make them. What a ``Mix`` draws
+        from inside its own workers (errors as ``DatasetError`` there, as ``__iter__`` gives them)."""
+        rank, world = self.rank_world()
+        resume = self._resume_for(epoch, world * workers)
+        role = (worker + resume.shift) % workers if resume is not None else worker
+        skip = resume.skip.get(rank * workers + role, Taken()) if resume is not None else Taken()
+        _, _, in_worker = self.worker_info()
+        if in_worker and not _FROZEN:
+            gc.freeze()  # as __iter__ does: the objects a forked worker inherits are not walked again and again
+            _FROZEN.append(True)
+        try:
+            for _, batch in self._batches(epoch, rank, world, role, workers, resume, skip):
+                yield batch
+        except TarprocError as e:
+            if not in_worker:
+                raise
+            from ..errors import DatasetError
+
+            raise DatasetError(str(e), worker=worker, cause=type(e).__name__) from e
+
+    def position(self, epoch: int, workers: int, steps: int) -> dict[str, Any]:
+        """The state (as ``state_dict``'s, with counts) once this rank took ``steps`` batches of
+        ``epoch`` read by ``workers`` readers per rank, since a state loaded for that epoch if any."""
+        return self._state(epoch, workers, steps, {})
+
     def _state(self, epoch: int | None, workers: int, steps: int, taken: Mapping[int, Taken]) -> dict[str, Any]:
         """The state of an epoch (``epoch`` None: nothing taken yet) whose ranks took ``steps``
         batches each, read by ``workers`` per rank; ``taken``: where each consumer stands."""
@@ -818,7 +912,8 @@ class Dataset:
                 **state, "mode": "steps", "steps": steps + (resume.steps if resume is not None else 0),
                 "generation": resume.generation if resume is not None else 0,
                 "plan": {"batch_size": self.batch_size, "drop_last": self.drop_last, "pad": self.pad,
-                         "shuffle": self.shuffle, "shuffle_shards": self.shuffle_shards, "part_size": self.part_size},
+                         "shuffle": self.shuffle, "shuffle_shards": self.shuffle_shards, "part_size": self.part_size,
+                         "interleave": None if self._interleaved is None else list(self._interleaved)},
                 "work": None if work is None else encode_work(work, self.urls),
             }
         return {**state, "mode": "readers", "rank": rank, "counted": self.lengths is not None, "repeat": self.repeat,
@@ -1026,14 +1121,31 @@ class Dataset:
         def open_raw(url: str, offset: int, budget: Budget, end: int | None) -> Any:
             return open_remote(url, offset, network, budget, end)
 
+        # what a resume left of a part: each stretch read from its first sample, not across the gaps
+        pieces = [piece for part in parts
+                  for piece in (runs(part, _GAP) if part.parts == 1 and len(part.ranges) > 1
+                                and self._offsets_of(part.url).offsets else [part])]
+        # interleaved parts: a piece that goes on where an earlier one of its shard stopped is read by
+        # the same open stream, so each sample is read once, in shard order, whatever the interleave
+        reads, read_of = read_streams(pieces)
+        last = {r: i for i, r in enumerate(read_of)}  # the piece that finishes each read
+        streams: dict[int, Iterator[Sample]] = {}
         with Prefetcher(open_raw, network.prefetch) as ahead:
-            for i, part in enumerate(parts):
-                if part.parts == 1 and len(part.ranges) > 1 and self._offsets_of(part.url).offsets:
-                    # what a resume left of a part: each stretch read from its first sample, not across the gaps
-                    for piece in runs(part, _GAP):
-                        yield from self._read_part(piece, ahead)
-                else:
-                    yield from self._read_part(part, ahead, parts[i + 1 : i + 1 + DEPTH] if network.prefetch else [])
+            try:
+                for i, (piece, r) in enumerate(zip(pieces, read_of, strict=True)):
+                    stream = streams.get(r)
+                    if stream is None:
+                        following = reads[r + 1 : r + 1 + DEPTH] if network.prefetch else []
+                        stream = streams[r] = self._read_part(reads[r], ahead, following)
+                    self._reading = piece.url
+                    if last[r] == i:  # to the read's end: the reader checks the shard's count there
+                        yield from stream
+                        del streams[r]
+                    else:
+                        yield from itertools.islice(stream, piece.size)
+            finally:
+                for stream in streams.values():
+                    stream.close()  # type: ignore[attr-defined]  # generators: their sources are closed
         finish_fills(network)  # what this reader started filling is published before its process may end
 
     def _read_part(self, part: Part, ahead: Prefetcher, following: Sequence[Part] = ()) -> Iterator[Sample]:
@@ -1357,7 +1469,7 @@ class _Offsets(NamedTuple):
 def _sample_offsets(url: str, count_source: str, network: Network) -> _Offsets:
     """The samples' offsets of a shard, from an index (a remote one read as ``network`` says: from
     the shard cache, when there is one); empty when there is none to be had."""
-    from ..index import build_index, load_index
+    from ..index import ForeignIndexError, build_index, load_index
 
     path = local_path(url)
     index = None
@@ -1365,8 +1477,11 @@ def _sample_offsets(url: str, count_source: str, network: Network) -> _Offsets:
         if path is not None:
             sidecar = default_index_url(path)
             if os.path.exists(sidecar):
-                index = load_index(sidecar)
-                if stale_index(url, os.stat(path), sidecar, index.size) is not None:
+                try:
+                    index = load_index(sidecar)
+                except ForeignIndexError:  # another tool's file (energon's): index the shard here instead
+                    index = None
+                if index is not None and stale_index(url, os.stat(path), sidecar, index.size) is not None:
                     index = None  # counts.py has said so, and counted the shard
             if index is None:
                 index = build_index(url)
@@ -1481,21 +1596,27 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
         plan = field("plan", Mapping)
         try:
             batch_size, bufsize, part_size = plan["batch_size"], plan["shuffle"], plan["part_size"]
+            interleaved = plan.get("interleave")  # states of older releases: the parts one after another
+            if interleaved is not None:
+                k, chunk = interleaved
+                if not (type(k) is int and type(chunk) is int and 2 <= k <= MAX_READERS and chunk >= 1):
+                    raise TypeError
+                interleaved = (k, chunk)
             flags = [plan[k] for k in ("drop_last", "pad", "shuffle_shards")]
             if not (type(batch_size) is int and batch_size >= 1 and type(bufsize) is int and bufsize >= 0
                     and (part_size is None or (type(part_size) is int and part_size >= 1))
                     and all(type(f) is bool for f in flags)):
                 raise TypeError
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, ValueError):
             raise OptionError("dataset state: bad 'plan' (batch_size, shuffle, drop_last, pad, shuffle_shards, "
-                              "part_size)") from None
+                              "part_size, interleave)") from None
         drop_last, pad, shuffle_shards = flags
         if drop_last and pad:
             raise OptionError("dataset state: bad 'plan': drop_last and pad both set")
         work = None if state.get("work") is None else decode_work(state["work"], ds.urls, ds.lengths,
                                                                    "dataset state: 'work'")
         plan_work = work if work is not None else epoch_work(ds.urls, ds.lengths, ds.seed, epoch, shuffle_shards,
-                                                             part_size)
+                                                             part_size, interleaved)
         planned = split_work(plan_work, 0, world, 0, 1, batch_size, drop_last, pad).steps or 0
         if steps > planned:
             raise OptionError(f"dataset state: bad 'steps': {steps} is past the {planned} steps of epoch {epoch} "
@@ -1509,8 +1630,8 @@ def parse_state(ds: Dataset, state: Any, workers: int | None) -> _Resume:
             raise OptionError(f"the state leaves {total} samples of epoch {epoch}, fewer than this run's {my_world} "
                               f"ranks: resume on at most {total} ranks, or with pad=True")
         replan = _Resume(epoch, generation + 1, left, state=dict(state))
-        if world != my_world or (batch_size, drop_last, pad, bufsize, shuffle_shards, part_size) != (
-                ds.batch_size, ds.drop_last, ds.pad, ds.shuffle, ds.shuffle_shards, ds.part_size):
+        if world != my_world or (batch_size, drop_last, pad, bufsize, shuffle_shards, part_size, interleaved) != (
+                ds.batch_size, ds.drop_last, ds.pad, ds.shuffle, ds.shuffle_shards, ds.part_size, ds._interleaved):
             return replan
         # the same plan: on the same layout, each reader replays its sequence to where it stood
         mine = split_rank(plan_work, my_rank, world, saved_workers, batch_size, drop_last, pad)

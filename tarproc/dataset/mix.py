@@ -4,8 +4,22 @@ Each step of a mix epoch either takes a whole batch from one source (``compose="
 source drawn by ``random.Random(f"{seed}/mix/{epoch}/{step}").choices(names, weights)``, or takes
 ``k_i`` samples from every source and concatenates them (``compose="stratified"``). The choices are
 a pure function of ``(seed, epoch, step)``: every rank draws the same sequence, and a resumed run
-draws the rest of it. Each source is read through its own ``Loader`` (its own DataLoader workers)
-when torch is installed, else by iterating the ``Dataset`` in this process.
+draws the rest of it.
+
+**One set of workers** (torch installed, every source with sample counts, ``num_workers`` a
+number): at the start of an iteration the main process plans the epoch's steps -- each step's
+source and which batch of that source's pass it is (``schedule``): with counts each source's
+number of batches per rank is known, so where ``until`` ends the epoch, and where a source runs
+out, are known too. One DataLoader with ``num_workers`` workers reads every source: as a
+source's ``Loader`` would, the batches of a source's pass are made by the workers in turn
+(``Dataset.reader_batches``; the turn shifted by one worker from one source to the next), so
+each worker makes its share of every source, in step order, and the main process puts the steps
+back in order (it holds the batches that came early: a few per source and worker). The position
+of each source is its batches taken, a ``Loader`` state (``Dataset.position``), so a state
+resumes on any layout as a source's own does. Otherwise
+(``num_workers`` a mapping, a source without counts or a ``repeat=True`` stream) each source is
+read through its own ``Loader`` (its own DataLoader workers) when torch is installed, else by
+iterating the ``Dataset`` in this process.
 
 Multi-rank training: give every rank the same ``Mix`` (same sources, weights and seed). Each source
 ``Dataset`` splits its own shards among the ranks (``docs/training.md``), so every rank draws the
@@ -14,18 +28,20 @@ counts (found by each source, ``docs/training.md``) every rank's share of a sour
 number of batches, so ``until="first"`` and ``"all"`` end at the same step on every rank too;
 ``until=N`` gives every rank exactly N steps in any case.
 
-This module never imports torch itself: only the concatenation of stratified batches touches
-torch, and only when the batches already hold torch tensors.
+This module imports torch only lazily: for the one DataLoader of the shared workers
+(``BlendedDataset``, made on first use) and to concatenate stratified batches that already hold
+torch tensors.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import random
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 from ..errors import DatasetError, OptionError, TarprocError
 
@@ -33,6 +49,7 @@ STATE_VERSION = 1
 COMPOSE = ("batches", "stratified")
 UNTIL = ("first", "all")
 PREFETCH = 4  # batches each source's DataLoader worker makes ahead (torch's default is 2)
+MIN_SHARE = 2.0**-53  # random.random() has 53 bits: a smaller share of the weights is never drawn
 
 
 def _have_torch() -> bool:
@@ -136,6 +153,103 @@ def _concat_column(values: list[tuple[str, Any]], column: str, names: str) -> An
     raise OptionError(f"{column} of sources {names} is a {kind}: only tensors, numpy arrays and lists concatenate")
 
 
+class Step(NamedTuple):
+    """One planned step: what happened to the sources before its draw (``events``: ``("exhausted",
+    name)``, ``("dropped", name)``, ``("restart", name)``, ``("empty", name)``: a restart with
+    nothing to draw) and its ``parts``: ``(source, pass, batch)``, the ``batch``-th batch of pass
+    ``pass`` of the schedule (one part, or every source's for ``compose="stratified"``)."""
+
+    step: int
+    parts: tuple[tuple[str, int, int], ...]
+    events: tuple[tuple[str, str], ...] = ()
+
+
+class Schedule(NamedTuple):
+    """An iteration's plan: the source passes it reads (``(source, source epoch)``, the first of
+    each source from where its position stands), the steps, the events after the last step, and
+    the passes read to their end (whose readers check the shards' counts there)."""
+
+    passes: tuple[tuple[str, int], ...]
+    steps: tuple[Step, ...]
+    end: tuple[tuple[str, str], ...]
+    complete: frozenset[int]
+
+
+class BlendedReaders:
+    """What each shared DataLoader worker runs: worker ``w`` of ``W`` plays reader ``(w + i) % W``
+    of the ``i``-th source (``Dataset.reader_batches``), so it makes batch ``k`` of a pass of that
+    source when ``k % W`` is that reader, in step order, and yields ``(step, source, batch)``. The
+    turn moved by one per source spreads the sources' short last batches over the workers."""
+
+    def __init__(self, datasets: Mapping[str, Any], schedule: Schedule) -> None:
+        self.datasets = dict(datasets)
+        self.schedule = schedule
+
+    def worker(self) -> tuple[int, int]:
+        info = sys.modules["torch.utils.data"].get_worker_info() if "torch.utils.data" in sys.modules else None
+        return (0, 1) if info is None else (int(info.id), int(info.num_workers))
+
+    def __iter__(self) -> Iterator[tuple[int, str, Any]]:
+        worker, workers = self.worker()
+        role = {name: (worker + i) % workers for i, name in enumerate(self.datasets)}
+        readers: dict[int, Iterator[Any]] = {}
+        try:
+            for step in self.schedule.steps:
+                for name, run, k in step.parts:
+                    if k % workers != role[name]:
+                        continue
+                    reader = readers.get(run)
+                    if reader is None:
+                        epoch = self.schedule.passes[run][1]
+                        reader = readers[run] = self.datasets[name].reader_batches(epoch, role[name], workers)
+                    batch = next(reader, None)
+                    if batch is None:
+                        raise DatasetError(f"mix source {name!r}: worker {worker} ran out before batch {k} of its "
+                                           "epoch's plan (its shards hold fewer samples than their counts)")
+                    yield step.step, name, batch
+            for run in sorted(self.schedule.complete & set(readers)):
+                if next(readers[run], None) is not None:  # to the end, where the reader checks the counts
+                    name = self.schedule.passes[run][0]
+                    raise DatasetError(f"mix source {name!r}: worker {worker} has a batch past its epoch's plan")
+        finally:
+            for reader in readers.values():
+                close = getattr(reader, "close", None)
+                if close is not None:
+                    close()
+
+
+_BLENDED: list[type] = []
+
+
+def _blended_type() -> type:
+    """``BlendedDataset``: ``BlendedReaders`` as a torch ``IterableDataset`` (made on first use, so
+    that this module imports without torch; a spawned worker finds it by name through the module's
+    ``__getattr__``)."""
+    if not _BLENDED:
+        from torch.utils.data import IterableDataset
+
+        class BlendedDataset(BlendedReaders, IterableDataset):  # type: ignore[misc]
+            pass
+
+        BlendedDataset.__module__ = __name__
+        BlendedDataset.__qualname__ = "BlendedDataset"
+        _BLENDED.append(BlendedDataset)
+    return _BLENDED[0]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BlendedDataset":
+        return _blended_type()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _shares_workers(ds: Any) -> bool:
+    """Whether a source can be read inside the Mix's own workers: a torch Dataset with counts."""
+    return (callable(getattr(ds, "reader_batches", None)) and callable(getattr(ds, "loader", None))
+            and getattr(ds, "lengths", None) is not None and not getattr(ds, "repeat", False)
+            and not getattr(ds, "decodes_in_main", False))
+
+
 class _Source:
     """One source's reader and its place in the current mix epoch."""
 
@@ -150,11 +264,13 @@ class _Source:
         self.live: Iterator[Any] | None = None
         self.started = False  # the current pass has given a batch: its reader's state is the position
         self.saved: dict[str, Any] | None = None  # a loaded reader state, until the pass gives a batch
+        self.taken = 0  # shared workers: batches of the current pass taken (since a loaded state)
+        self.shared_workers: int | None = None  # read in the Mix's shared workers, this many (at least 1)
 
     def plan(self, epoch: int) -> None:
         """A fresh pass at ``epoch``, begun when first drawn from."""
         self.close()
-        self.epoch, self.status, self.started, self.saved = epoch, "planned", False, None
+        self.epoch, self.status, self.started, self.saved, self.taken = epoch, "planned", False, None, 0
 
     def take(self, batch_size: int | None) -> Any | None:
         """The pass's next batch, or None when it has run out."""
@@ -193,6 +309,9 @@ class _Source:
             return self.saved
         if not self.started:
             return None
+        if self.shared_workers is not None:
+            assert self.epoch is not None
+            return dict(self.dataset.position(self.epoch, self.shared_workers, self.taken))
         reader = self.loader if self.loader is not None else self.dataset
         return dict(reader.state_dict())
 
@@ -237,10 +356,17 @@ class Mix:
     the epoch in progress (or the last one). ``state_dict()`` is the position (plain JSON);
     ``load_state_dict()`` checks it whole and the next iteration continues at the same step, with
     the same choices, every source from its own saved reader state: the same batches in the same
-    order as an uninterrupted run, except that a source read by a Loader with several workers
-    resumes its batches in the order its Loader gives (today's Loader restarts the workers' round
-    robin at worker 0). Sources with ``repeat=True`` can't be resumed (use ``until=N``). Iterate
-    the Mix in the training loop; don't wrap it in a DataLoader: each source has its own.
+    order as an uninterrupted run on the same layout; on another (ranks, ``num_workers``) the same
+    draws where each source has the same batches left, and every remaining sample once. Sources
+    with ``repeat=True`` can't be resumed (use ``until=N``).
+
+    ``num_workers``: a number N (default 0: this process): with torch and every source with sample
+    counts, one DataLoader of N workers reads every source (``shared`` is True; the module
+    docstring says how), so no worker idles while another source is drawn; give it as many
+    workers as one Dataset would have. A mapping of source names to numbers, or a source without
+    counts (or ``repeat=True``): each source reads through a ``Loader`` of its own, with that many
+    workers. ``loader_kwargs`` (``pin_memory``, ``prefetch_factor``, ...) go to every DataLoader.
+    Iterate the Mix in the training loop; don't wrap it in a DataLoader: it makes its own.
 
     >>> import os, tempfile, tarproc
     >>> d = tempfile.mkdtemp()
@@ -326,7 +452,15 @@ class Mix:
         workers = self._check_workers(num_workers)
         torch_ok = _have_torch()
         self._sources: dict[str, _Source] = {}
-        for name, ds in named:
+        # one set of num_workers workers reads every source, where each has counts (else a Loader each)
+        self.shared = torch_ok and not isinstance(num_workers, Mapping) and all(_shares_workers(ds) for _, ds in named)
+        self._shared_workers = int(num_workers) if self.shared else 0  # type: ignore[arg-type]
+        self._loader_kwargs = dict(loader_kwargs)
+        if self.shared:
+            for name, ds in named:
+                src = self._sources[name] = _Source(name, ds, self.weights[name], 0, None)
+                src.shared_workers = max(1, self._shared_workers)
+        for name, ds in named if not self.shared else []:
             use_loader = torch_ok and callable(getattr(ds, "loader", None))
             if not use_loader and (workers[name] or loader_kwargs):
                 what = f"num_workers={workers[name]}" if workers[name] else f"loader options {sorted(loader_kwargs)}"
@@ -362,8 +496,16 @@ class Mix:
         for name, w in zip(self.names, values, strict=True):
             if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
                 raise OptionError(f"bad weight {w!r} of source {name!r}; must be a finite number > 0")
-        total = float(sum(values))
-        return {n: float(w) / total for n, w in zip(self.names, values, strict=True)}
+        total = sum(float(w) for w in values)
+        if not math.isfinite(total):
+            raise OptionError(f"weights {values!r} sum past the largest float ({sys.float_info.max:.4g}): scale them "
+                              "down (only their ratios count)")
+        shares = {n: float(w) / total for n, w in zip(self.names, values, strict=True)}
+        for name, w in zip(self.names, values, strict=True):
+            if shares[name] < MIN_SHARE:
+                raise OptionError(f"source {name!r}: weight {w!r} is {shares[name]:.3g} of the total, below the 2**-53 a "
+                                  "draw can tell from 0: it would never be drawn; raise its weight or leave it out")
+        return shares
 
     def _check_workers(self, num_workers: int | Mapping[str, int]) -> dict[str, int]:
         given = num_workers if isinstance(num_workers, Mapping) else dict.fromkeys(self.names, num_workers)
@@ -435,6 +577,9 @@ class Mix:
         return self._run(self._run_id)
 
     def _run(self, run_id: int) -> Iterator[Any]:
+        if self.shared:
+            yield from self._run_shared(run_id)
+            return
         try:
             while not (_is_int(self.until) and self._step >= self.until):
                 if self._run_id != run_id:
@@ -450,6 +595,157 @@ class Mix:
             if self._run_id == run_id:
                 for src in self._sources.values():
                     src.close()
+
+    def _run_shared(self, run_id: int) -> Iterator[Any]:
+        """An iteration in one set of workers: the schedule, read by them, put back in step order."""
+        workers = self._shared_workers
+        schedule = self.schedule()
+        readers: Any = BlendedReaders({n: s.dataset for n, s in self._sources.items()}, schedule)
+        items: Iterator[Any]
+        if workers:
+            import torch.utils.data
+
+            readers = _blended_type()(readers.datasets, schedule)
+            options = dict(self._loader_kwargs)
+            if "in_order" in inspect.signature(torch.utils.data.DataLoader).parameters:
+                # each batch as soon as it is made: the order is the steps', restored here
+                options.setdefault("in_order", False)
+            items = iter(torch.utils.data.DataLoader(readers, batch_size=None, num_workers=workers, **options))
+        else:
+            items = iter(readers)
+        early: dict[tuple[int, str], Any] = {}  # batches of later steps, come before the one due
+        try:
+            for planned in schedule.steps:
+                if self._run_id != run_id:
+                    raise OptionError("this Mix iteration was superseded (a new iteration, set_epoch or load_state_dict)")
+                self._events(planned.events, schedule)
+                parts = []
+                for name, _, _ in planned.parts:
+                    while (planned.step, name) not in early:
+                        item = next(items, None)
+                        if item is None:
+                            raise DatasetError(f"the Mix's workers ended before step {planned.step} of its plan")
+                        step, got, batch = item
+                        early[(int(step), str(got))] = batch
+                    parts.append((name, early.pop((planned.step, name))))
+                    src = self._sources[name]
+                    src.started, src.saved, src.status = True, None, "live"
+                    src.taken += 1
+                    self._drawn[name] += 1
+                self._step += 1
+                if self.compose == "stratified":
+                    step_out: tuple[str, Any] = ("+".join(self.names), concat_batches(parts))
+                else:
+                    step_out = parts[0]
+                yield step_out if self.tagged else step_out[1]
+            if self._run_id == run_id:
+                self._events(schedule.end, schedule)
+                self._plan(self._epoch + 1)
+        finally:
+            close = getattr(items, "close", None) or getattr(items, "_shutdown_workers", None)
+            if close is not None:
+                close()
+
+    def _events(self, events: Sequence[tuple[str, str]], schedule: Schedule) -> None:
+        """What happened to the sources before a step's draw (see ``Step``), applied to the position."""
+        for kind, name in events:
+            src = self._sources[name]
+            if kind == "exhausted":
+                self._exhausted[name] += 1
+                src.status = "done"
+            elif kind == "dropped":
+                self._dropped.append(name)
+            elif kind == "restart":
+                assert src.epoch is not None
+                src.plan(src.epoch + 1)
+            else:  # "empty": a restart with nothing to draw
+                need = f"{self.per_batch[name]} samples" if name in self.per_batch else "a batch"
+                raise DatasetError(f"mix source {name!r} has less than {need} in its epoch {src.epoch}: nothing to draw")
+
+    def schedule(self, workers: int | None = None) -> Schedule:
+        """The plan of the epoch from the position: each step's source(s) and which batch of which
+        pass, with sample counts (see the module docstring); the same on every rank."""
+        workers = max(1, self._shared_workers if workers is None else workers)
+        passes: list[tuple[str, int]] = []
+        current: dict[str, int] = {}
+        left: dict[str, int] = {}
+        taken: dict[str, int] = {}
+
+        def begin(name: str, epoch: int, fresh: bool) -> None:
+            current[name], taken[name] = len(passes), 0
+            passes.append((name, epoch))
+            src = self._sources[name]
+            left[name] = 0 if not fresh and src.status == "done" else src.dataset.steps_left(epoch, workers)
+
+        for name in self.names:
+            epoch = self._sources[name].epoch
+            assert epoch is not None
+            begin(name, epoch, False)
+        complete: set[int] = set()
+        steps: list[Step] = []
+
+        def draw(name: str) -> tuple[str, int, int]:
+            part = (name, current[name], taken[name])
+            taken[name] += 1
+            left[name] -= 1
+            if not left[name]:
+                complete.add(current[name])
+            return part
+
+        def restart(name: str, events: list[tuple[str, str]]) -> bool:
+            """``until=N``: the source's next epoch; False when it has nothing to draw."""
+            begin(name, passes[current[name]][1] + 1, True)
+            events.append(("restart", name))
+            if not left[name]:
+                events.append(("empty", name))
+                return False
+            return True
+
+        active = [n for n in self.names if n not in self._dropped]
+        step = self._step
+        end: list[tuple[str, str]] = []
+        while not (_is_int(self.until) and step >= self.until):
+            events: list[tuple[str, str]] = []
+            parts: list[tuple[str, int, int]] = []
+            ended = False
+            if self.compose == "stratified":
+                for name in self.names:
+                    if not left[name]:
+                        events.append(("exhausted", name))
+                        if self.until == "first" or not restart(name, events):
+                            ended = True
+                            break
+                if not ended:
+                    parts = [draw(name) for name in self.names]
+            else:
+                rng, name = self.choice(self._epoch, step, active)
+                while not left[name]:
+                    events.append(("exhausted", name))
+                    if self.until == "first":
+                        ended = True
+                        break
+                    if self.until == "all":
+                        events.append(("dropped", name))
+                        active.remove(name)
+                        if not active:
+                            ended = True
+                            break
+                        name = rng.choices(active, [self.weights[n] for n in active])[0]
+                        continue
+                    if not restart(name, events):
+                        ended = True
+                        break
+                if not ended:
+                    parts.append(draw(name))
+            if ended:
+                if events and events[-1][0] == "empty":
+                    steps.append(Step(step, (), tuple(events)))  # raised when the step comes
+                else:
+                    end = events
+                break
+            steps.append(Step(step, tuple(parts), tuple(events)))
+            step += 1
+        return Schedule(tuple(passes), tuple(steps), tuple(end), frozenset(complete))
 
     def choice(self, epoch: int, step: int, active: Sequence[str] | None = None) -> tuple[random.Random, str]:
         """The source drawn at ``(epoch, step)`` among ``active`` (default: all), and its generator

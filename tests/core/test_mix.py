@@ -466,3 +466,101 @@ def test_stratified_ranks_end_at_the_same_step(tmp_path: Path) -> None:
         assert all(len(keys) == 4 for (keys,) in batches)
         steps.append(len(batches))
     assert steps[0] == steps[1] == 1
+
+
+def test_weights_whose_sum_overflows_are_refused_naming_the_fix(tmp_path: Path, inproc: None) -> None:
+    # each weight finite, their sum past the largest float: before, a bare ValueError/ZeroDivisionError later
+    ds = make(tmp_path, {"a": 8, "b": 8})
+    with pytest.raises(OptionError, match=r"sum past the largest float .*scale them down"):
+        Mix(ds, [1e308, 1e308])
+    scaled = Mix(ds, [1e307, 1e307], until="all")  # large but summable: the ratios are what count
+    assert scaled.weights == {"a": 0.5, "b": 0.5} and len(list(scaled)) == 4
+
+
+def test_a_weight_too_small_to_ever_be_drawn_is_refused(tmp_path: Path, inproc: None) -> None:
+    # before, [1e308, 1e-308] silently never drew the second source
+    ds = make(tmp_path, {"a": 8, "b": 8})
+    with pytest.raises(OptionError, match=r"source 'b': weight 1e-308 is 0 of the total.* never be drawn"):
+        Mix(ds, [1e308, 1e-308])
+    with pytest.raises(OptionError, match="source 'a'.*never be drawn"):
+        Mix(ds, {"a": 1e-17, "b": 1.0})
+    assert Mix(ds, [1e-300, 1e-300]).weights == {"a": 0.5, "b": 0.5}  # tiny but equal: fine
+
+
+# ---------------------------------------------------------------------------------------------
+# one set of workers for every source (torch, counts, num_workers a number)
+
+
+def _shared_sources(tmp_path: Path, sizes: dict[str, int], **kw: Any) -> Callable[[], dict[str, Dataset]]:
+    paths = {name: shards(tmp_path, name, n, per_shard=max(1, n // 2)) for name, n in sizes.items()}
+    options = {"batch_size": 4, "shuffle": 5, "seed": 2, "to_tuple": ("__key__", "cls"), **kw}
+    return lambda: {name: Dataset(p, **options) for name, p in paths.items()}
+
+
+@pytest.mark.parametrize("until", ["first", "all", 23])
+def test_one_set_of_workers_gives_what_a_loader_per_source_gives(tmp_path: Path, until: Any) -> None:
+    pytest.importorskip("torch")
+    sources = _shared_sources(tmp_path, {"a": 40, "b": 22, "c": 13})
+    shared = Mix(sources(), [0.5, 0.3, 0.2], seed=4, until=until, tagged=True, num_workers=2)
+    assert shared.shared  # no DataLoader per source
+    apart = Mix(sources(), [0.5, 0.3, 0.2], seed=4, until=until, tagged=True, num_workers=dict.fromkeys("abc", 2))
+    assert not apart.shared
+    got, expected = tags_and_keys(shared), tags_and_keys(apart)
+    assert got == expected  # batch k of a source's pass made by worker k % 2 either way
+    assert shared.drawn == apart.drawn and shared.exhausted == apart.exhausted
+    if until == "all":
+        every = Counter(k for _, keys in got for k in keys)
+        assert len(every) == 75 and set(every.values()) == {1}
+
+
+def test_one_set_of_workers_mixes_stratified_batches_with_restarts(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    sources = _shared_sources(tmp_path, {"a": 40, "b": 16})
+    shared = Mix(sources(), [0.75, 0.25], compose="stratified", batch_size=8, until=9, num_workers=2)
+    apart = Mix(sources(), [0.75, 0.25], compose="stratified", batch_size=8, until=9, num_workers={"a": 2, "b": 2})
+    got = [(list(keys), cls) for keys, cls in shared]
+    assert [k for k, _ in got] == [list(keys) for keys, _ in apart]
+    # a (6 batches of 6) and b (8 batches of 2) each ran out once and started their next epoch
+    assert shared.shared and shared.exhausted == apart.exhausted == {"a": 1, "b": 1}
+    for keys, cls in got:
+        assert isinstance(cls, torch.Tensor) and [k[0] for k in keys] == list("aaaaaabb")
+
+
+@pytest.mark.parametrize("stop", [1, 6, 13])
+@pytest.mark.parametrize("after", [2, 1, 3, 0])
+def test_one_set_of_workers_resumes_on_the_same_and_other_numbers_of_workers(tmp_path: Path, stop: int,
+                                                                           after: int) -> None:
+    pytest.importorskip("torch")
+    sources = _shared_sources(tmp_path, {"a": 40, "b": 22, "c": 13})
+
+    def new(workers: int) -> Mix:
+        return Mix(sources(), [0.5, 0.3, 0.2], seed=4, until="all", tagged=True, num_workers=workers)
+
+    full = tags_and_keys(new(2))
+    mix = new(2)
+    it = iter(mix)
+    head = tags_and_keys(next(it) for _ in range(stop))
+    state = json.loads(json.dumps(mix.state_dict()))
+    del it
+    resumed = new(after)
+    resumed.load_state_dict(state)
+    rest = tags_and_keys(resumed)
+    if after == 2:
+        assert head + rest == full  # the same layout: exactly the batches of an uninterrupted run
+    else:  # another: the same draws (one rank: each source has the same batches left), every sample once
+        assert [t for t, _ in head + rest] == [t for t, _ in full]
+        assert Counter(k for _, keys in head + rest for k in keys) == Counter(k for _, keys in full for k in keys)
+    assert resumed.epoch == 1 and resumed.step == 0
+
+
+def test_one_set_of_workers_says_a_worker_error_in_one_line_naming_the_shard(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from tarproc.errors import DatasetError
+
+    a, b = shards(tmp_path, "a", 20), shards(tmp_path, "b", 20)
+    lying = {"a": Dataset(a, batch_size=4, lengths=[24], to_tuple=("__key__",)),  # a holds 20
+             "b": Dataset(b, batch_size=4, to_tuple=("__key__",))}
+    mix = Mix(lying, [1, 1], until="all", num_workers=2)
+    assert mix.shared
+    with pytest.raises(DatasetError, match=r"a-000.tar: holds 20 samples, but its count \(given\) says 24"):
+        list(mix)

@@ -734,3 +734,12 @@ def test_decode_workers_leave_ctrl_c_and_sigterm_to_the_parent(monkeypatch):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert c.checked["image"] == 1 and c.failed == 0
+
+
+def test_the_summary_flags_audio_beyond_what_training_keeps():
+    """content.py copies the decoder's channel bound (importing the decoders would cost tarshow
+    ~0.2 s): the two must agree."""
+    from tarproc.content import MAX_AUDIO_CHANNELS
+    from tarproc.decode.audio import MAX_CHANNELS
+
+    assert MAX_AUDIO_CHANNELS == MAX_CHANNELS
