@@ -44,7 +44,7 @@ from multiprocessing.connection import wait as wait_connections
 from typing import Any
 
 from .errors import DataWarning, JobError, OptionError, TarprocError, adopt_warnings_setup, warner, warnings_setup
-from .procgroup import signal_group, start_group
+from .procgroup import leave_signals_to_parent, signal_group, start_group
 from .samples import Sample
 from .tar import DEFAULT_MAX_MEMBER_SIZE
 
@@ -693,8 +693,7 @@ def _map_worker(
     """A worker process: take chunks of ``(index, sample)``, reply with pickled outcome lists.
     ``shown``: how the parent shows warnings (``errors.warnings_setup``), for a spawned worker."""
     adopt_warnings_setup(shown)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole terminal group: the parent decides
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    leave_signals_to_parent()  # Ctrl-C reaches the whole terminal group: the parent decides
     end_with_parent(parent)
     sys.path[:] = sys_path
     fn = load_function(spec)

@@ -49,4 +49,16 @@ def stop_group(proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
     proc.wait()
 
 
-__all__ = ["signal_group", "start_group", "stop_group"]
+def leave_signals_to_parent() -> None:
+    """In a worker process of a pool: Ctrl-C (which the terminal sends to the whole process group)
+    is ignored, and SIGTERM and SIGHUP do what they do by default, not what the command's handlers,
+    inherited through fork, would. The parent decides, and stops its workers. A forked worker that
+    raised on Ctrl-C could do so while holding its pool's result queue lock: the parent then waited
+    on the pool for ever (``tarshow --summary --decode -p 2``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
+__all__ = ["leave_signals_to_parent", "signal_group", "start_group", "stop_group"]

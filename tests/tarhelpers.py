@@ -145,6 +145,24 @@ def children(pid: int | None = None) -> list[int]:
     return [p.pid for p in processes() if p.ppid == parent]
 
 
+def signal_masks(pid: int) -> tuple[int, int]:
+    """(ignored, caught) signal masks of a process, from /proc: bit ``signum - 1`` set."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+    return int(fields["SigIgn"], 16), int(fields["SigCgt"], 16)
+
+
+def assert_workers_leave_signals_to_parent(workers: list[int]) -> None:
+    """Each worker ignores Ctrl-C and does not run the parent's SIGTERM handler (it sets them as it
+    starts: waited for)."""
+    import signal
+
+    assert workers
+    for pid in workers:
+        wait_for(lambda pid=pid: signal_masks(pid)[0] & (1 << (signal.SIGINT - 1)), what=f"worker {pid} ignoring Ctrl-C")
+        assert not signal_masks(pid)[1] & (1 << (signal.SIGTERM - 1)), "the worker runs the parent's SIGTERM handler"
+
+
 def live_processes_with(marker: str) -> list[int]:
     """Processes (not zombies) whose command line contains ``marker``."""
     return [p.pid for p in processes() if marker.encode() in p.cmdline and p.state not in ("Z", "X")]

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import MediaError, MissingDependencyError, adopt_warnings_setup, warnings_setup
+from ..procgroup import leave_signals_to_parent
 from ..sniff import sniff_type
 from .media import audio_stream, ffmpeg_reason, import_av, is_wav, open_container, video_stream, wav_header
 
@@ -178,16 +179,8 @@ def _check_batch(jobs: list[tuple[str, bytes]]) -> list[str | None]:
 
 
 def _init_worker(setup: Any) -> None:
-    """A worker leaves Ctrl-C and SIGTERM to the parent, which stops the pool. A forked worker
-    would otherwise raise on them, perhaps while it holds the result queue's lock: the parent
-    then waits for the pool forever (``tarshow --summary --decode -p 2`` hung on Ctrl-C)."""
-    import signal
-
     adopt_warnings_setup(setup)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in ("SIGTERM", "SIGHUP"):  # the commands' handlers, inherited through fork
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    leave_signals_to_parent()  # the parent stops the pool (else a hang on Ctrl-C: see there)
 
 
 class DecodeCheck:

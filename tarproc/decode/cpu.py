@@ -30,6 +30,7 @@ from PIL import Image, UnidentifiedImageError
 
 from ..errors import adopt_warnings_setup, warnings_setup
 from ..imaging import rgb_image
+from ..procgroup import leave_signals_to_parent
 from ..sniff import sniff_type
 from .spec import AugmentSpec, Plan, color_matrix, rotation_steps
 
@@ -416,6 +417,7 @@ _worker: dict[str, Any] = {}
 
 def _init_worker(spec: AugmentSpec, dct_scaling: bool, shown: Any = None) -> None:
     adopt_warnings_setup(shown)  # a spawned worker shows warnings as its parent does
+    leave_signals_to_parent()  # the parent stops the pool (a forked worker raising on Ctrl-C could hang it)
     _worker.update(spec=spec, dct_scaling=dct_scaling)
 
 

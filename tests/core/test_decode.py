@@ -22,7 +22,7 @@ from tarproc.decode import (
     decode_samples,
     image_size,
 )
-from tarproc.decode.cpu import DCT_SCALES, dct_scale
+from tarproc.decode.cpu import DCT_SCALES, CpuDecoder, dct_scale
 from tarproc.errors import OptionError
 
 
@@ -439,3 +439,22 @@ def test_a_jpeg_cut_short_has_no_end_marker_after_its_scan_even_with_a_thumbnail
     assert jpeg_ends(whole)
     assert not jpeg_ends(whole[: len(whole) - 100])
     assert not jpeg_ends(whole[: whole.index(b"\xff\xda") + 20])
+
+
+def test_pool_workers_leave_ctrl_c_and_sigterm_to_the_parent() -> None:
+    """A forked decode worker that raised on Ctrl-C (or ran the command's SIGTERM handler) could
+    do so holding the pool's result queue lock, and the parent would wait for ever."""
+    import signal
+
+    from tarhelpers import assert_workers_leave_signals_to_parent, children
+
+    before = set(children())
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # as the commands' handler
+    decoder = CpuDecoder(AugmentSpec(size=16), processes=2)
+    try:
+        jobs = [(encode(picture(), "JPEG"), f"k{i}") for i in range(4)]
+        assert len(next(decoder.run([jobs]))) == 4  # starts the pool
+        assert_workers_leave_signals_to_parent([pid for pid in children() if pid not in before])
+    finally:
+        decoder.close()
+        signal.signal(signal.SIGTERM, previous)

@@ -710,14 +710,9 @@ def test_decode_workers_leave_ctrl_c_and_sigterm_to_the_parent(monkeypatch):
     # holding the result queue's lock: `tarshow --summary --decode -p 2` then hung on Ctrl-C
     import signal
 
-    from tarhelpers import children, wait_for
+    from tarhelpers import assert_workers_leave_signals_to_parent, children
 
     from tarproc.decode import check
-
-    def masks(pid):
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
-        return int(fields["SigIgn"], 16), int(fields["SigCgt"], 16)
 
     monkeypatch.setattr(check, "BATCH_ITEMS", 1)
     before = set(children())
@@ -725,11 +720,7 @@ def test_decode_workers_leave_ctrl_c_and_sigterm_to_the_parent(monkeypatch):
     try:
         c = check.DecodeCheck(processes=2)
         c.add("x.tar", "a", "jpg", "image", image_bytes((8, 8)))  # starts the pool
-        workers = [pid for pid in children() if pid not in before]
-        assert workers
-        for pid in workers:  # a worker sets its signals as it starts: wait for that
-            wait_for(lambda pid=pid: masks(pid)[0] & (1 << (signal.SIGINT - 1)), what=f"worker {pid} ignoring Ctrl-C")
-            assert not masks(pid)[1] & (1 << (signal.SIGTERM - 1)), "the worker runs the parent's SIGTERM handler"
+        assert_workers_leave_signals_to_parent([pid for pid in children() if pid not in before])
         c.finish()
     finally:
         signal.signal(signal.SIGTERM, previous)
