@@ -1246,10 +1246,12 @@ class Dataset:
         return offsets[part.first] if part.first < len(offsets) else 0
 
     def _end_byte(self, part: Part) -> int | None:
-        """Where reading a part of a remote shard may stop, where an index gives it: the end of the
-        sample after its last (the reader reads one past the part to see it end); None: the shard's
-        end. A remote store is asked for no more (a part's reader reads on if it needs to)."""
-        if part.stop is None or (part.holds is not None and part.stop >= part.holds) or not is_fsspec_url(part.url):
+        """Where reading a part of a shard may stop, where an index gives it: the end of the sample
+        after its last (the reader reads one past the part to see it end); None: the shard's end.
+        A remote store is asked for no more, and a local file is read no further (a part's reader
+        reads on if it needs to): an interleaved reader holds many parts open, each read only as far
+        as its samples go."""
+        if part.stop is None or (part.holds is not None and part.stop >= part.holds):
             return None
         offsets = self._offsets_of(part.url).offsets
         return offsets[part.stop + 2] if part.stop + 2 < len(offsets) else None

@@ -119,11 +119,14 @@ class Source:
     file, process or connection become ``SourceError`` naming the URL and byte offset.
     """
 
-    def __init__(self, url: str, raw: Any, proc: subprocess.Popen[bytes] | None = None) -> None:
+    def __init__(self, url: str, raw: Any, proc: subprocess.Popen[bytes] | None = None, until: int | None = None) -> None:
         self.url = url
         self.raw = raw
         self.proc = proc
         self.offset = 0  # compressed (raw) bytes read
+        # reads stop short of this many bytes until they reach it (then go on as asked): a reader
+        # that expects to end there reads no more than it needs (a part of a local shard)
+        self._until = until
         self._eof = False
         self._closed = False
         try:
@@ -240,6 +243,11 @@ class Source:
                 return head[:n]
             self._prefix = b""
             return head
+        if self._until is not None:
+            if self.offset >= self._until:
+                self._until = None
+            elif n < 0 or n > self._until - self.offset:
+                n = self._until - self.offset
         return self._raw_read(n)
 
     def close(self) -> None:
@@ -341,7 +349,7 @@ def open_source(
     or ``pipe:``; the stream's bytes are counted from there). Remote URLs are read as ``network``
     says (default: ``remote.settings()``): retries, read-ahead, the shard cache; ``prefetcher``:
     one that may have opened this source already (``read_samples`` and the Dataset's readers);
-    ``end``: where the reader expects to stop in a remote URL (a hint: it may read on).
+    ``end``: where the reader expects to stop in a local file or a remote URL (a hint: it may read on).
     """
     if offset and (url == "-" or url.startswith("pipe:")):
         raise SourceError(f"can't start reading at byte {offset}: stdin and pipe: commands can only be read from the start", url)
@@ -378,7 +386,7 @@ def open_source(
             raise SourceError(f"cannot open: {e.strerror}", url) from None
         if offset:
             f.seek(offset)
-        return Source(url, f)
+        return Source(url, f, until=None if end is None or end <= offset else end - offset)
     if prefetcher is None:
         return Source(url, open_remote(url, offset, network, end=end))
     raw = prefetcher.take(url, offset)

@@ -240,3 +240,28 @@ def test_over_http_with_the_shard_cache_the_epochs_are_whole_and_exact(tmp_path:
         assert state is not None and state["plan"]["interleave"] == [8, 3]
         rest, _ = run(urls, 1, 1, state=state, network=network, interleave=8)
     assert keys_of(first, rest) == every_key(paths)
+
+
+def test_locally_each_part_is_read_about_as_far_as_its_samples(tmp_path: Path, short_turns: None,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local part's reads stop where its samples end (the index says where): an interleaved
+    reader holds many parts open, and 512 KiB reads past each part's end read the dataset several
+    times over (3.6x on the bench's class-sorted set before)."""
+    import tarproc.sources as sources
+
+    paths = sorted_shards(tmp_path, index=True, payload=2000)
+    size = sum(Path(p).stat().st_size for p in paths)
+    want = every_key(paths)
+    read = [0]
+    real = sources.Source._raw_read
+
+    def counting(self: Any, n: int) -> bytes:
+        data = real(self, n)
+        if self.url.endswith(".tar"):
+            read[0] += len(data)
+        return data
+
+    monkeypatch.setattr(sources.Source, "_raw_read", counting)
+    ds = Dataset(paths, shuffle=50, seed=4, part_size=25, to_tuple=("__key__",), tensors="numpy")
+    assert Counter(k for (b,) in ds for k in b) == want
+    assert read[0] <= 1.12 * size, (read[0], size)  # the one sample past each part's end, as over HTTP
