@@ -72,6 +72,7 @@ Examples:
   tarshow 'train-{0000..0009}.tar' --report report.html --sample 48 --seed 1   # one HTML file
   tarshow 'train-{0000..0009}.tar' --report report.html --decode -p 4   # with decode failures
   tarshow 'train-{0000..0147}.tar' --serve            # browse at http://127.0.0.1:8000/
+  tarshow 'train-{0000..0147}.tar' --serve --summary --decode -p 4   # and list every problem
 
 \b
 Binary fields show as [TYPE], the type sniffed from their first bytes (jpeg, png, npy, ...).
@@ -104,6 +105,9 @@ summary as tables and charts, and --sample samples chosen at random (--seed) as 
 thumbnails, audio players, video poster frames, text, labels and JSON.
 --serve starts a read-only web viewer of the inputs (paths or URLs, not stdin) on --host:--port
 until Ctrl-C; --host other than 127.0.0.1/localhost/::1 makes it reachable from other machines.
+Its problems panel lists the broken images of the pages viewed; --serve --summary also reads
+every sample once in the background (with --decode -p N, decoding them too) and lists the
+summary's problems as they are found, each with a link to the sample and its tarfirst command.
 --view picks kitty, iTerm2 or sixel graphics from $TERM, $TERM_PROGRAM and $KITTY_WINDOW_ID, and
 colour half blocks elsewhere; --view-protocol overrides it.
 """
@@ -120,7 +124,8 @@ colour half blocks elsewhere; --view-protocol overrides it.
               help="Cut previews to this many characters (0: no limit).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per sample (with --summary: one document); UTF-8, see below.")
 @click.option("--summary", is_flag=True,
-              help="Report on the whole stream instead: fields, sizes, and problems (a lint).")
+              help="Report on the whole stream instead: fields, sizes, and problems (a lint); with --serve: "
+                   "list its problems in the viewer.")
 @shared_option("--strict", is_flag=True, help="--summary: exit with status 1 if it finds problems, naming them.")
 @click.option("--grid", metavar="PATH",
               help="Write a contact sheet of images (format by suffix: .png, .jpg, .webp...; '-' = PNG to stdout).")
@@ -185,8 +190,9 @@ def main(
     INPUTS are paths, '-' (stdin, the default), pipe:CMD, http(s)://, s3:// or any fsspec URL, with
     brace lists and '::' joins, as for tarcat.
     """
-    modes = [name for name, on in (("--summary", summary), ("--grid", grid is not None), ("--view", view),
-                                   ("--report", report is not None), ("--serve", serve)) if on]
+    # --serve --summary is one mode: the viewer, and the summary in its background
+    modes = [name for name, on in (("--summary", summary and not serve), ("--grid", grid is not None),
+                                   ("--view", view), ("--report", report is not None), ("--serve", serve)) if on]
     if len(modes) > 1:
         raise OptionError(f"{' and '.join(modes)} cannot be used together")
     if as_json and (grid is not None or view or report is not None or serve):
@@ -203,8 +209,11 @@ def main(
         raise OptionError("--columns and --thumb have no effect without --grid")
     if strict and not summary:
         raise OptionError("--strict works with --summary only")
+    if strict and serve:
+        raise OptionError("--strict has no effect with --serve: the viewer lists the problems (--summary --strict "
+                          "without --serve exits 1 on them)")
     if decode and not (summary or report is not None):
-        raise OptionError("--decode works with --summary and --report only")
+        raise OptionError("--decode works with --summary and --report only (and with --serve --summary)")
     if decode and bytes_only:
         raise OptionError("--decode reads the fields' content: it cannot be used with --bytes-only")
     if processes != 1 and not decode:
@@ -218,11 +227,16 @@ def main(
             warn(note)
         spec = field_pairs(specs)
 
-    if summary or report is not None:
+    if (summary and not serve) or report is not None:
         if spec is not None or skip:
             raise OptionError(f"{modes[0]} reads every field of every sample: -f and --skip have no effect")
     names = read_class_names(classes) if classes is not None else None  # a bad file: one line, before any read
     decode_in = processes if decode else None
+    if serve:
+        if spec is not None or skip or count is not None:
+            raise OptionError("--serve shows every sample: -f, --skip and -c have no effect")
+        _serve(reading, host, port, quiet, names, summary, not bytes_only, decode_in)
+        return
     if summary:
         names = names if names is not None else class_names_beside(reading.urls)
         _summary(reading, quiet, count, as_json, strict, not bytes_only, decode_in, names)
@@ -231,11 +245,6 @@ def main(
         names = names if names is not None else class_names_beside(reading.urls)
         _report(reading, quiet, count, report, sample_size, 0 if seed is None else seed, not bytes_only, decode_in,
                 names)
-        return
-    if serve:
-        if spec is not None or skip or count is not None:
-            raise OptionError("--serve shows every sample: -f, --skip and -c have no effect")
-        _serve(reading, host, port, quiet, names)
         return
 
     stats = ReadStats()
@@ -448,13 +457,19 @@ def _report(reading: ReadOptions, quiet: bool, count: int | None, path: str, sam
             f" ({info.bytes / 1e6:.1f} MB)")
 
 
-def _serve(reading: ReadOptions, host: str, port: int, quiet: bool, names: list[str] | None) -> None:
+def _serve(reading: ReadOptions, host: str, port: int, quiet: bool, names: list[str] | None, summary: bool,
+           content: bool, decode: int | None) -> None:
     # the server checks the inputs (files or URLs, not stdin), warns about a host that is not
     # loopback, prints its URL on stderr and blocks until Ctrl-C; without --classes it looks for a
     # classes.txt beside the shards itself
     from ..view.server import serve  # the viewer's web stack: only for --serve
 
-    serve(list(reading.urls), host, port, quiet, classes=names)
+    extra: dict[str, Any] = {}
+    if summary:  # read as --summary reads, and stopped with the server
+        from ..view.summary import SummaryOptions
+
+        extra["summary"] = SummaryOptions(decode=decode, content=content, policy=reading.policy)
+    serve(list(reading.urls), host, port, quiet, classes=names, **extra)
 
 
 if __name__ == "__main__":  # pragma: no cover

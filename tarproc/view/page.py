@@ -9,6 +9,12 @@ An image the server found broken (its ``problem``), or that the browser cannot d
 panel lists the shards that can't be read and the latest ``MAX_PROBLEMS`` broken fields found
 (the server's ``field_problems`` and the browser's own), each with its ``tarfirst`` command and a
 link to the sample. A label with a class name shows as ``3 (dog)``.
+
+Started with ``--summary`` (``/api/problems`` says so), the panel also lists what the summary of
+every sample has found, asked again every ``SUMMARY_POLL`` ms until it is done: a progress line,
+then each kind of problem with its count and examples, each a link that finds the sample by its
+key (``/api/find``, in the shard the summary names) and opens it, and its ``tarfirst`` command.
+Without it, a line says that ``--summary`` checks every sample.
 """
 
 from __future__ import annotations
@@ -45,7 +51,10 @@ HTML = """<!doctype html>
   </form>
 </header>
 <div id="status" role="status"></div>
-<details id="problems" open hidden><summary id="problemcount"></summary><div id="problemlist"></div></details>
+<details id="problems" open hidden><summary id="problemcount"></summary>
+  <div id="summaryview" hidden><div id="summaryprogress"></div><div id="summarylist"></div></div>
+  <div id="problemlist"></div><div id="summarynote" class="muted"></div>
+</details>
 <main id="grid"></main>
 <div id="detail" hidden>
   <div id="detailbox">
@@ -74,7 +83,12 @@ input, select, button { font: inherit; }
   max-height: 30vh; overflow: auto; }
 #problems summary { color: #a00; cursor: pointer; }
 #problemlist .problem { margin: 3px 0; word-break: break-word; }
-#problemlist code { display: block; font-size: 12px; color: #333; background: #f7f7f7; padding: 1px 4px; }
+#problemlist code, #summarylist code { display: block; font-size: 12px; color: #333; background: #f7f7f7;
+  padding: 1px 4px; }
+#summaryprogress { color: #333; margin: 3px 0; }
+#summarylist .kind { margin: 4px 0 6px; }
+#summarylist .kindtitle { color: #a00; font-weight: 600; }
+#summarylist .example { margin: 2px 0 2px 1em; word-break: break-word; }
 .broken { display: block; padding: 10px 6px; margin: 2px 0; background: #fee; color: #a00; border: 1px dashed #c66;
   font-size: 12px; word-break: break-word; }
 #grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(260px, 1fr)); gap: 10px; padding: 10px 12px; }
@@ -112,8 +126,10 @@ JS = r"""
 (function () {
   const $ = (id) => document.getElementById(id);
   const MAX_PROBLEMS = 200;  // the latest broken fields listed
+  const SUMMARY_POLL = 1000;  // ms between two asks for the summary's problems while it runs
   // problems: "shard/pos/field" -> {shard, pos, index, key, field, problem, command}, oldest first
-  const state = { start: 0, n: 50, filter: "", back: [], next: null, page: [], shardProblems: [], problems: new Map() };
+  const state = { start: 0, n: 50, filter: "", back: [], next: null, page: [], shardProblems: [], problems: new Map(),
+    summary: null };
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -233,10 +249,81 @@ JS = r"""
   function showProblems() {
     const fields = [...state.problems.values()].reverse();  // the latest first
     const count = state.shardProblems.length + fields.length;
-    $("problems").hidden = count === 0;
-    $("problemcount").textContent = count + " problem" + (count === 1 ? "" : "s") + " found so far";
+    const summary = state.summary && state.summary.enabled ? state.summary : null;
+    $("problems").hidden = count === 0 && !summary;
+    if (summary) {
+      const kinds = summary.kinds.length;
+      $("problemcount").textContent = "summary: " + (summary.done && !kinds ? "no problems found" :
+        kinds + " kind" + (kinds === 1 ? "" : "s") + " of problem" + (summary.done ? "" : " so far")) +
+        (count ? " · " + count + " on the pages viewed" : "");
+    } else {
+      $("problemcount").textContent = count + " problem" + (count === 1 ? "" : "s") + " found so far";
+    }
     $("problemlist").replaceChildren(...state.shardProblems.map((p) => el("div", { class: "problem" }, p)),
       ...fields.map(problemView));
+    $("summarynote").textContent = state.summary && !state.summary.enabled ? state.summary.note : "";
+  }
+
+  // the summary of every sample (tarshow --serve --summary), as /api/problems has it
+  function exampleView(x) {
+    const name = (x.key === null ? "" : x.key) + (x.field === null ? "" : (x.key === null ? "" : ".") + x.field);
+    let where;
+    if (x.key !== null) {
+      where = el("a", { href: "#", class: "goto", title: "show this sample" }, name);
+      where.addEventListener("click", (e) => { e.preventDefault(); openKey(x.key, x.shard); });
+    } else {
+      where = el("span", { class: "name" }, name || (x.url === null ? "" : x.url));
+    }
+    return el("div", { class: "example", "data-key": x.key, "data-field": x.field }, where, ": " + x.reason,
+      x.command ? el("code", {}, x.command) : null);
+  }
+
+  function kindView(k) {
+    const count = k.count === null ? "" : ": " + number(k.count);
+    const note = k.tentative ? " (so far: the end of the summary decides)" : "";
+    return el("div", { class: "kind", "data-kind": k.kind, "data-field": k.field },
+      el("div", { class: "kindtitle" }, k.title + count + note),
+      ...k.examples.map(exampleView),
+      k.command && !k.examples.some((x) => x.command) ? el("code", {}, k.command) : null);
+  }
+
+  function showSummary() {
+    const s = state.summary;
+    $("summaryview").hidden = !(s && s.enabled);
+    if (s && s.enabled) {
+      $("summaryprogress").textContent = (s.done ? "" : "checking every sample: ") + s.progress +
+        (s.message ? ": " + s.message : "") + (s.note ? " (audio and video not decoded: " + s.note + ")" : "");
+      $("summarylist").replaceChildren(...s.kinds.map(kindView));
+    }
+    showProblems();
+  }
+
+  async function loadSummary() {
+    try {
+      state.summary = await getJSON("/api/problems");
+    } catch (e) {
+      status(e.message, true);
+      return;
+    }
+    showSummary();
+    if (state.summary.enabled && !state.summary.done) setTimeout(loadSummary, SUMMARY_POLL);
+  }
+
+  async function openKey(key, shard) {
+    let found;
+    try {
+      found = await getJSON("/api/find?" + new URLSearchParams({ key: key }).toString());
+    } catch (err) {
+      status(err.message, true);
+      return false;
+    }
+    if (!found.matches.length) {
+      status("no sample with key " + JSON.stringify(key), true);
+      return false;
+    }
+    const at = found.matches.find((m) => m.shard === shard) || found.matches[0];
+    await jumpTo(at.index, at.shard, at.pos);
+    return true;
   }
 
   async function jumpTo(index, shard, pos) {
@@ -344,20 +431,7 @@ JS = r"""
   $("jump").addEventListener("submit", async (e) => {
     e.preventDefault();
     const key = $("key").value.trim();
-    if (!key) return;
-    let found;
-    try {
-      found = await getJSON("/api/find?" + new URLSearchParams({ key: key }).toString());
-    } catch (err) {
-      status(err.message, true);
-      return;
-    }
-    if (!found.matches.length) {
-      status("no sample with key " + JSON.stringify(key), true);
-      return;
-    }
-    const at = found.matches[0];
-    await jumpTo(at.index, at.shard, at.pos);
+    if (key) await openKey(key, null);
   });
   $("close").addEventListener("click", closeDetail);
   $("detail").addEventListener("click", (e) => { if (e.target === $("detail")) closeDetail(); });
@@ -370,5 +444,6 @@ JS = r"""
   window.addEventListener("hashchange", () => { readHash(); state.back = []; load(); });  // a link or typed URL
   readHash();
   load();
+  loadSummary();
 })();
 """

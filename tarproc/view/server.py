@@ -16,6 +16,10 @@ Routes (GET and HEAD only):
   (``FIELD_PROBLEMS`` at most), each with the ``tarfirst`` command that pulls it out
 - ``/api/sample/SHARD/POS``: every field of one sample (text and JSON in full up to 1 MiB)
 - ``/api/find?key=K``: where a key is
+- ``/api/problems``: what the summary of every sample has found so far (``make_app(summary=...)``,
+  ``tarshow --serve --summary``; ``summary.BackgroundSummary.snapshot``): each kind of problem
+  with its count and examples (shard, key, field, why, the ``tarfirst`` command), the progress,
+  and at the end the totals; ``{"enabled": false, ...}`` without it
 - ``/media/SHARD/POS/FIELD``: one field's bytes, with ``Range`` (206, 416) and a Content-Type
   from the field's extension (``/media/SHARD/POS?field=FIELD`` for a field named ``.`` or ``..``,
   which a browser would take out of a path)
@@ -74,6 +78,7 @@ from .catalog import (
     wants_image_check,
 )
 from .page import CSS, HTML, JS
+from .summary import STOP_WAIT, BackgroundSummary, SummaryOptions, disabled_snapshot
 
 T = TypeVar("T")
 
@@ -172,7 +177,7 @@ class MediaStreams:
 def make_app(
     urls: list[str], *, allowed_hosts: frozenset[str] | None = LOOPBACK_NAMES, warm: bool = True,
     log: Callable[[str], None] | None = None, classes: Sequence[str] | None = None,
-    max_media_streams: int = MAX_MEDIA_STREAMS,
+    max_media_streams: int = MAX_MEDIA_STREAMS, summary: SummaryOptions | bool = False,
 ) -> web.Application:
     """The viewer as an aiohttp application over these shards (nothing is read until asked).
 
@@ -187,26 +192,36 @@ def make_app(
             a ``classes.txt`` beside the first shard, when there is one (``ClassNamesError`` when
             it can't be read).
         max_media_streams: fields sent at once; a request for one more answers 503.
+        summary: also summarize every sample in the background once started, as ``tarshow
+            --summary`` does (True, or ``SummaryOptions`` for ``--decode -p N``), for
+            ``/api/problems`` and the page's problems panel; stopped with the app.
     """
     catalog = Catalog(urls)
     names = list(classes) if classes is not None else class_names_beside(urls)
     if max_media_streams < 1:
         raise OptionError(f"max_media_streams {max_media_streams}: at least 1")
+    if summary is True:
+        summary = SummaryOptions()
+    background = BackgroundSummary(urls, summary, log or _stderr) if summary else None
     app = web.Application(middlewares=[_guard(allowed_hosts, log or _stderr)], client_max_size=1 << 16)
     app[CATALOG] = catalog
     app[STATE] = {"checked": set(), "stop": threading.Event(), "workers": _Workers(MAX_WORKERS),
-                  "classes": names, "problems": FieldProblems(), "streams": MediaStreams(max_media_streams)}
+                  "classes": names, "problems": FieldProblems(), "streams": MediaStreams(max_media_streams),
+                  "summary": background}
     app.router.add_get("/", _page)
     app.router.add_get("/static/viewer.js", _static(JS, "text/javascript; charset=utf-8"))
     app.router.add_get("/static/viewer.css", _static(CSS, "text/css; charset=utf-8"))
     app.router.add_get("/favicon.ico", _no_icon)
     app.router.add_get("/api/page", _api_page)
     app.router.add_get("/api/find", _api_find)
+    app.router.add_get("/api/problems", _api_problems)
     app.router.add_get(f"/api/sample/{{shard:{_NUMBER}}}/{{pos:{_NUMBER}}}", _api_sample)
     app.router.add_get(f"/media/{{shard:{_NUMBER}}}/{{pos:{_NUMBER}}}/{{field:[^/]{{1,{MAX_FIELD_CHARS}}}}}", _media)
     app.router.add_get(f"/media/{{shard:{_NUMBER}}}/{{pos:{_NUMBER}}}", _media)
     if warm:
         app.on_startup.append(_start_warming)
+    if background is not None:
+        app.on_startup.append(_start_summary)
     app.on_cleanup.append(_close)
     return app
 
@@ -218,8 +233,18 @@ async def _start_warming(app: web.Application) -> None:
                      daemon=True, name="tarshow-index").start()
 
 
+async def _start_summary(app: web.Application) -> None:
+    app[STATE]["summary"].start()
+
+
 async def _close(app: web.Application) -> None:
     app[STATE]["stop"].set()
+    background = app[STATE]["summary"]
+    if background is not None:
+        # the server has stopped answering: wait here for the summary's thread, so that its decode
+        # processes are gone before serve() returns (the thread stops between two members)
+        if not background.stop():
+            _stderr(f"{PROG}: warning: the summary did not stop within {STOP_WAIT:g} s (a read that hangs?)")
     app[CATALOG].close()
 
 
@@ -458,6 +483,13 @@ async def _api_find(request: web.Request) -> web.Response:
     found = await _blocking(request, catalog.find_key, key)
     matches = [{"shard": at.shard, "pos": at.pos, "index": at.position} for at in found]
     return web.json_response({"key": key, "matches": matches})
+
+
+async def _api_problems(request: web.Request) -> web.Response:
+    background = request.app[STATE]["summary"]
+    # a copy taken under a lock the summary holds only to note a problem: no need to leave the loop
+    doc = background.snapshot() if background is not None else disabled_snapshot()
+    return web.json_response(doc, headers={"Cache-Control": "no-store"})
 
 
 def _describe_all(catalog: Catalog, found: list[Located], names: Sequence[str] | None) -> list[dict[str, Any]]:
@@ -738,7 +770,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def serve(urls: list[str], host: str = "127.0.0.1", port: int = 8000, quiet: bool = False, *,
-          classes: Sequence[str] | None = None) -> None:
+          classes: Sequence[str] | None = None, summary: SummaryOptions | bool = False) -> None:
     """Serve the viewer of these shards on ``http://host:port/`` until Ctrl-C or SIGTERM.
 
     ``port`` 0 takes any free port (the line on stderr names it). A host that is not a loopback
@@ -746,7 +778,8 @@ def serve(urls: list[str], host: str = "127.0.0.1", port: int = 8000, quiet: boo
     ``KeyboardInterrupt`` after the server has stopped; SIGTERM, where the caller has no handler of
     its own, stops it and returns. ``quiet``: no line on stderr but warnings and errors.
     ``classes``: class names for the labels (``3 (dog)``); None: a ``classes.txt`` beside the
-    first shard, when there is one.
+    first shard, when there is one. ``summary``: summarize every sample in the background and list
+    its problems in the page (``make_app``); a stop stops it too.
     """
     if not urls:
         raise OptionError("no shards to serve")
@@ -762,7 +795,8 @@ def serve(urls: list[str], host: str = "127.0.0.1", port: int = 8000, quiet: boo
     if not loopback:
         _stderr(f"{PROG}: warning: serving on {host}, not on a loopback address: anyone who can reach it can read "
                 f"these shards (use --host 127.0.0.1 to keep them to this machine)")
-    app = make_app(list(urls), allowed_hosts=LOOPBACK_NAMES if loopback else None, classes=classes)
+    app = make_app(list(urls), allowed_hosts=LOOPBACK_NAMES if loopback else None, classes=classes,
+                   summary=summary)
     loop = asyncio.new_event_loop()
     # a field being sent to a slow client holds the stop for at most SHUTDOWN_WAIT seconds
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_WAIT)

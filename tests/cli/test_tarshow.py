@@ -617,3 +617,54 @@ def test_report_ctrl_c_leaves_nothing(content_shard, tmp_path):
         proc.kill()
     assert proc.returncode == 130 and err.decode().count("\n") == 1 and "Traceback" not in err.decode()
     assert os.listdir(out_dir) == []
+
+
+# issue 35: --serve --summary, the summary's problems in the viewer
+
+
+def test_serve_summary_is_accepted(cli, content_shard, monkeypatch):
+    import types
+
+    from tarproc.tar import ReadPolicy
+    from tarproc.view.summary import SummaryOptions
+
+    calls = []
+    fake = types.ModuleType("tarproc.view.server")
+    fake.serve = lambda urls, host, port, quiet, **kw: calls.append(kw)
+    monkeypatch.setitem(sys.modules, "tarproc.view.server", fake)
+    import tarproc.view
+
+    monkeypatch.setattr(tarproc.view, "server", fake, raising=False)
+    for args in (["--serve", "--summary"], ["--summary", "--serve", "--decode", "-p", "2", "--ignore-zeros"],
+                 ["--serve", "--summary", "--bytes-only"], ["--serve"]):
+        r = cli.run(tarshow, [content_shard, *args])
+        assert r.exit_code == 0, r.stderr
+    assert calls == [
+        {"classes": None, "summary": SummaryOptions()},
+        {"classes": None, "summary": SummaryOptions(decode=2, policy=ReadPolicy(ignore_zeros=True))},
+        {"classes": None, "summary": SummaryOptions(content=False)},
+        {"classes": None},  # no summary: the viewer as before
+    ]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--serve", "--decode"], "--decode works with --summary and --report only (and with --serve --summary)"),
+    (["--serve", "--decode", "-p", "2"], "--decode works with --summary and --report only"),
+    (["--serve", "--summary", "--strict"], "--strict has no effect with --serve"),
+    (["--serve", "--summary", "--json"], "--json works with"),
+    (["--serve", "--summary", "-c", "3"], "--serve shows every sample"),
+    (["--serve", "--summary", "-f", "jpg"], "--serve shows every sample"),
+    (["--serve", "--summary", "--report", "x.html"], "--report and --serve cannot be used together"),
+    (["--serve", "--summary", "--decode", "--bytes-only"], "cannot be used with --bytes-only"),
+])
+def test_serve_summary_usage_errors(cli, content_shard, args, said):
+    r = cli.run(tarshow, [content_shard, *args])
+    assert r.exit_code == 2 and said in r.stderr, r.stderr
+
+
+def test_help_shows_serve_summary_with_an_example(cli):
+    r = cli.run(tarshow, ["--help"])
+    text = " ".join(r.stdout.split())
+    assert "--serve --summary --decode -p 4 # and list every problem" in text
+    assert "--serve --summary also reads every sample once in the background" in text
+    assert "with --serve: list its problems in the viewer" in text

@@ -239,3 +239,58 @@ def test_broken_images_are_marked_and_listed(browser, viewer, tmp_path, console_
     wait_for(browser, lambda d: "no sample has a field clss (fields seen: cls, jpg, svg)" in status_text(d),
              "the absent field's message")
     console_errors_of(browser)  # the SVG that fails to load and the 400 are logged by the browser: expected
+
+
+def test_the_panel_lists_the_summary_and_its_links_open_the_samples(browser, viewer, tmp_path, console_errors_of):
+    from damaged import planted_samples
+
+    from tarproc import TarWriter
+    from tarproc.view.summary import SUMMARY_NOTE
+
+    hostile = "<img src=x onerror=window['__pwned']=1>"
+    samples = planted_samples()
+    path = tmp_path / "planted.tar"
+    with open(path, "wb") as f, TarWriter(f) as w:
+        for sample in samples:
+            w.write_sample(sample)
+        w.write_sample({"__key__": hostile, "jpg": samples[0]["jpg"][:-40], "cls": b"1"})
+    v = viewer([str(path)], summary=True)
+    open_viewer(browser, v.url + "/", len(samples) + 1)
+    wait_for(browser, lambda d: "kinds of problem found" in d.execute_script(
+        "return document.getElementById('summaryprogress').textContent"), "the summary's end")
+    progress, count = browser.execute_script(
+        "return [document.getElementById('summaryprogress').textContent,"
+        " document.getElementById('problemcount').textContent]")
+    assert progress == f"checked 1 of 1 shard, {len(samples) + 1} samples: 5 kinds of problem found"
+    assert count.startswith("summary: 5 kinds of problem")
+
+    def listed(kind: str) -> list[list[str]]:
+        return browser.execute_script(
+            "return [...document.querySelectorAll('#summarylist .kind[data-kind=\"' + arguments[0] + '\"] .example')]"
+            ".map(x => [x.querySelector('a').textContent, x.textContent, x.querySelector('code').textContent])", kind)
+
+    damaged = listed("damaged_images")
+    assert [x[0] for x in damaged] == ["s/0007.jpg", hostile + ".jpg"]
+    assert damaged[0][2] == f"tarfirst {path} --key s/0007 -f jpg"
+    assert [x[0] for x in listed("non_integer_labels")] == ["s/0019.cls"]
+    assert [x[0] for x in listed("missing")] == ["s/0015"]
+    assert browser.execute_script("return window.__pwned === undefined")  # the key shown as text
+    # a link finds the sample by its key and opens it, past the first page too
+    browser.execute_script("document.getElementById('count').value = '10'; "
+                           "document.getElementById('nav').requestSubmit()")
+    wait_for(browser, lambda d: len(card_keys(d)) == 10, "a page of 10")
+    browser.execute_script(
+        "[...document.querySelectorAll('#summarylist a')].find(a => a.textContent === 's/0019.cls').click()")
+    wait_for(browser, lambda d: d.execute_script("return !document.getElementById('detail').hidden"), "detail")
+    assert browser.execute_script("return document.querySelector('#detailbody h2').textContent") == "s/0019"
+    assert card_keys(browser)[0] == "s/0019"
+    browser.execute_script("document.getElementById('close').click()")
+    console_errors_of(browser)  # the broken images the page shows are logged by the browser: expected
+    # without --summary: what the pages show, and one line saying what --summary does
+    plain = viewer([str(path)])
+    open_viewer(browser, plain.url + "/#start=0&n=10", 10)
+    wait_for(browser, lambda d: d.execute_script("return !document.getElementById('problems').hidden"), "the panel")
+    note, shown = browser.execute_script(
+        "return [document.getElementById('summarynote').textContent,"
+        " document.getElementById('summaryview').hidden]")
+    assert (note, shown) == (SUMMARY_NOTE, True)
