@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .errors import DataWarning, DecodeError, MissingDependencyError, OptionError, warn
+from .fieldspec import IMAGE_FORMATS
 from .samples import Sample
 
 _jpeg: Any
@@ -45,7 +46,7 @@ RELAID = "relaid"
 PASSED = ("progressive", "restart markers", "CMYK", "arithmetic coding", "not a JPEG", "damaged")
 """Why a field is passed through unchanged, in the order the summary lists them."""
 
-JPEG_EXTENSIONS = ("jpg", "jpeg")
+JPEG_EXTENSIONS = tuple(ext for ext, fmt in IMAGE_FORMATS.items() if fmt == "jpeg")  # the one list: fieldspec
 """The fields re-laid: those whose last extension is one of these (``jpg``, ``left.jpeg``)."""
 
 MAX_INTERVAL = 65535

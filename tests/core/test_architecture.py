@@ -20,8 +20,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("errors", "compression", "sniff", "fieldspec", "procgroup", "_speedups", "_jpeg")),
     ("tar", ("tar", "tario")),
     ("io", ("sources", "sinks")),
-    ("records", ("samples", "stages", "index", "shards", "sort", "process", "pcat", "first", "tables", "classnames")),
-    ("media", ("content", "imaging", "decode", "show", "relayout")),
+    ("records", ("samples", "stages", "foreign_index", "shard_index", "index", "shards", "sort", "process", "pcat", "first", "tables", "classnames")),
+    ("media", ("media_headers", "content", "imaging", "decode", "show", "relayout")),
     ("consumers", ("dataset", "transport", "jobs", "view")),
     ("front", ("cli", "demo", "__init__")),
 ]

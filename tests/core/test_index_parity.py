@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from tarhelpers import built, tarfile_shard
 
-import tarproc.index as index_module
+import tarproc.shard_index as index_module  # where the C fast paths are looked up
 from tarproc import TarWriter
 from tarproc.errors import TarprocError
 from tarproc.index import IndexEntry, ShardIndex, build_index

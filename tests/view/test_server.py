@@ -19,8 +19,8 @@ import pytest
 from tarproc import TarWriter
 from tarproc.index import build_index
 from tarproc.view.catalog import parse_filter
+from tarproc.view.media import parse_range
 from tarproc.view.page import CSS, HTML, JS
-from tarproc.view.server import parse_range
 
 
 def keys(page: dict[str, Any]) -> list[str]:
