@@ -415,6 +415,45 @@ def rate(n: int, times: list[float]) -> float:
     return n / statistics.median(times)
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of the children it has waited for (DataLoader workers are
+    joined when their epoch ends): what other load on the machine inflates far less than wall time."""
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def cpu_counted(run: Callable[[], int], spent: list[float]) -> Callable[[], int]:
+    """``run``, appending to ``spent`` the CPU seconds each call took (``cpu_seconds``)."""
+
+    def counted() -> int:
+        before = cpu_seconds()
+        n = run()
+        spent.append(cpu_seconds() - before)
+        return n
+
+    return counted
+
+
+def decode_only_ms(url: str) -> float:
+    """Milliseconds of one thread's CPU per image for row 1's decode alone (``decode_into``: the JPEG
+    crop decode, resample, flip and normalize into a batch slot) over a data set's images, read first."""
+    import numpy as np
+
+    import tarproc
+    from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec
+    from tarproc.decode.cpu import decode_into
+
+    spec = AugmentSpec(size=224, random_crop=True, flip=0.5, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout="CHW", seed=0)
+    images = [(bytes(s["jpg"]), s["__key__"]) for s in tarproc.read_samples(url)]
+    out = np.zeros((64, 3, 224, 224), np.float32)
+    t0 = time.thread_time()
+    for i, (data, key) in enumerate(images):
+        decode_into(data, spec, key, out[i % 64])
+    return 1000 * (time.thread_time() - t0) / len(images)
+
+
 # ------------------------------------------------------------------------------------------------
 
 
@@ -469,7 +508,9 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
         decodes: markers can't help it) and DALI on its faster input, original or re-laid."""
         relaid, made = make_relaid_shards(ctx, url)
         log("train: row 1 on re-laid shards (restart markers)")
-        series = [("Dataset re-laid", reps, epoch(ours_basic, relaid)), ("Dataset", reps, epoch(ours_basic, url)),
+        cpu: dict[str, list[float]] = {"re-laid": [], "original": []}
+        series = [("Dataset re-laid", reps, cpu_counted(epoch(ours_basic, relaid), cpu["re-laid"])),
+                  ("Dataset", reps, cpu_counted(epoch(ours_basic, url), cpu["original"])),
                   ("webdataset+tv2", reps, epoch(tv2_basic, url))]
         if dali:
             series += [("DALI", reps, dali_epoch(dali_basic, url)), ("DALI re-laid", reps, dali_epoch(dali_basic, relaid))]
@@ -487,6 +528,15 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
                             yes_no(ours_rate >= 2.5 * best)))
         notes.append(f"{made}. Re-laid row: " + "; ".join(f"{name} {spread(t)}" for (name, _, _), t
                                                          in zip(series, times, strict=True)))
+        # where an image's time goes: the decode alone, the Dataset's CPU (all its processes), its wall x 2 cores
+        costs = [f"{which}: decode_into alone {decode_only_ms(data):.2f}, the Dataset's CPU "
+                 f"{1000 * statistics.median(cpu[which]) / count:.2f}, its wall x {WORKERS} cores "
+                 f"{1000 * WORKERS * statistics.median(t) / count:.2f}"
+                 for which, data, t in (("re-laid", relaid, times[0]), ("original", url, times[1]))]
+        notes.append("ms an image, row 1: " + "; ".join(costs) + ". The CPU past decode_into is partly per epoch "
+                     "(each epoch's workers are new processes: fork, exit, the first pages of their shared batch "
+                     "buffers) and partly per image (reading into fresh memory, the shuffle buffer, Python); the wall "
+                     "past the CPU is start-up, the epoch's end and other load")
 
     versus("RandomResizedCrop 224 + flip + normalize", "crop + flip", url, n, ours_basic,
            baselines(torchvision_basic, tv2_basic, dali_basic, url, (2, 3, 2)))
