@@ -14,7 +14,10 @@ out, are known too. One DataLoader with ``num_workers`` workers reads every sour
 source's ``Loader`` would, the batches of a source's pass are made by the workers in turn
 (``Dataset.reader_batches``; the turn shifted by one worker from one source to the next), so
 each worker makes its share of every source, in step order, and the main process puts the steps
-back in order (it holds the batches that came early: a few per source and worker). The position
+back in order (it holds the batches that came early: a few per source and worker, and none it
+handed out). Sources whose batches have one shape share one ring of shared-memory batch buffers
+in each worker (``Dataset.share_buffers``): a new worker's ring starts empty, and one ring per
+source would cost as many fresh buffers (page faults) more each epoch. The position
 of each source is its batches taken, a ``Loader`` state (``Dataset.position``), so a state
 resumes on any layout as a source's own does. Otherwise
 (``num_workers`` a mapping, a source without counts or a ``repeat=True`` stream) each source is
@@ -216,6 +219,17 @@ class BlendedReaders:
                 close = getattr(reader, "close", None)
                 if close is not None:
                     close()
+
+
+def _receive(items: Iterator[Any], early: dict[tuple[int, str], Any]) -> bool:
+    """The next ``(step, source, batch)`` from the shared workers into ``early``; False at their end.
+    A function of its own, so that no frame variable of the caller keeps a batch alive."""
+    item = next(items, None)
+    if item is None:
+        return False
+    step, name, batch = item
+    early[(int(step), str(name))] = batch
+    return True
 
 
 _BLENDED: list[type] = []
@@ -457,9 +471,14 @@ class Mix:
         self._shared_workers = int(num_workers) if self.shared else 0  # type: ignore[arg-type]
         self._loader_kwargs = dict(loader_kwargs)
         if self.shared:
-            for name, ds in named:
+            for i, (name, ds) in enumerate(named):
                 src = self._sources[name] = _Source(name, ds, self.weights[name], 0, None)
                 src.shared_workers = max(1, self._shared_workers)
+                # one ring of batch buffers per worker for the sources whose batches have one shape:
+                # each new worker fills its rings with fresh buffers (page faults), one per source else
+                for _, earlier in named[:i]:
+                    if ds.share_buffers(earlier):
+                        break
         for name, ds in named if not self.shared else []:
             use_loader = torch_ok and callable(getattr(ds, "loader", None))
             if not use_loader and (workers[name] or loader_kwargs):
@@ -622,22 +641,15 @@ class Mix:
                 parts = []
                 for name, _, _ in planned.parts:
                     while (planned.step, name) not in early:
-                        item = next(items, None)
-                        if item is None:
+                        if not _receive(items, early):
                             raise DatasetError(f"the Mix's workers ended before step {planned.step} of its plan")
-                        step, got, batch = item
-                        early[(int(step), str(got))] = batch
                     parts.append((name, early.pop((planned.step, name))))
                     src = self._sources[name]
                     src.started, src.saved, src.status = True, None, "live"
                     src.taken += 1
                     self._drawn[name] += 1
                 self._step += 1
-                if self.compose == "stratified":
-                    step_out: tuple[str, Any] = ("+".join(self.names), concat_batches(parts))
-                else:
-                    step_out = parts[0]
-                yield step_out if self.tagged else step_out[1]
+                yield self._output(parts)  # which empties parts: see _output
             if self._run_id == run_id:
                 self._events(schedule.end, schedule)
                 self._plan(self._epoch + 1)
@@ -645,6 +657,18 @@ class Mix:
             close = getattr(items, "close", None) or getattr(items, "_shutdown_workers", None)
             if close is not None:
                 close()
+
+    def _output(self, parts: list[tuple[str, Any]]) -> Any:
+        """A step's batch (tagged or not) from its ``(source, batch)`` parts, emptying ``parts``: the
+        iteration holds no reference to a batch it handed out while it waits for the next, so its
+        shared-memory buffer goes back to its worker as soon as the training loop drops it."""
+        taken = list(parts)
+        parts.clear()
+        if self.compose == "stratified":
+            out: tuple[str, Any] = ("+".join(self.names), concat_batches(taken))
+        else:
+            out = taken[0]
+        return out if self.tagged else out[1]
 
     def _events(self, events: Sequence[tuple[str, str]], schedule: Schedule) -> None:
         """What happened to the sources before a step's draw (see ``Step``), applied to the position."""

@@ -564,3 +564,75 @@ def test_one_set_of_workers_says_a_worker_error_in_one_line_naming_the_shard(tmp
     assert mix.shared
     with pytest.raises(DatasetError, match=r"a-000.tar: holds 20 samples, but its count \(given\) says 24"):
         list(mix)
+
+
+def _image_shards(directory: Path, name: str, n: int) -> list[str]:
+    from tarhelpers import encode_image
+
+    rng = np.random.default_rng(len(name) + n)
+    rows = [{"__key__": f"{name}{i:04d}", "cls": i, "jpg": encode_image(rng.integers(0, 255, (20, 28, 3), dtype=np.uint8))}
+            for i in range(n)]
+    return [str(write_tar(directory / f"{name}-img.tar", rows))]
+
+
+def test_one_set_of_workers_keeps_one_ring_of_batch_buffers_for_sources_of_one_shape(tmp_path: Path) -> None:
+    """Each new worker fills its ring of shared-memory batch buffers afresh (page faults): sources
+    whose batches have one shape share one ring, so the workers allocate no more than one Dataset's
+    would; a source of another batch shape keeps its own (sharing would swap shapes in and out)."""
+    pytest.importorskip("torch")
+    from tarproc.dataset.pool import RING
+    from tarproc.decode import AugmentSpec
+
+    spec = AugmentSpec(size=16)
+    options = {"decode": spec, "shuffle": 4, "to_tuple": ("__key__", "jpg")}
+    ds = {"a": Dataset(_image_shards(tmp_path, "a", 30), batch_size=4, **options),  # short last batches: 30 = 7x4 + 2
+          "b": Dataset(_image_shards(tmp_path, "b", 21), batch_size=4, **options),
+          "c": Dataset(_image_shards(tmp_path, "c", 9), batch_size=3, **options)}
+    mix = Mix(ds, [0.4, 0.4, 0.2], until="all", num_workers=2, tagged=True)
+    assert mix.shared
+    pool = ds["a"]._pool
+    assert ds["b"]._pool is pool and ds["c"]._pool is not pool
+    for _ in range(2):
+        got = [(name, list(keys), images.shape) for name, (keys, images) in mix]
+        assert sorted(k for _, keys, _ in got for k in keys) == sorted(
+            [f"a{i:04d}" for i in range(30)] + [f"b{i:04d}" for i in range(21)] + [f"c{i:04d}" for i in range(9)])
+        assert all(shape[1:] == (16, 16, 3) and shape[0] == len(keys) for _, keys, shape in got)
+        # per epoch, each of the 2 new workers allocates at most one ring for a and b together
+        assert pool.allocated <= RING * 2 * (_ + 1)
+
+
+def test_a_short_batch_is_made_in_a_full_size_buffer_of_the_ring(tmp_path: Path) -> None:
+    """An epoch's short last batch is the first rows of a full-size buffer: the ring keeps one shape,
+    so the short batch takes a buffer let go of instead of a fresh one (and the next full one too)."""
+    pytest.importorskip("torch")
+    from tarproc.decode import AugmentSpec
+
+    ds = Dataset(_image_shards(tmp_path, "a", 6), batch_size=4, decode=AugmentSpec(size=16), to_tuple=("__key__", "jpg"))
+    ds.worker_info = lambda: (0, 1, True)  # type: ignore[method-assign]  # as in a DataLoader worker
+    full = ds.batch_buffer((4, 16, 16, 3), "uint8")
+    ds._pool.settle(())  # the batch left without it: its buffer is free again
+    short = ds.batch_buffer((2, 16, 16, 3), "uint8")
+    assert tuple(short.handle.shape) == short.array.shape == (2, 16, 16, 3) and short.handle.is_shared()
+    assert short.handle.untyped_storage().data_ptr() == full.handle.untyped_storage().data_ptr()
+    assert (ds._pool.allocated, ds._pool.reused) == (1, 1)
+
+
+def test_one_set_of_workers_holds_no_batch_it_handed_out(tmp_path: Path) -> None:
+    """While the Mix waits for the next step, the batch it handed out is the training loop's alone:
+    dropped there, its shared-memory buffer goes back to its worker at once."""
+    import weakref
+
+    pytest.importorskip("torch")
+    from tarproc.decode import AugmentSpec
+
+    options = {"decode": AugmentSpec(size=16), "batch_size": 4, "to_tuple": ("__key__", "jpg")}
+    ds = {n: Dataset(_image_shards(tmp_path, n, 12), **options) for n in "ab"}
+    mix = Mix(ds, [0.5, 0.5], until="all", num_workers=1)
+    it = iter(mix)
+    refs = []
+    for _ in range(4):
+        keys, images = next(it)
+        refs.append(weakref.ref(images))
+        del keys, images
+        assert all(ref() is None for ref in refs)
+    assert len(list(it)) == 2
