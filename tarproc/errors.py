@@ -208,6 +208,11 @@ class MediaError(TarprocError):
     """Data that should be audio or video could not be read: damaged, cut short, or not media at all."""
 
 
+class ParameterError(OptionError, TypeError):
+    """A keyword an object doesn't take, with where it belongs when it is another object's
+    (``AugmentSpec(image=...)``: the Dataset's). A ``TypeError`` too, as Python's own is."""
+
+
 class MissingDependencyError(OptionError):
     """An optional dependency a feature needs is not installed; the message says what to install."""
 

@@ -62,7 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
-from ..errors import OptionError
+from ..errors import OptionError, ParameterError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -176,11 +176,6 @@ def color_matrix(color: tuple[float, float, float, float]) -> tuple[list[list[fl
 
 
 DEFAULT_MAX_PIXELS = 8192 * 8192  # the largest image a decode may allocate: 64 Mi pixels (~200 MB as RGB)
-
-
-class ParameterError(OptionError, TypeError):
-    """A keyword an object doesn't take, with where it belongs when it is another object's
-    (``AugmentSpec(image=...)``: the Dataset's). A ``TypeError`` too, as Python's own is."""
 
 
 # the keywords of tarproc.Dataset and of the torch DataLoader that ds.loader() makes, named here

@@ -34,13 +34,14 @@ import numpy as np
 
 from ..errors import MediaError, OptionError
 from .media import ffmpeg_reason, import_av, is_wav, open_container, video_stream
-from .spec import DEFAULT_MAX_PIXELS
+from .spec import DEFAULT_MAX_PIXELS, named_parameters
 
 LAYOUTS = ("THWC", "TCHW")
 MAX_FRAMES = 10_000
 _SEEK_AFTER = 1.0  # seconds: a later start seeks to the key frame before it rather than decoding up to it
 
 
+@named_parameters
 @dataclass(frozen=True)
 class VideoSpec:
     """How to decode a video field (see the module docstring for the exact semantics).

@@ -18,9 +18,11 @@ import pytest
 from tarhelpers import encode_image, write_tar
 
 import tarproc
+from tarproc import ParameterError
 from tarproc.decode import AugmentSpec
 from tarproc.decode.audio import AudioSpec
-from tarproc.decode.spec import DATASET_PARAMETERS, LOADER_PARAMETERS, ParameterError
+from tarproc.decode.spec import DATASET_PARAMETERS, LOADER_PARAMETERS
+from tarproc.decode.video import VideoSpec
 from tarproc.errors import DecodeError, OptionError
 
 torch = pytest.importorskip("torch")
@@ -175,6 +177,8 @@ def test_the_named_parameters_are_the_real_ones() -> None:
     (lambda: AugmentSpec(sise=224), r"AugmentSpec has no parameter sise \(did you mean size or resize\?\)"),
     (lambda: AudioSpec(size=224), r"AudioSpec has no parameter size: size= is an AugmentSpec parameter"),
     (lambda: AudioSpec(image="wav"), r"image= is a Dataset parameter: .*decode=AudioSpec\(\.\.\.\)"),
+    (lambda: VideoSpec(frames=8, image="mp4"), r"VideoSpec has no parameter image: image= is a Dataset parameter"),
+    (lambda: VideoSpec(flip=0.5), r"VideoSpec has no parameter flip: flip= is an AugmentSpec parameter"),
 ])
 def test_a_spec_given_another_objects_parameter_says_where_it_goes(make: Any, message: str) -> None:
     with pytest.raises(OptionError, match=message) as caught:
