@@ -97,6 +97,16 @@ def write_sparse_file(path: str | os.PathLike[str], regions: int, gap: int = 200
     return Path(path).read_bytes()
 
 
+def photo(w: int, h: int, seed: int) -> Any:
+    """A uint8 RGB array that compresses like a photo: smooth colour fields plus grain (seeded)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 255 / w, y * 255 / h, 128 + 60 * np.sin(x / 9) * np.cos(y / 13)], axis=-1)
+    return np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+
+
 def encode_image(array: Any, fmt: str = "JPEG", mode: str | None = None, **kw: Any) -> bytes:
     """An image file (JPEG by default) of a numpy array, through Pillow; ``mode`` converts first."""
     from PIL import Image

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import simplejpeg
 from PIL import Image
-from tarhelpers import encode_image
+from tarhelpers import encode_image, photo
 
 from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, decode_image
 from tarproc.decode import cpu as cpu_backend
@@ -27,13 +27,6 @@ def test_the_extension_is_built_where_libjpeg_headers_are() -> None:
 
 
 needs_ext = pytest.mark.skipif(cpu_backend._jpeg is None, reason="tarproc._jpeg is not built")
-
-
-def photo(w: int, h: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w]
-    base = np.stack([x * 255 / w, y * 255 / h, 128 + 60 * np.sin(x / 9) * np.cos(y / 13)], axis=-1)
-    return np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
 
 
 JPEGS = {

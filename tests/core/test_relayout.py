@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 from PIL import Image, ImageCms
-from tarhelpers import encode_image
+from tarhelpers import encode_image, photo
 
 from tarproc.decode import AugmentSpec, decode_image, decode_samples
 from tarproc.decode import cpu as cpu_backend
@@ -21,13 +21,6 @@ from tarproc.relayout import PASSED, RELAID, RelayoutStats, is_jpeg_field, relay
 
 pytestmark = pytest.mark.skipif(cpu_backend._jpeg is None, reason="tarproc._jpeg is not built")
 ext = cpu_backend._jpeg
-
-
-def photo(w: int, h: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w]
-    base = np.stack([x * 255 / w, y * 255 / h, 128 + 60 * np.sin(x / 9) * np.cos(y / 13)], axis=-1)
-    return np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
 
 
 JPEGS = {
