@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 # audio beyond these is said as a problem: training's decode refuses more channels than
-# tarproc.decode.audio.MAX_CHANNELS (64), and a rate this low turns a few KB into hours to resample
+# the most channels training keeps (tarproc.decode.audio refuses more), and a rate this low turns a few KB into hours to resample
 MAX_AUDIO_CHANNELS = 64
 MIN_AUDIO_RATE = 1000  # Hz; telephone speech is 8000
 

@@ -61,4 +61,30 @@ def leave_signals_to_parent() -> None:
             signal.signal(getattr(signal, name), signal.SIG_DFL)
 
 
-__all__ = ["leave_signals_to_parent", "signal_group", "start_group", "stop_group"]
+def worker_pool(processes: int, initializer: Any = None, initargs: tuple[Any, ...] = ()) -> Any:
+    """A ``ProcessPoolExecutor`` of ``processes`` workers that leave signals to the parent
+    (``leave_signals_to_parent``) and show warnings as it does, then run ``initializer(*initargs)``.
+    Forked on Linux (workers start in milliseconds and need no importable ``__main__``), the
+    platform's default elsewhere (a spawned worker is told how the parent shows warnings)."""
+    import concurrent.futures
+    import multiprocessing
+    import sys
+
+    from .errors import warnings_setup
+
+    method = "fork" if sys.platform.startswith("linux") else None
+    shown = warnings_setup() if method != "fork" else None
+    return concurrent.futures.ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context(method),
+                                                  initializer=_start_worker, initargs=(shown, initializer, initargs))
+
+
+def _start_worker(shown: Any, initializer: Any, initargs: tuple[Any, ...]) -> None:
+    from .errors import adopt_warnings_setup
+
+    adopt_warnings_setup(shown)
+    leave_signals_to_parent()
+    if initializer is not None:
+        initializer(*initargs)
+
+
+__all__ = ["leave_signals_to_parent", "signal_group", "start_group", "stop_group", "worker_pool"]

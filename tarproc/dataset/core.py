@@ -1250,8 +1250,12 @@ class Dataset:
         after its last (the reader reads one past the part to see it end); None: the shard's end.
         A remote store is asked for no more, and a local file is read no further (a part's reader
         reads on if it needs to): an interleaved reader holds many parts open, each read only as far
-        as its samples go."""
+        as its samples go. A local shard's headers are not walked for this alone: its bound comes from
+        a ``.idx`` beside it or from offsets this reader has already (a part starting mid-shard)."""
         if part.stop is None or (part.holds is not None and part.stop >= part.holds):
+            return None
+        path = local_path(part.url)
+        if path is not None and part.url not in self._offsets and not os.path.exists(default_index_url(path)):
             return None
         offsets = self._offsets_of(part.url).offsets
         return offsets[part.stop + 2] if part.stop + 2 < len(offsets) else None

@@ -42,11 +42,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import MediaError, OptionError
+from ..media_headers import MAX_AUDIO_CHANNELS
 from .media import MAX_SAMPLE_RATE, audio_stream, ffmpeg_reason, import_av, is_wav, open_container, wav_header
 from .spec import named_parameters
 
 DEFAULT_MAX_SECONDS = 3600.0
-MAX_CHANNELS = 64
+MAX_CHANNELS = MAX_AUDIO_CHANNELS  # one bound: the summary flags what the decoder refuses
 
 
 @named_parameters

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
-import multiprocessing
-import sys
 import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import MediaError, MissingDependencyError, adopt_warnings_setup, warnings_setup
-from ..procgroup import leave_signals_to_parent
+from ..errors import MediaError, MissingDependencyError
+from ..procgroup import worker_pool
 from ..sniff import sniff_type
 from .media import audio_stream, ffmpeg_reason, import_av, is_wav, open_container, video_stream, wav_header
 
@@ -178,11 +176,6 @@ def _check_batch(jobs: list[tuple[str, bytes]]) -> list[str | None]:
     return [_answer(kind, data) for kind, data in jobs]
 
 
-def _init_worker(setup: Any) -> None:
-    adopt_warnings_setup(setup)
-    leave_signals_to_parent()  # the parent stops the pool (else a hang on Ctrl-C: see there)
-
-
 class DecodeCheck:
     """Decodes fields as they are added and keeps what failed: counts per kind, the failures in the
     order the fields came (``MAX_LISTED`` of them, with the ``tarfirst`` command), the count of
@@ -223,13 +216,8 @@ class DecodeCheck:
         batch, self._batch, self._batch_bytes = self._batch, [], 0
         if not batch:
             return
-        if self._pool is None:
-            # fork starts workers in milliseconds and needs no importable __main__; elsewhere the default
-            method = "fork" if sys.platform.startswith("linux") else None
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                self.processes, mp_context=multiprocessing.get_context(method), initializer=_init_worker,
-                initargs=(warnings_setup() if method != "fork" else None,),
-            )
+        if self._pool is None:  # workers that leave Ctrl-C to this process, which stops the pool
+            self._pool = worker_pool(self.processes)
         future = self._pool.submit(_check_batch, [(kind, data) for _, _, _, kind, data in batch])
         self._in_flight.append((batch, future))
         while len(self._in_flight) > 2 * self.processes:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import concurrent.futures
 import io
 import math
-import multiprocessing
-import sys
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -28,9 +26,8 @@ import numpy as np
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import adopt_warnings_setup, warnings_setup
 from ..imaging import rgb_image
-from ..procgroup import leave_signals_to_parent
+from ..procgroup import worker_pool
 from ..sniff import sniff_type
 from .spec import AugmentSpec, Plan, color_matrix, rotation_steps
 
@@ -415,9 +412,7 @@ def _decode_or_error(job: Job, spec: AugmentSpec, dct_scaling: bool) -> Result:
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(spec: AugmentSpec, dct_scaling: bool, shown: Any = None) -> None:
-    adopt_warnings_setup(shown)  # a spawned worker shows warnings as its parent does
-    leave_signals_to_parent()  # the parent stops the pool (a forked worker raising on Ctrl-C could hang it)
+def _init_worker(spec: AugmentSpec, dct_scaling: bool) -> None:
     _worker.update(spec=spec, dct_scaling=dct_scaling)
 
 
@@ -441,13 +436,7 @@ class CpuDecoder:
         self.ahead = ahead
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         if processes > 1:
-            # fork starts workers in milliseconds and needs no importable __main__; elsewhere the default
-            method = "fork" if sys.platform.startswith("linux") else None
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                processes, mp_context=multiprocessing.get_context(method),
-                initializer=_init_worker,
-                initargs=(spec, dct_scaling, warnings_setup() if method != "fork" else None),
-            )
+            self._pool = worker_pool(processes, _init_worker, (spec, dct_scaling))
 
     def describe(self) -> str:
         jpeg = "libjpeg-turbo region decode" if _jpeg is not None else "simplejpeg"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import io
 import threading
-import time
 import warnings
 from pathlib import Path
 
@@ -69,17 +68,19 @@ def test_no_warning_is_lost_while_images_decode_in_a_loop(shown):
     """/tmp/review/race.py: a thread warning while the main thread decodes images in a loop."""
     bmp, n = _bmp(), 300
     done = threading.Event()
+    decoding = threading.Semaphore(0)  # one warning per decode the main thread starts: they overlap
 
     def reader():
         for i in range(n):
+            decoding.acquire()
             warn(f"retry {i}", NetworkWarning)
-            time.sleep(0.0002)
         done.set()
 
     thread = threading.Thread(target=reader)
     thread.start()
     decoded = 0
     while not done.is_set():
+        decoding.release()
         decode_image(bmp)
         image_header(bmp)
         decoded += 1
