@@ -723,7 +723,7 @@ NO_SAMPLES = "no samples: the input holds no sample"
 
 def no_samples(d: dict[str, Any]) -> bool:
     """Whether a summary document read no sample at all (not for ``-c 0``: that asks for none)."""
-    return not d["samples"] and not d["stopped_early"]
+    return not d["samples"] and not d["stopped_early"] and not d["errors"]  # a shard that failed says why itself
 
 
 def _problems(d: dict[str, Any]) -> list[str]:

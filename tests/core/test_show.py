@@ -734,3 +734,16 @@ def test_the_summary_flags_audio_beyond_what_training_keeps():
     from tarproc.decode.audio import MAX_CHANNELS
 
     assert MAX_AUDIO_CHANNELS == MAX_CHANNELS
+
+
+def test_an_input_that_fails_to_read_is_that_problem_not_an_empty_one(tmp_path):
+    import warnings
+
+    from tarproc.errors import DataWarning
+    from tarproc.show import NO_SAMPLES
+    from tarproc.tar import ReadPolicy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataWarning)
+        problems = summarize([str(tmp_path / "missing.tar")], policy=ReadPolicy(on_error="skip-shard")).problems()
+    assert problems == ["damaged or unreadable shards: 1"] and NO_SAMPLES not in problems
