@@ -304,3 +304,29 @@ def test_relayout_checks_its_arguments() -> None:
     for data in (b"", b"\xff\xd8", b"\xff\xd8\xff\xe0\x00\x10JFIF"):
         with pytest.raises(ValueError):
             ext.relayout(data)
+
+
+def test_a_dataset_over_relaid_shards_gives_the_batches_of_the_originals(tmp_path) -> None:
+    """The crossing a user meets: `tarjpeg` once, then training with random crops in DataLoader
+    workers over the re-laid shards — the same batches, pixel for pixel, as over the originals."""
+    pytest.importorskip("torch")
+    from tarhelpers import write_tar
+
+    import tarproc
+
+    samples = [{"__key__": f"k{i:03d}", "jpg": encode_image(photo(250, 187, i), quality=85), "cls": str(i % 3)}
+               for i in range(12)]
+    original = write_tar(tmp_path / "a.tar", samples)
+    laid = list(relayout_samples(iter(samples), threads=2))
+    assert all(b"\xff\xdd" in s["jpg"] for s in laid)  # each has a restart interval (DRI): crops use the segments
+    relaid = write_tar(tmp_path / "b.tar", laid)
+    spec = AugmentSpec(size=64, random_crop=True, flip=0.5)
+
+    def batches(url):
+        ds = tarproc.Dataset(str(url), decode=spec, to_tuple=("__key__", "jpg", "cls"), batch_size=4, seed=3)
+        return [(list(keys), images.numpy(), labels.numpy()) for keys, images, labels in ds.loader(num_workers=2)]
+
+    a, b = batches(original), batches(relaid)
+    assert [k for k, _, _ in a] == [k for k, _, _ in b] and len(a) == 3
+    for (_, x, y), (_, x2, y2) in zip(a, b, strict=True):
+        assert np.array_equal(x, x2) and np.array_equal(y, y2)
