@@ -97,6 +97,33 @@ def write_sparse_file(path: str | os.PathLike[str], regions: int, gap: int = 200
     return Path(path).read_bytes()
 
 
+def rank_batches(paths: Any, world: int, workers: int, *, state: dict | None = None, stop: int | None = None,
+                 epoch: int | None = None, **kwargs: Any) -> tuple[list[list[list[str]]], dict | None]:
+    """Every rank's batches of keys (one epoch, or ``stop`` steps) through ``ds.loader(num_workers=
+    workers)`` after ``state`` if given, and rank 0's state at the stop (through JSON, as a saved one)."""
+    import json
+
+    from tarproc.dataset import Dataset
+
+    out, saved = [], None
+    for rank in range(world):
+        ds = Dataset(paths, rank=rank, world_size=world, **kwargs)
+        if epoch is not None:
+            ds.set_epoch(epoch)
+        loader = ds.loader(num_workers=workers)
+        if state is not None:
+            loader.load_state_dict(state)
+        batches: list[list[str]] = []
+        for (keys,) in loader:
+            batches.append(list(keys))
+            if stop is not None and len(batches) == stop:
+                break
+        if rank == 0 and stop is not None:
+            saved = json.loads(json.dumps(loader.state_dict()))
+        out.append(batches)
+    return out, saved
+
+
 def photo(w: int, h: int, seed: int) -> Any:
     """A uint8 RGB array that compresses like a photo: smooth colour fields plus grain (seeded)."""
     import numpy as np

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from tarhelpers import write_tar
+from tarhelpers import rank_batches, write_tar
 
 import tarproc
 from tarproc.dataset import Dataset
@@ -37,21 +37,8 @@ def every_key(paths: list[str]) -> Counter[str]:
 def run_ranks(paths: list[str], world: int, workers: int, *, state: dict | None = None, stop: int | None = None,
               **kwargs: object) -> tuple[list[list[list[str]]], dict | None]:
     """Every rank's batches of keys (one epoch, or ``stop`` steps), and rank 0's state at the stop."""
-    kwargs = {"batch_size": 4, "shuffle": 6, "seed": 1, "to_tuple": ("__key__",), **kwargs}
-    out, saved = [], None
-    for rank in range(world):
-        loader = Dataset(paths, rank=rank, world_size=world, **kwargs).loader(num_workers=workers)
-        if state is not None:
-            loader.load_state_dict(state)
-        batches = []
-        for (keys,) in loader:
-            batches.append(list(keys))
-            if stop is not None and len(batches) == stop:
-                break
-        if rank == 0 and stop is not None:
-            saved = json.loads(json.dumps(loader.state_dict()))
-        out.append(batches)
-    return out, saved
+    return rank_batches(paths, world, workers, state=state, stop=stop,
+                        **{"batch_size": 4, "shuffle": 6, "seed": 1, "to_tuple": ("__key__",), **kwargs})
 
 
 @pytest.mark.parametrize("world", [2, 3])

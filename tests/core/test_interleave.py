@@ -5,7 +5,6 @@ read once, and a state resumes exactly on the same layout and with every sample 
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 from collections import Counter
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 from faultserver import FaultServer
-from tarhelpers import write_tar
+from tarhelpers import rank_batches, write_tar
 
 import tarproc
 import tarproc.dataset.split as split
@@ -47,23 +46,9 @@ def sorted_shards(directory: Path, index: bool = False, payload: int = 0) -> lis
 def run(paths: list[str], world: int, workers: int, *, state: dict | None = None, stop: int | None = None,
         epoch: int = 0, **kwargs: Any) -> tuple[list[list[list[str]]], dict | None]:
     """Every rank's batches of keys (one epoch, or ``stop`` steps), and rank 0's state at the stop."""
-    kwargs = {"batch_size": 16, "shuffle": 50, "part_size": 25, "seed": 4, "to_tuple": ("__key__",), **kwargs}
-    out, saved = [], None
-    for rank in range(world):
-        ds = Dataset(paths, rank=rank, world_size=world, **kwargs)
-        ds.set_epoch(epoch)
-        loader = ds.loader(num_workers=workers)
-        if state is not None:
-            loader.load_state_dict(state)
-        batches: list[list[str]] = []
-        for (keys,) in loader:
-            batches.append(list(keys))
-            if stop is not None and len(batches) == stop:
-                break
-        if rank == 0 and stop is not None:
-            saved = json.loads(json.dumps(loader.state_dict()))
-        out.append(batches)
-    return out, saved
+    return rank_batches(paths, world, workers, state=state, stop=stop, epoch=epoch,
+                        **{"batch_size": 16, "shuffle": 50, "part_size": 25, "seed": 4, "to_tuple": ("__key__",),
+                           **kwargs})
 
 
 def every_key(paths: list[str]) -> Counter[str]:
