@@ -133,7 +133,7 @@ SANITIZE_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sani
 SANITIZE_TESTS := tests/core/test_c_arguments.py tests/core/test_parity.py tests/core/test_writer_parity.py \
                   tests/core/test_index_parity.py tests/core/test_grouper_parity.py tests/core/test_jpeg_fastpath.py \
                   tests/core/test_imaging.py tests/core/test_index_fuzz.py tests/core/test_tario_damage.py \
-                  tests/core/test_relayout.py
+                  tests/core/test_relayout.py tests/core/test_jpeg_entropy.py
 SANITIZE_ENV    = PYTHONPATH=$(SANITIZE_DIR) TARPROC_SANITIZED_BUILD=$(SANITIZE_DIR) PYTHONMALLOC=malloc \
                   LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
                   UBSAN_OPTIONS=print_stacktrace=1

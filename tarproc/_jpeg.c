@@ -428,17 +428,20 @@ static int window_jpeg(const unsigned char *buf, size_t len, size_t sos_end, con
 /*                                                                                              */
 /* libjpeg-turbo decodes a scan with restart markers through its slow, bit-at-a-time path only     */
 /* (jdhuff.c turns its fast path off whenever the restart interval is not 0), so the re-laid files */
-/* that let a crop skip segments paid ~20% more per segment decoded. This one has one path for     */
-/* both: a 64-bit bit buffer refilled eight bytes at a time where no 0xFF is among them, a         */
-/* 10-bit lookup per code, and one more that gives an AC code with its value (run, value, length). */
+/* that let a crop skip segments paid ~20% more per segment decoded. This one reads a 64-bit bit   */
+/* buffer refilled eight bytes at a time where no 0xFF is among them, with a 10-bit lookup per     */
+/* code and one more that gives an AC code with its value (run, value, length). Each symbol's      */
+/* lookup waits for the previous one's length, so one stream decodes at the latency of that chain; */
+/* restart segments are independent, so where a scan has them two segments are decoded at once,   */
+/* symbol by symbol in turn (two chains the core overlaps), into a buffer the MCUs are served from. */
 /* It writes the same coefficients as libjpeg (same zigzag, the same clamp of a run past 63) and  */
-/* fails where libjpeg would warn (a bad Huffman code, a segment that ends inside an MCU, bytes   */
-/* left before a restart marker, a marker out of sequence, data cut short), with libjpeg's words:  */
-/* decode_region turns those warnings into errors anyway, so nothing a caller sees changes but    */
-/* the time. It takes over by replacing the decode_mcu method of libjpeg's entropy decoder (the    */
-/* struct is jpegint.h's, whose layout is the same in libjpeg 6b to libjpeg-turbo 3), after        */
-/* jpeg_start_decompress, for scans it handles; any other scan (progressive, arithmetic, 12-bit,   */
-/* not interleaved) is left to libjpeg.                                                           */
+/* fails where libjpeg would warn (a segment that ends inside an MCU, a marker out of sequence,    */
+/* data cut short), with libjpeg's words, and where libjpeg-turbo says nothing (a bad Huffman      */
+/* code, which its fast path decodes as 0; whole bytes left before a restart marker): decode_region */
+/* turns libjpeg's warnings into errors anyway. It takes over by replacing the decode_mcu method   */
+/* of libjpeg's entropy decoder (the struct is jpegint.h's, whose layout is the same from libjpeg  */
+/* 6b to libjpeg-turbo 3), after jpeg_start_decompress, for the scans it handles; any other scan   */
+/* (progressive, arithmetic, 12-bit, not interleaved) is left to libjpeg.                         */
 
 struct entropy_methods { /* jpegint.h's struct jpeg_entropy_decoder */
     void (*start_pass)(j_decompress_ptr cinfo);
@@ -448,6 +451,7 @@ struct entropy_methods { /* jpegint.h's struct jpeg_entropy_decoder */
 
 #define FAST_BITS 10
 static int own_entropy = 1; /* use_own_entropy(False): libjpeg's decoder (for tests) */
+static int two_at_once = 1; /* use_own_entropy(True, False): one segment at a time (for tests) */
 
 struct huffman {
     int32_t fast[1 << FAST_BITS];    /* (symbol << 8) | code length, 0 where the code is longer */
@@ -457,17 +461,25 @@ struct huffman {
     unsigned char huffval[256];
 };
 
-struct scan_decoder {
-    const unsigned char *p, *end; /* the next byte to read, the end of the data */
+/* one entropy-coded stream: a segment, or the whole scan */
+struct bitreader {
     uint64_t bits;                /* the bits not yet used, most significant first */
     int cnt, pad;                 /* bits in `bits`, of which the last `pad` are zeros past a marker */
+    const unsigned char *p, *end; /* the next byte to read, the end of the data */
     int marker;                   /* the marker the data ran into (0: none yet) */
     const unsigned char *marker_at;
     int last_dc[MAX_COMPS_IN_SCAN];
-    unsigned int restarts_to_go, next_restart;
-    struct huffman *dc[MAX_COMPS_IN_SCAN], *ac[MAX_COMPS_IN_SCAN]; /* per component of the scan */
-    struct huffman tables[2 * NUM_HUFF_TBLS];
     struct error_manager *err;
+};
+
+struct scan_decoder {
+    struct bitreader r;
+    unsigned int restarts_to_go, next_restart; /* MCUs left in the segment; the next RSTn's n */
+    size_t mcus_left;                          /* in the scan */
+    JCOEF *queue;                              /* MCUs decoded ahead (two segments at once) */
+    size_t queued, served, queue_mcus;         /* MCUs in it, MCUs given out, its size */
+    const struct huffman *dc[MAX_COMPS_IN_SCAN], *ac[MAX_COMPS_IN_SCAN]; /* per component of the scan */
+    struct huffman tables[2 * NUM_HUFF_TBLS];
 };
 
 /* zigzag order to natural order, with the 16 extra entries libjpeg has for a run past the end */
@@ -511,121 +523,191 @@ static void build_huffman(const JHUFF_TBL *t, struct huffman *h, int ac)
     h->maxcode[17] = INT64_MAX; /* never reached: a code longer than 16 bits is bad */
 }
 
-static void scan_fail(struct scan_decoder *d, const char *message)
+static void scan_fail(struct error_manager *err, const char *message)
 {
-    snprintf(d->err->message, sizeof(d->err->message), "%s", message);
-    longjmp(d->err->jump, 1);
+    snprintf(err->message, sizeof(err->message), "%s", message);
+    longjmp(err->jump, 1);
 }
 
 /* the buffer refilled to at least 57 bits, a byte at a time: at a marker (0xFF then neither 0x00
    nor 0xFF), zeros, counted in pad; past the end of the data, an error */
-static void refill_bytes(struct scan_decoder *d)
+static void refill_bytes(struct bitreader *r)
 {
-    while (d->cnt <= 56) {
+    while (r->cnt <= 56) {
         unsigned int b = 0;
-        if (!d->marker) {
-            if (d->p >= d->end)
-                scan_fail(d, "Premature end of JPEG file");
-            b = *d->p;
+        if (!r->marker) {
+            if (r->p >= r->end)
+                scan_fail(r->err, "Premature end of JPEG file");
+            b = *r->p;
             if (b == 0xFF) {
-                const unsigned char *q = d->p + 1;
-                while (q < d->end && *q == 0xFF) /* fill bytes */
+                const unsigned char *q = r->p + 1;
+                while (q < r->end && *q == 0xFF) /* fill bytes */
                     q++;
-                if (q >= d->end)
-                    scan_fail(d, "Premature end of JPEG file");
+                if (q >= r->end)
+                    scan_fail(r->err, "Premature end of JPEG file");
                 if (*q == 0x00) {
-                    d->p = q + 1;
+                    r->p = q + 1;
                 } else {
-                    d->marker = *q;
-                    d->marker_at = d->p;
+                    r->marker = *q;
+                    r->marker_at = r->p;
                     b = 0;
                 }
             } else {
-                d->p++;
+                r->p++;
             }
         }
-        if (d->marker)
-            d->pad += 8;
-        d->bits |= (uint64_t)b << (56 - d->cnt);
-        d->cnt += 8;
+        if (r->marker)
+            r->pad += 8;
+        r->bits |= (uint64_t)b << (56 - r->cnt);
+        r->cnt += 8;
     }
 }
 
-/* The MCU decoder keeps the bit buffer in locals (bits, cnt, p: registers, not memory, on the
-   path every symbol takes). FILL tops it up to at least 57 bits: eight bytes at once where none
-   is 0xFF (the partial byte past them is ORed in too, and ORed again, the same bits, by the next
-   load), else refill_bytes. */
-#define FILL()                                                                                   \
-    do {                                                                                         \
-        if (cnt <= 56) {                                                                         \
-            uint64_t w_, x_;                                                                     \
-            if (!d->marker && end - p >= 8 && (memcpy(&w_, p, 8), x_ = ~w_,                      \
-                ((x_ - 0x0101010101010101ULL) & ~x_ & 0x8080808080808080ULL) == 0)) {            \
-                int n_ = (64 - cnt) >> 3;                                                        \
-                bits |= __builtin_bswap64(w_) >> cnt;                                            \
-                p += n_;                                                                         \
-                cnt += 8 * n_;                                                                   \
-            } else {                                                                             \
-                d->bits = bits, d->cnt = cnt, d->p = p;                                          \
-                refill_bytes(d);                                                                 \
-                bits = d->bits, cnt = d->cnt, p = d->p;                                          \
-            }                                                                                    \
-        }                                                                                        \
-    } while (0)
+/* at least 57 bits: eight bytes at once where none is 0xFF (the partial byte past them is ORed in
+   too, and ORed again, the same bits, by the next load), else refill_bytes */
+static inline void fill(struct bitreader *r)
+{
+    if (r->cnt > 56)
+        return;
+    if (!r->marker && r->end - r->p >= 8) {
+        uint64_t w;
+        memcpy(&w, r->p, 8);
+        uint64_t x = ~w; /* a 0xFF byte of w is a zero byte of x */
+        if (((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL) == 0) {
+            int n = (64 - r->cnt) >> 3;
+            r->bits |= __builtin_bswap64(w) >> r->cnt;
+            r->p += n;
+            r->cnt += 8 * n;
+            return;
+        }
+    }
+    refill_bytes(r);
+}
 
-/* the next n bits (1 <= n <= 16, the buffer holding them) into `into` */
-#define TAKE(into, n) (into = (unsigned int)(bits >> (64 - (n))), bits <<= (n), cnt -= (n))
+/* the next n bits, 1 <= n <= 16 (the buffer holds them) */
+static inline unsigned int take(struct bitreader *r, int n)
+{
+    unsigned int v = (unsigned int)(r->bits >> (64 - n));
+    r->bits <<= n;
+    r->cnt -= n;
+    return v;
+}
 
-/* one Huffman symbol into `into` (the buffer holds at least 16 bits) */
-#define SYMBOL(into, h)                                                                          \
-    do {                                                                                         \
-        int32_t e_ = (h)->fast[bits >> (64 - FAST_BITS)];                                        \
-        if (e_) {                                                                                \
-            bits <<= e_ & 255;                                                                   \
-            cnt -= e_ & 255;                                                                     \
-            into = e_ >> 8;                                                                      \
-        } else {                                                                                 \
-            d->bits = bits;                                                                      \
-            into = long_symbol(d, h);                                                            \
-            bits <<= d->cnt, cnt -= d->cnt;                                                      \
-        }                                                                                        \
-    } while (0)
-
-/* a symbol whose code is longer than FAST_BITS, from d->bits (not changed); d->cnt is set to
-   its length */
-static int long_symbol(struct scan_decoder *d, const struct huffman *h)
+/* a symbol whose code is longer than FAST_BITS */
+static int long_symbol(struct bitreader *r, const struct huffman *h)
 {
     int l = FAST_BITS + 1;
-    int64_t code = (int64_t)(d->bits >> (64 - l));
+    int64_t code = (int64_t)(r->bits >> (64 - l));
     while (code > h->maxcode[l]) {
         l++;
-        code = (int64_t)(d->bits >> (64 - l));
+        code = (int64_t)(r->bits >> (64 - l));
     }
     if (l > 16)
-        scan_fail(d, "Corrupt JPEG data: bad Huffman code");
-    d->cnt = l;
+        scan_fail(r->err, "Corrupt JPEG data: bad Huffman code");
+    r->bits <<= l;
+    r->cnt -= l;
     return h->huffval[(h->valoff[l] + code) & 255];
 }
 
-static void next_segment(struct scan_decoder *d)
+/* one Huffman symbol (the buffer holds at least 16 bits) */
+static inline int symbol(struct bitreader *r, const struct huffman *h)
 {
-    /* libjpeg counts whole bytes left in its buffer, and any before the marker, as extraneous */
-    unsigned int extra = (unsigned int)((d->cnt - d->pad) / 8);
-    if (!d->marker) { /* the marker lies further on: everything before it is extra */
-        const unsigned char *q = d->p;
+    int32_t e = h->fast[r->bits >> (64 - FAST_BITS)];
+    if (!e)
+        return long_symbol(r, h);
+    r->bits <<= e & 255;
+    r->cnt -= e & 255;
+    return e >> 8;
+}
+
+/* a block's DC coefficient (its difference added to the component's last) */
+static inline void decode_dc(struct bitreader *r, const struct huffman *dc, int ci, JCOEF *block)
+{
+    fill(r);
+    int s = symbol(r, dc);
+    if (s) {
+        fill(r);
+        s = extend((int)take(r, s), s);
+    }
+    int last = r->last_dc[ci];
+    if ((last >= 0 && s > INT_MAX - last) || (last < 0 && s < INT_MIN - last))
+        scan_fail(r->err, "DCT coefficient out of range");
+    r->last_dc[ci] = last + s;
+    block[0] = (JCOEF)(last + s);
+}
+
+/* one AC symbol of a block, at zigzag index *k (and its value): *k moves past it, to 64 or more
+   where the block ends */
+static inline void decode_ac(struct bitreader *r, const struct huffman *ac, JCOEF *block, int *k)
+{
+    if (r->cnt < 32)
+        fill(r);
+    int32_t e = ac->fast_ac[r->bits >> (64 - FAST_BITS)];
+    if (e) { /* a code and its value, together no longer than FAST_BITS */
+        int at = *k + ((e >> 8) & 255);
+        r->bits <<= e & 255;
+        r->cnt -= e & 255;
+        block[natural_order[at]] = (JCOEF)(e >> 16);
+        *k = at + 1;
+        return;
+    }
+    int rs = symbol(r, ac), run = rs >> 4, s = rs & 15;
+    if (s) {
+        int at = *k + run;
+        block[natural_order[at]] = (JCOEF)extend((int)take(r, s), s);
+        *k = at + 1;
+    } else {
+        *k = run == 15 ? *k + 16 : 64; /* sixteen zeros, or the end of the block */
+    }
+}
+
+static void decode_block(struct bitreader *r, const struct scan_decoder *d, int ci, JCOEF *block)
+{
+    decode_dc(r, d->dc[ci], ci, block);
+    for (int k = 1; k < 64;)
+        decode_ac(r, d->ac[ci], block, &k);
+}
+
+/* a block of each of two segments, their symbols in turn */
+static void decode_two_blocks(struct bitreader *a, struct bitreader *b, const struct scan_decoder *d, int ci,
+                              JCOEF *block_a, JCOEF *block_b)
+{
+    const struct huffman *ac = d->ac[ci];
+    decode_dc(a, d->dc[ci], ci, block_a);
+    decode_dc(b, d->dc[ci], ci, block_b);
+    int ka = 1, kb = 1;
+    while (ka < 64 && kb < 64) {
+        decode_ac(a, ac, block_a, &ka);
+        decode_ac(b, ac, block_b, &kb);
+    }
+    while (ka < 64)
+        decode_ac(a, ac, block_a, &ka);
+    while (kb < 64)
+        decode_ac(b, ac, block_b, &kb);
+}
+
+/* The end of a segment: libjpeg counts whole bytes left in its buffer, and any before the marker,
+   as extraneous; the marker must be RSTn with the n expected. Returns the byte after the marker. */
+static const unsigned char *segment_end(struct bitreader *r, unsigned int next_restart)
+{
+    if (r->cnt < r->pad) /* bits past the marker were used: the segment ended inside an MCU */
+        scan_fail(r->err, "Corrupt JPEG data: premature end of data segment");
+    unsigned int extra = (unsigned int)((r->cnt - r->pad) / 8);
+    if (!r->marker) { /* the marker lies further on: everything before it is extra */
+        const unsigned char *q = r->p;
         for (;;) {
-            while (q < d->end && *q != 0xFF) {
+            while (q < r->end && *q != 0xFF) {
                 q++;
                 extra++;
             }
             const unsigned char *m = q + 1;
-            while (m < d->end && *m == 0xFF)
+            while (m < r->end && *m == 0xFF)
                 m++;
-            if (m >= d->end)
-                scan_fail(d, "Premature end of JPEG file");
+            if (m >= r->end)
+                scan_fail(r->err, "Premature end of JPEG file");
             if (*m != 0x00) {
-                d->marker = *m;
-                d->marker_at = q;
+                r->marker = *m;
+                r->marker_at = q;
                 break;
             }
             extra += 2;
@@ -635,97 +717,139 @@ static void next_segment(struct scan_decoder *d)
     char message[JMSG_LENGTH_MAX];
     if (extra) {
         snprintf(message, sizeof(message), "Corrupt JPEG data: %u extraneous bytes before marker 0x%02x", extra,
-                 d->marker);
-        scan_fail(d, message);
+                 r->marker);
+        scan_fail(r->err, message);
     }
-    if (d->marker != (int)(0xD0 + d->next_restart)) {
-        snprintf(message, sizeof(message), "Corrupt JPEG data: found marker 0x%02x instead of RST%u", d->marker,
-                 d->next_restart);
-        scan_fail(d, message);
+    if (r->marker != (int)(0xD0 + next_restart)) {
+        snprintf(message, sizeof(message), "Corrupt JPEG data: found marker 0x%02x instead of RST%u", r->marker,
+                 next_restart);
+        scan_fail(r->err, message);
     }
-    const unsigned char *q = d->marker_at + 1;
+    const unsigned char *q = r->marker_at + 1;
     while (*q == 0xFF)
         q++;
-    d->p = q + 1;
-    d->marker = 0;
-    d->bits = 0;
-    d->cnt = d->pad = 0;
-    memset(d->last_dc, 0, sizeof(d->last_dc));
+    return q + 1;
+}
+
+/* a reader at the start of the segment at `p` */
+static void start_segment(struct bitreader *r, const unsigned char *p)
+{
+    r->p = p;
+    r->marker = 0;
+    r->bits = 0;
+    r->cnt = r->pad = 0;
+    memset(r->last_dc, 0, sizeof(r->last_dc));
+}
+
+/* the byte after the restart marker that ends the segment starting at p, or NULL where the next
+   marker is another (the scan's end) or there is none */
+static const unsigned char *after_restart_marker(const unsigned char *p, const unsigned char *end)
+{
+    for (;;) {
+        const unsigned char *q = memchr(p, 0xFF, (size_t)(end - p));
+        if (q == NULL)
+            return NULL;
+        const unsigned char *m = q + 1;
+        while (m < end && *m == 0xFF)
+            m++;
+        if (m >= end)
+            return NULL;
+        if (*m == 0x00) {
+            p = m + 1;
+            continue;
+        }
+        return *m >= 0xD0 && *m <= 0xD7 ? m + 1 : NULL;
+    }
+}
+
+/* At the start of a segment with another after it in the scan: both decoded at once into the
+   queue (the first's end checked), the reader left at the second's end. 0 where they can't be
+   (no memory, no restart marker next): the caller decodes one MCU at a time. */
+static int decode_two_segments(j_decompress_ptr cinfo, struct scan_decoder *d)
+{
+    size_t k = cinfo->restart_interval, second = d->mcus_left - k < k ? d->mcus_left - k : k;
+    int blocks = cinfo->blocks_in_MCU;
+    if (d->queue_mcus < 2 * k) {
+        if (2 * k * (size_t)blocks > ((size_t)1 << 16)) /* 8 MB of coefficients: one at a time */
+            return 0;
+        JCOEF *bigger = realloc(d->queue, 2 * k * (size_t)blocks * DCTSIZE2 * sizeof(JCOEF));
+        if (bigger == NULL)
+            return 0;
+        d->queue = bigger;
+        d->queue_mcus = 2 * k;
+    }
+    const unsigned char *b_start = after_restart_marker(d->r.p, d->r.end);
+    if (b_start == NULL)
+        return 0;
+    struct bitreader b = d->r;
+    start_segment(&b, b_start);
+    size_t mcu_size = (size_t)blocks * DCTSIZE2;
+    memset(d->queue, 0, (k + second) * mcu_size * sizeof(JCOEF));
+    JCOEF *qa = d->queue, *qb = d->queue + k * mcu_size;
+    for (size_t m = 0; m < k; m++)
+        for (int i = 0; i < blocks; i++) {
+            JCOEF *block_a = qa + (m * blocks + i) * DCTSIZE2;
+            int ci = cinfo->MCU_membership[i];
+            if (m < second)
+                decode_two_blocks(&d->r, &b, d, ci, block_a, qb + (m * blocks + i) * DCTSIZE2);
+            else
+                decode_block(&d->r, d, ci, block_a);
+        }
+    if (segment_end(&d->r, d->next_restart) != b_start) /* the second began at another marker */
+        scan_fail(d->r.err, "Corrupt JPEG data: restart markers out of place");
+    if (b.cnt < b.pad) /* the second ended inside an MCU (checked again if a segment follows) */
+        scan_fail(b.err, "Corrupt JPEG data: premature end of data segment");
     d->next_restart = (d->next_restart + 1) & 7;
+    d->r = b;
+    d->queued = k + second;
+    d->served = 0;
+    d->mcus_left -= k + second;
+    d->restarts_to_go = 0; /* the second segment's end is checked as the next begins */
+    return 1;
 }
 
 static boolean decode_mcu_fast(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
 {
     struct scan_decoder *d = (struct scan_decoder *)cinfo->client_data;
-    if (cinfo->restart_interval) {
+    int blocks = cinfo->blocks_in_MCU;
+    if (d->served == d->queued && cinfo->restart_interval) {
         if (d->restarts_to_go == 0) {
-            next_segment(d);
+            start_segment(&d->r, segment_end(&d->r, d->next_restart));
+            d->next_restart = (d->next_restart + 1) & 7;
             d->restarts_to_go = cinfo->restart_interval;
         }
-        d->restarts_to_go--;
+        if (!(two_at_once && d->restarts_to_go == cinfo->restart_interval && d->mcus_left > cinfo->restart_interval &&
+              decode_two_segments(cinfo, d)))
+            d->restarts_to_go--;
     }
-    uint64_t bits = d->bits;
-    int cnt = d->cnt;
-    const unsigned char *p = d->p, *end = d->end;
-    for (int b = 0; b < cinfo->blocks_in_MCU; b++) {
-        JCOEF scratch[64], *block = MCU_data ? MCU_data[b][0] : scratch;
-        int ci = cinfo->MCU_membership[b], s;
-        const struct huffman *ac = d->ac[ci];
-        FILL();
-        SYMBOL(s, d->dc[ci]);
-        if (s) {
-            FILL();
-            unsigned int v;
-            TAKE(v, s);
-            s = extend((int)v, s);
-        }
-        int last = d->last_dc[ci];
-        if ((last >= 0 && s > INT_MAX - last) || (last < 0 && s < INT_MIN - last)) {
-            d->bits = bits, d->cnt = cnt, d->p = p;
-            scan_fail(d, "DCT coefficient out of range");
-        }
-        d->last_dc[ci] = last + s;
-        block[0] = (JCOEF)(last + s);
-        for (int k = 1; k < 64; k++) {
-            if (cnt < 32)
-                FILL();
-            int32_t e = ac->fast_ac[bits >> (64 - FAST_BITS)];
-            if (e) { /* a code and its value, together no longer than FAST_BITS */
-                k += (e >> 8) & 255;
-                bits <<= e & 255;
-                cnt -= e & 255;
-                block[natural_order[k]] = (JCOEF)(e >> 16);
-                continue;
-            }
-            int rs, r;
-            SYMBOL(rs, ac);
-            r = rs >> 4;
-            s = rs & 15;
-            if (s) {
-                k += r;
-                unsigned int v;
-                TAKE(v, s);
-                block[natural_order[k]] = (JCOEF)extend((int)v, s);
-            } else {
-                if (r != 15)
-                    break;
-                k += 15;
-            }
-        }
+    if (d->served < d->queued) { /* decoded ahead */
+        const JCOEF *from = d->queue + d->served++ * (size_t)blocks * DCTSIZE2;
+        for (int i = 0; MCU_data && i < blocks; i++)
+            memcpy(MCU_data[i][0], from + i * DCTSIZE2, DCTSIZE2 * sizeof(JCOEF));
+    } else {
+        JCOEF scratch[DCTSIZE2];
+        for (int i = 0; i < blocks; i++)
+            decode_block(&d->r, d, cinfo->MCU_membership[i], MCU_data ? MCU_data[i][0] : scratch);
+        d->mcus_left--;
+        if (d->r.cnt < d->r.pad) /* bits past the marker were used: the segment ended inside this MCU */
+            scan_fail(d->r.err, "Corrupt JPEG data: premature end of data segment");
     }
-    d->bits = bits;
-    d->cnt = cnt;
-    d->p = p;
-    if (cnt < d->pad) /* bits past the marker were used: the segment ended inside this MCU */
-        scan_fail(d, "Corrupt JPEG data: premature end of data segment");
     /* where libjpeg's marker reader takes over after the scan */
-    cinfo->src->next_input_byte = d->marker ? d->marker_at : p;
-    cinfo->src->bytes_in_buffer = (size_t)(end - cinfo->src->next_input_byte);
+    cinfo->src->next_input_byte = d->r.marker ? d->r.marker_at : d->r.p;
+    cinfo->src->bytes_in_buffer = (size_t)(d->r.end - cinfo->src->next_input_byte);
     return TRUE;
 }
 
+static void free_scan_decoder(struct scan_decoder *d)
+{
+    if (d != NULL)
+        free(d->queue);
+    free(d);
+}
+
 /* Take over the scan's entropy decoding where it is one this decoder handles: after
-   jpeg_start_decompress, before any MCU is decoded. 1 if it did (d holds its state). */
+   jpeg_start_decompress, before any MCU is decoded. 1 if it did (d holds its state; its queue is
+   the caller's to free). */
 static int take_over_scan(j_decompress_ptr cinfo, struct scan_decoder *d, struct error_manager *err)
 {
     if (cinfo->progressive_mode || cinfo->arith_code || cinfo->data_precision != 8 ||
@@ -749,10 +873,11 @@ static int take_over_scan(j_decompress_ptr cinfo, struct scan_decoder *d, struct
         d->dc[ci] = &d->tables[dn];
         d->ac[ci] = &d->tables[NUM_HUFF_TBLS + an];
     }
-    d->p = cinfo->src->next_input_byte;
-    d->end = d->p + cinfo->src->bytes_in_buffer;
+    d->r.p = cinfo->src->next_input_byte;
+    d->r.end = d->r.p + cinfo->src->bytes_in_buffer;
+    d->r.err = err;
     d->restarts_to_go = cinfo->restart_interval;
-    d->err = err;
+    d->mcus_left = (size_t)cinfo->MCUs_per_row * cinfo->MCU_rows_in_scan;
     cinfo->client_data = d;
     ((struct entropy_methods *)cinfo->entropy)->decode_mcu = decode_mcu_fast;
     return 1;
@@ -801,7 +926,7 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
         PyBuffer_Release(&data);
         Py_XDECREF(out);
         free(window);
-        free(scan);
+        free_scan_decoder(scan);
         PyErr_SetString(PyExc_ValueError, err.message[0] ? err.message : "JPEG decoding failed");
         return NULL;
     }
@@ -892,7 +1017,7 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
     if (own_entropy) {
         struct scan_decoder *made = malloc(sizeof(struct scan_decoder));
         if (made != NULL && !take_over_scan(&cinfo, made, &err)) {
-            free(made);
+            free(made); /* its queue is still NULL */
             made = NULL;
         }
         scan = made; /* where it is NULL (no memory, or a scan it leaves to libjpeg), libjpeg decodes */
@@ -926,7 +1051,7 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
     PyBuffer_Release(&data);
     free(window);
     window = NULL;
-    free(scan);
+    free_scan_decoder(scan);
     scan = NULL;
     if (err.warned || cut_short) {
         Py_DECREF(out);
@@ -1377,12 +1502,13 @@ static void choose_passes(int simd)
 #endif
 }
 
-static PyObject *use_own_entropy(PyObject *Py_UNUSED(self), PyObject *arg)
+static PyObject *use_own_entropy(PyObject *Py_UNUSED(self), PyObject *args)
 {
-    int on = PyObject_IsTrue(arg);
-    if (on < 0)
+    int on, pairs = 1;
+    if (!PyArg_ParseTuple(args, "p|p", &on, &pairs))
         return NULL;
     own_entropy = on;
+    two_at_once = pairs;
     Py_RETURN_NONE;
 }
 
@@ -1694,7 +1820,7 @@ static PyMethodDef methods[] = {
     {"relayout", relayout, METH_VARARGS, "relayout(data, interval=0, optimize=False) -> the JPEG with restart markers (bytes), or why not (str)."},
     {"read_header", read_header, METH_O, "read_header(data) -> (width, height, components), or ValueError in libjpeg's words."},
     {"resample", resample, METH_VARARGS, "Pillow's antialiased bilinear resize of a window, fused with colour, flip and lookup."},
-    {"use_own_entropy", use_own_entropy, METH_O, "use_own_entropy(flag): decode_region's Huffman decoding by tarproc (True) or libjpeg (for tests)."},
+    {"use_own_entropy", use_own_entropy, METH_VARARGS, "use_own_entropy(flag, two_at_once=True): decode_region's Huffman decoding by tarproc (True; restart segments two at a time, or not) or libjpeg (for tests)."},
     {"use_simd", use_simd, METH_O, "use_simd(flag) -> whether resample now runs its AVX2 passes (for tests)."},
     {"warp", warp, METH_VARARGS, "An affine warp with bilinear sampling (black outside), fused with colour, flip and lookup."},
     {NULL, NULL, 0, NULL},

@@ -16,9 +16,11 @@ pytestmark = pytest.mark.skipif(cpu_backend._jpeg is None, reason="tarproc._jpeg
 ext = cpu_backend._jpeg
 
 
-def decode(data: bytes, window: tuple[int, int, int, int], own: bool, num: int = 8) -> tuple[object, ...] | str:
-    """decode_region's answer with the one decoder or the other, or its error's words."""
-    ext.use_own_entropy(own)
+def decode(data: bytes, window: tuple[int, int, int, int], own: bool, num: int = 8,
+           two_at_once: bool = True) -> tuple[object, ...] | str:
+    """decode_region's answer with the one decoder or the other (ours decoding restart segments
+    two at a time, or one), or its error's words."""
+    ext.use_own_entropy(own, two_at_once)
     try:
         return tuple(ext.decode_region(data, *window, 8, num, 4))
     except ValueError as e:
@@ -61,6 +63,7 @@ def test_the_same_pixels_as_libjpeg_whole_cropped_and_scaled(name: str, data: by
             ours, theirs = decode(data, scaled, True, num), decode(data, scaled, False, num)
             assert not isinstance(ours, str), ours
             assert ours == theirs, (num, scaled)
+            assert decode(data, scaled, True, num, two_at_once=False) == theirs, (num, scaled)
 
 
 def test_a_progressive_jpeg_is_left_to_libjpeg() -> None:
@@ -99,6 +102,10 @@ def test_damage_libjpeg_reports_is_reported_and_what_both_pass_is_the_same() -> 
             del damaged[at:]
         window = (0, 0, w, h) if rnd.random() < 0.5 else (rnd.randrange(w // 2), rnd.randrange(h // 2), w, h)
         ours, theirs = decode(bytes(damaged), window, True), decode(bytes(damaged), window, False)
+        one_at_a_time = decode(bytes(damaged), window, True, two_at_once=False)
+        assert isinstance(ours, str) == isinstance(one_at_a_time, str), (name, how, at, ours, one_at_a_time)
+        if not isinstance(ours, str):
+            assert ours == one_at_a_time
         if isinstance(theirs, str):
             assert isinstance(ours, str), (name, how, at, theirs)
         elif isinstance(ours, str):
@@ -119,8 +126,9 @@ def test_a_bad_huffman_code_is_an_error() -> None:
     assert isinstance(got, str) and "bad Huffman code" in got, got
 
 
+@pytest.mark.parametrize("two_at_once", [True, False])
 @pytest.mark.parametrize("damage", ["extra bytes", "misnumbered", "cut"])
-def test_damage_at_a_restart_marker_is_an_error_in_libjpegs_words(damage: str) -> None:
+def test_damage_at_a_restart_marker_is_an_error_in_libjpegs_words(damage: str, two_at_once: bool) -> None:
     name, data, w, h = next(k for k in KINDS if k[0].endswith("restart 1"))
     markers = [i for i in range(entropy_start(data), len(data) - 1)
                if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD7]
@@ -131,6 +139,6 @@ def test_damage_at_a_restart_marker_is_an_error_in_libjpegs_words(damage: str) -
         damaged, words = data[:at + 1] + bytes([0xD0 + (data[at + 1] - 0xD0 + 3) % 8]) + data[at + 2:], "instead of RST"
     else:
         damaged, words = data[:at], "Premature end of JPEG file"
-    got = decode(damaged, (0, 0, w, h), True)
+    got = decode(damaged, (0, 0, w, h), True, two_at_once=two_at_once)
     assert isinstance(got, str) and words in got, got
 
