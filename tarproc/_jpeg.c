@@ -423,6 +423,115 @@ static int window_jpeg(const unsigned char *buf, size_t len, size_t sos_end, con
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Pixels: decode_region's output, in memory that is used again                               */
+/*                                                                                              */
+/* A decoded image is fresh memory, and the kernel faults in and zeroes every 4 KiB of it on the */
+/* first write: about a third of a whole 500x375 image's decode where the images are kept a     */
+/* while (a batch of 64 of them), since the allocator hands the freed ones back to the kernel.   */
+/* So the blocks of Pixels objects that die are kept, up to CACHE_BLOCKS of them and CACHE_BYTES */
+/* in all, and given to the next ones of about their size (Pillow's image memory arena does the  */
+/* same). A Pixels object is a plain writable buffer (numpy.frombuffer, bytes, memoryview read   */
+/* it); its block goes back when its last user (a numpy view included) lets go of it.           */
+
+#define CACHE_BLOCKS 128
+#define CACHE_BYTES ((size_t)128 << 20)
+#define BLOCK_GRAIN ((size_t)64 << 10) /* block sizes are multiples of it, so that sizes meet */
+
+static struct {
+    unsigned char *data;
+    size_t capacity;
+} block_cache[CACHE_BLOCKS];
+static int blocks_cached = 0;
+static size_t bytes_cached = 0;
+
+/* a block of at least `size` bytes (the GIL held): the smallest kept one of at most twice that
+   (of those, the one kept last: its memory is the likeliest to be in a cache still), else new */
+static unsigned char *take_block(size_t size, size_t *capacity)
+{
+    size_t want = (size + BLOCK_GRAIN - 1) / BLOCK_GRAIN * BLOCK_GRAIN;
+    int best = -1;
+    for (int i = blocks_cached - 1; i >= 0; i--)
+        if (block_cache[i].capacity >= want && block_cache[i].capacity / 2 <= want &&
+            (best < 0 || block_cache[i].capacity < block_cache[best].capacity))
+            best = i;
+    if (best < 0) {
+        *capacity = want;
+        return malloc(want ? want : 1);
+    }
+    unsigned char *data = block_cache[best].data;
+    *capacity = block_cache[best].capacity;
+    bytes_cached -= *capacity;
+    block_cache[best] = block_cache[--blocks_cached];
+    return data;
+}
+
+/* a block let go of (the GIL held): kept where there is room, else freed */
+static void give_block(unsigned char *data, size_t capacity)
+{
+    if (blocks_cached < CACHE_BLOCKS && bytes_cached + capacity <= CACHE_BYTES) {
+        block_cache[blocks_cached].data = data;
+        block_cache[blocks_cached++].capacity = capacity;
+        bytes_cached += capacity;
+    } else {
+        free(data);
+    }
+}
+
+typedef struct {
+    PyObject_HEAD
+    unsigned char *data;
+    Py_ssize_t size;
+    size_t capacity;
+} Pixels;
+
+static void pixels_dealloc(Pixels *self)
+{
+    if (self->data != NULL)
+        give_block(self->data, self->capacity);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int pixels_getbuffer(Pixels *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->size, 0, flags);
+}
+
+static Py_ssize_t pixels_length(Pixels *self)
+{
+    return self->size;
+}
+
+static PyBufferProcs pixels_buffer = {(getbufferproc)pixels_getbuffer, NULL};
+static PySequenceMethods pixels_sequence = {.sq_length = (lenfunc)pixels_length};
+
+static PyTypeObject PixelsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tarproc._jpeg.Pixels",
+    .tp_basicsize = sizeof(Pixels),
+    .tp_dealloc = (destructor)pixels_dealloc,
+    .tp_as_sequence = &pixels_sequence,
+    .tp_as_buffer = &pixels_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "decode_region's pixels: a writable buffer whose memory is used again once it is let go of",
+};
+
+/* a Pixels object of `size` bytes (not zeroed), *data its memory; NULL with MemoryError */
+static PyObject *new_pixels(Py_ssize_t size, unsigned char **data)
+{
+    Pixels *self = PyObject_New(Pixels, &PixelsType);
+    if (self == NULL)
+        return NULL;
+    self->data = take_block((size_t)size, &self->capacity);
+    self->size = size;
+    if (self->data == NULL) {
+        Py_TYPE(self)->tp_free((PyObject *)self);
+        return PyErr_NoMemory();
+    }
+    *data = self->data;
+    return (PyObject *)self;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* The entropy decoder: baseline Huffman decoding of a sequential 8-bit scan, in place of         */
 /* libjpeg's own (the rest of libjpeg -- IDCT, upsampling, colour -- is unchanged).               */
 /*                                                                                              */
@@ -1006,14 +1115,14 @@ static PyObject *decode_region(PyObject *Py_UNUSED(self), PyObject *args)
     if (x0 > 0 || x1 < width)
         jpeg_crop_scanline(&cinfo, &xoffset, &cropped);
     int rows = y1 - y0, stride = (int)cinfo.output_width * channels;
-    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)stride * rows);
+    unsigned char *pixels = NULL;
+    out = new_pixels((Py_ssize_t)stride * rows, &pixels);
     if (out == NULL) {
         jpeg_destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
         free(window);
         return NULL;
     }
-    unsigned char *pixels = (unsigned char *)PyByteArray_AS_STRING(out);
     if (own_entropy) {
         struct scan_decoder *made = malloc(sizeof(struct scan_decoder));
         if (made != NULL && !take_over_scan(&cinfo, made, &err)) {
@@ -1835,5 +1944,12 @@ PyMODINIT_FUNC PyInit__jpeg(void)
     simd_available = __builtin_cpu_supports("avx2");
 #endif
     choose_passes(1);
-    return PyModule_Create(&module);
+    if (PyType_Ready(&PixelsType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObjectRef(m, "Pixels", (PyObject *)&PixelsType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -22,7 +22,8 @@ def decode(data: bytes, window: tuple[int, int, int, int], own: bool, num: int =
     two at a time, or one), or its error's words."""
     ext.use_own_entropy(own, two_at_once)
     try:
-        return tuple(ext.decode_region(data, *window, 8, num, 4))
+        buf, *rest = ext.decode_region(data, *window, 8, num, 4)
+        return (bytes(buf), *rest)
     except ValueError as e:
         return f"error: {e}"
     finally:

@@ -97,6 +97,30 @@ def test_stored_pixels_are_decoded_as_rgb_straight_into_the_array(name: str) -> 
 
 
 @needs_ext
+def test_decoded_memory_is_used_again_only_once_nothing_holds_it() -> None:
+    """decode_region's pixels come in blocks that are kept when let go of and given to the next
+    image of about their size (no fresh pages to fault in); never while a view still reads them."""
+    data = JPEGS["420"]
+    ext = cpu_backend._jpeg
+
+    def decode() -> np.ndarray:
+        return np.frombuffer(ext.decode_region(data, 0, 0, 250, 187, 8, 8, 3)[0], np.uint8)
+
+    first = decode()
+    kept, address = first.copy(), first.ctypes.data
+    view = first[10:20]  # a view keeps the block
+    del first
+    second = decode()
+    assert second.ctypes.data != address
+    second[:] = 0  # writing to another image leaves the view's pixels alone
+    assert np.array_equal(view, kept[10:20])
+    del view
+    third = decode()  # the block is free again: used for the next image of its size
+    assert third.ctypes.data == address and np.array_equal(third, kept)
+    assert isinstance(ext.decode_region(data, 0, 0, 8, 8, 8)[0], ext.Pixels)
+
+
+@needs_ext
 def test_fused_resample_is_pillows_resize() -> None:
     array = np.ascontiguousarray(np.dstack([photo(230, 170, 5), np.zeros((170, 230), np.uint8)]))
     im = Image.frombuffer("RGBX", (230, 170), array, "raw", "RGBX", 0, 1)
