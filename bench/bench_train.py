@@ -16,6 +16,9 @@ DataLoader workers each get whole shards; every side gets the same brace URL):
    (whole decodes: markers can't help it), target ≥ 3×, and DALI's CPU pipeline on its faster input,
    original or re-laid (both are timed), target ≥ 2.5×. A note gives the size before and after and
    the re-layout's rate on one core.
+1c. Row 1 in the steady state of a long run: every side keeps its workers (threads) across epochs
+   (``persistent_workers=True``; DALI's pipeline built once, its iterator reset), the Dataset on the
+   re-laid shards: reported, against webdataset + tv2 and DALI's CPU pipeline.
 2. The same with rotation (±10°) and colour jitter (0.4, 0.4, 0.4, 0.1): ``AugmentSpec(rotate=10,
    brightness=.., contrast=.., saturation=.., hue=..)`` against ``T.RandomRotation(10)`` before the
    crop and ``T.ColorJitter(0.4, 0.4, 0.4, 0.1)`` after the flip (v1 on PIL images and v2 on
@@ -371,6 +374,38 @@ def dali_epoch(recipe: Callable[[list[str], list[str]], Any], url: str) -> Calla
     return lambda: count_batches(recipe(shards, indexes), lambda b: b[0]["images"], lambda b: b[0]["labels"])
 
 
+def kept_epoch(recipe: Callable[[str], Any], url: str) -> Callable[[], int]:
+    """Epochs of a DataLoader recipe whose workers are kept (``persistent_workers=True``, the same
+    dataset and workers): built on the first call, so a warm-up call pays the workers' start."""
+    import torch
+
+    kept: list[Any] = []
+
+    def run() -> int:
+        if not kept:
+            made = recipe(url)
+            kept.append(torch.utils.data.DataLoader(made.dataset, batch_size=None, num_workers=made.num_workers,
+                                                    persistent_workers=True))
+        return count_batches(kept[0], lambda b: b[0], lambda b: b[1])
+
+    return run
+
+
+def kept_dali_epoch(recipe: Callable[[list[str], list[str]], Any], url: str) -> Callable[[], int]:
+    """Epochs of a DALI recipe whose pipeline (and threads) are kept: the iterator reset each epoch."""
+    shards, indexes = dali_files(url)
+    kept: list[Any] = []
+
+    def run() -> int:
+        if kept:
+            kept[0].reset()
+        else:
+            kept.append(recipe(shards, indexes))
+        return count_batches(kept[0], lambda b: b[0]["images"], lambda b: b[0]["labels"])
+
+    return run
+
+
 def tarserve_epoch(url: str, firsts: list[float]) -> Callable[[], int]:
     """tarserve -p 2 sending to a Receiver in this process; appends the seconds to the first batch to ``firsts``."""
 
@@ -538,9 +573,33 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
                      "buffers) and partly per image (reading into fresh memory, the shuffle buffer, Python); the wall "
                      "past the CPU is start-up, the epoch's end and other load")
 
+    def kept_versus(url: str, count: int) -> None:
+        """Row 1 in the steady state of a long run: every side keeps its workers (threads) and their
+        memory across epochs (``persistent_workers=True``; DALI's pipeline built once, its iterator
+        reset), re-laid shards for the Dataset, the original ones for the others. Reported."""
+        relaid, _ = make_relaid_shards(ctx, url)
+        log("train: row 1, workers kept across epochs (persistent_workers=True; DALI's pipeline built once)")
+        series = [("Dataset re-laid", reps, kept_epoch(ours_basic, relaid)), ("webdataset+tv2", reps, kept_epoch(tv2_basic, url))]
+        if dali:
+            series.append(("DALI", reps, kept_dali_epoch(dali_basic, url)))
+        for name, _, run in series:  # the workers' (threads') start, untimed
+            if run() != count:
+                raise RuntimeError(f"kept workers: {name} did not deliver {count} images")
+        times = alternate_many(series, count, "kept workers")
+        got = {name: rate(count, t) for (name, _, _), t in zip(series, times, strict=True)}
+        measure = f"row 1 on re-laid shards, workers kept across epochs, img/s, {workers}"
+        ours_rate = got["Dataset re-laid"]
+        rows.append(Row(measure, ours_rate, "img/s", f"{TV2}, workers kept", got["webdataset+tv2"], "report", "—"))
+        if dali:
+            rows.append(Row(measure, ours_rate, "img/s", f"{DALI}, pipeline kept", got["DALI"], "report", "—"))
+        notes.append("workers kept across epochs (each side's steady state; the rows above start theirs every "
+                     "epoch, as a DataLoader does by default): " + "; ".join(f"{name} {spread(t)}" for (name, _, _), t
+                                                                          in zip(series, times, strict=True)))
+
     versus("RandomResizedCrop 224 + flip + normalize", "crop + flip", url, n, ours_basic,
            baselines(torchvision_basic, tv2_basic, dali_basic, url, (2, 3, 2)))
     relaid_versus(url, n)
+    kept_versus(url, n)
     log("train: + rotation 10° + colour jitter 0.4/0.4/0.4/0.1")
     versus("same + rotate 10 + colour jitter", "rotate + jitter", url, n, ours_jitter,
            baselines(torchvision_jitter, tv2_jitter, dali_jitter, url, (2, 3, 3)))

@@ -6,10 +6,13 @@ the output size (libjpeg scales by any M/8 in the IDCT, but the other M/8 decode
 the full size: see ``DCT_SCALES``). Where tarproc's own extension
 (``tarproc._jpeg``, built against the system's libjpeg-turbo) is present, only the part of the
 image the window needs is transformed (and nothing below it decoded; a stream cut short is an error
-whatever the crop), and the window's resize, colour map, flip and normalization run in one C pass
-with Pillow's filter coefficients; elsewhere simplejpeg decodes the whole image and Pillow and
-numpy do the rest, to within a level of the same pixels. CMYK/YCCK JPEGs go to Pillow, as do PNG,
-WebP and every other format Pillow reads. The window is resampled with Pillow's antialiased bilinear filter.
+whatever the crop), the entropy (Huffman) decoding of a baseline JPEG is the extension's own (the
+same coefficients as libjpeg's, faster, and two restart segments at a time where ``tarjpeg`` wrote
+markers), the pixels land in memory used again from one image to the next, and the window's resize,
+colour map, flip and normalization run in one C pass with Pillow's filter coefficients; elsewhere
+simplejpeg decodes the whole image and Pillow and numpy do the rest, to within a level of the same
+pixels. CMYK/YCCK JPEGs go to Pillow, as do PNG, WebP and every other format Pillow reads. The
+window is resampled with Pillow's antialiased bilinear filter.
 """
 
 from __future__ import annotations

@@ -363,6 +363,28 @@ def test_no_seed_means_new_augmentations_every_pass() -> None:
         decode_samples(data, seeded, device="cpu"), decode_samples(data, seeded, device="cpu"), strict=True))
 
 
+def _send_unseeded_plans(spec: AugmentSpec, conn: object) -> None:
+    conn.send([spec.plan(f"k{i}", 300, 400) for i in range(8)])  # type: ignore[attr-defined]
+
+
+def test_unseeded_plans_differ_between_forked_workers() -> None:
+    """seed=None draws from one generator per process, seeded again in each forked child: two
+    DataLoader workers (forked from the same parent) never crop alike, nor like the parent."""
+    import multiprocessing
+
+    spec = AugmentSpec(size=64, random_crop=True, flip=0.5)
+    ctx = multiprocessing.get_context("fork")
+    got = []
+    for _ in range(2):
+        mine, theirs = ctx.Pipe()
+        child = ctx.Process(target=_send_unseeded_plans, args=(spec, theirs))
+        child.start()
+        got.append(mine.recv())
+        child.join()
+    parent = [spec.plan(f"k{i}", 300, 400) for i in range(8)]
+    assert got[0] != got[1] and parent not in got
+
+
 @pytest.mark.parametrize("kwargs", [{"rotate": -1}, {"rotate": 181}, {"brightness": -0.1}, {"hue": 0.6}])
 def test_bad_augmentation_ranges(kwargs: dict[str, float]) -> None:
     with pytest.raises(OptionError):
