@@ -259,7 +259,7 @@ def make_relaid_shards(ctx: Context, url: str) -> tuple[str, str]:
     relaid = str(directory / f"train-{{000000..{SHARDS - 1:06d}}}.tar")
     try:
         made = json.loads(stamp.read_text())
-        if made["source"] == source:
+        if made["source"] == json.loads(json.dumps(source)):  # as JSON gives it back: lists, not tuples
             return relaid, made["note"]
     except (OSError, ValueError, KeyError):
         pass
