@@ -139,9 +139,11 @@ def test_a_second_run_over_the_same_cache_counts_and_downloads_nothing(over_http
     by_stage = stages(over_http["requests"], "bare-again")
     assert fetched(by_stage.get("start", []) + by_stage.get("epoch-0", [])) == 0  # HEADs only: the versions
     assert by_stage.get("epoch-1", []) == []
-    # why the first batch waits: said by rank 0 (when it had shards left to count), never once per rank
+    # why the first batch waits: said by rank 0 when it has shards left to count, never once per rank
+    # (runs bare and count: at most twice). Not at all where the other ranks had counted every shard
+    # before rank 0 looked, as on a loaded machine (tests/core/test_counts.py checks that it is said)
     said = [line for line in over_http["stderr"].splitlines() if "Warning: " in line]  # Python's FILE:LINE: CLASS: ...
-    assert 1 <= sum("no index file and no count remembered" in line for line in said) <= 2  # runs bare, count
+    assert sum("no index file and no count remembered" in line for line in said) <= 2
 
 
 def test_the_faults_happened_and_cost_warnings_only(over_http: dict[str, Any]) -> None:
