@@ -291,6 +291,28 @@ static int plan_segments(const struct jpeg_decompress_struct *c, int x0, int y0,
     return 1;
 }
 
+/* The next marker at or after p in entropy-coded data, where 0xFF 0x00 is a stuffed 0xFF byte
+   and 0xFF bytes before a marker are fill: its code byte (the byte after the fill), *first its
+   first 0xFF; NULL where the data ends before one. */
+static const unsigned char *next_marker(const unsigned char *p, const unsigned char *end, const unsigned char **first)
+{
+    for (;;) {
+        const unsigned char *q = memchr(p, 0xFF, (size_t)(end - p));
+        if (q == NULL)
+            return NULL;
+        const unsigned char *m = q + 1;
+        while (m < end && *m == 0xFF)
+            m++;
+        if (m >= end)
+            return NULL;
+        if (*m != 0x00) {
+            *first = q;
+            return m;
+        }
+        p = m + 1;
+    }
+}
+
 /* The segments of the scan starting at `at`, in one pass over its bytes: 0xFF 0x00 is a stuffed
    byte, 0xFF 0xD0..0xD7 the restart marker that ends segment i (numbered i mod 8), any other
    marker the end of the scan. Segment i's bytes are [start[i], stop[i]) (offsets in `base`).
@@ -304,18 +326,9 @@ static int find_segments(const unsigned char *base, const unsigned char *at, con
     size_t n = 0;
     start[0] = (size_t)(at - base);
     for (const unsigned char *p = at;;) {
-        const unsigned char *q = memchr(p, 0xFF, (size_t)(end - p));
-        if (q == NULL)
+        const unsigned char *q, *m = next_marker(p, end, &q);
+        if (m == NULL)
             return -1;
-        const unsigned char *m = q + 1;
-        while (m < end && *m == 0xFF) /* fill bytes before a marker */
-            m++;
-        if (m >= end)
-            return -1;
-        if (*m == 0x00) {
-            p = m + 1;
-            continue;
-        }
         stop[n] = (size_t)(q - base);
         if (*m < 0xD0 || *m > 0xD7)
             return *m == 0xD9 && n + 1 == count ? 1 : 0;
@@ -803,25 +816,11 @@ static const unsigned char *segment_end(struct bitreader *r, unsigned int next_r
         scan_fail(r->err, "Corrupt JPEG data: premature end of data segment");
     unsigned int extra = (unsigned int)((r->cnt - r->pad) / 8);
     if (!r->marker) { /* the marker lies further on: everything before it is extra */
-        const unsigned char *q = r->p;
-        for (;;) {
-            while (q < r->end && *q != 0xFF) {
-                q++;
-                extra++;
-            }
-            const unsigned char *m = q + 1;
-            while (m < r->end && *m == 0xFF)
-                m++;
-            if (m >= r->end)
-                scan_fail(r->err, "Premature end of JPEG file");
-            if (*m != 0x00) {
-                r->marker = *m;
-                r->marker_at = q;
-                break;
-            }
-            extra += 2;
-            q = m + 1;
-        }
+        const unsigned char *m = next_marker(r->p, r->end, &r->marker_at);
+        if (m == NULL)
+            scan_fail(r->err, "Premature end of JPEG file");
+        r->marker = *m;
+        extra += (unsigned int)(r->marker_at - r->p);
     }
     char message[JMSG_LENGTH_MAX];
     if (extra) {
@@ -854,21 +853,8 @@ static void start_segment(struct bitreader *r, const unsigned char *p)
    marker is another (the scan's end) or there is none */
 static const unsigned char *after_restart_marker(const unsigned char *p, const unsigned char *end)
 {
-    for (;;) {
-        const unsigned char *q = memchr(p, 0xFF, (size_t)(end - p));
-        if (q == NULL)
-            return NULL;
-        const unsigned char *m = q + 1;
-        while (m < end && *m == 0xFF)
-            m++;
-        if (m >= end)
-            return NULL;
-        if (*m == 0x00) {
-            p = m + 1;
-            continue;
-        }
-        return *m >= 0xD0 && *m <= 0xD7 ? m + 1 : NULL;
-    }
+    const unsigned char *first, *m = next_marker(p, end, &first);
+    return m != NULL && *m >= 0xD0 && *m <= 0xD7 ? m + 1 : NULL;
 }
 
 /* At the start of a segment with another after it in the scan: both decoded at once into the

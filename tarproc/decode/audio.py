@@ -34,7 +34,6 @@ The exact semantics:
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -44,7 +43,7 @@ import numpy as np
 from ..errors import MediaError, OptionError
 from ..media_headers import MAX_AUDIO_CHANNELS
 from .media import MAX_SAMPLE_RATE, audio_stream, ffmpeg_reason, import_av, is_wav, open_container, wav_header
-from .spec import named_parameters
+from .spec import named_parameters, plan_rng
 
 DEFAULT_MAX_SECONDS = 3600.0
 MAX_CHANNELS = MAX_AUDIO_CHANNELS  # one bound: the summary flags what the decoder refuses
@@ -121,7 +120,7 @@ class AudioSpec:
         length = self.length
         if length is None or not self.random_crop or samples <= length:
             return 0
-        rng = random.Random(f"{self.seed}/{key}") if self.seed is not None else random.Random()
+        rng = plan_rng(self.seed, key)
         return rng.randint(0, samples - length)
 
 

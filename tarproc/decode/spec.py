@@ -183,6 +183,12 @@ _UNSEEDED = random.Random()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_UNSEEDED.seed)
 
+
+def plan_rng(seed: int | None, key: str) -> random.Random:
+    """The generator of one sample's random choices: ``Random(f"{seed}/{key}")``, or with no seed
+    the process's own (``_UNSEEDED``). AugmentSpec, AudioSpec and VideoSpec all draw from it."""
+    return random.Random(f"{seed}/{key}") if seed is not None else _UNSEEDED
+
 DEFAULT_MAX_PIXELS = 8192 * 8192  # the largest image a decode may allocate: 64 Mi pixels (~200 MB as RGB)
 
 
@@ -438,7 +444,7 @@ class AugmentSpec:
         if height * width > self.max_pixels:  # checked from the header, before any pixel is allocated
             raise ValueError(f"image of {width}x{height} pixels is over the limit of {self.max_pixels:,} "
                              "(max_pixels, --max-pixels)")
-        rng = random.Random(f"{self.seed}/{key}") if self.seed is not None else _UNSEEDED
+        rng = plan_rng(self.seed, key)
         h, w = height, width
         window: tuple[float, float, float, float]
         if self.random_crop:

@@ -26,7 +26,6 @@ The exact semantics (PyAV decodes: ``pip install 'tarproc[media]'``):
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +33,7 @@ import numpy as np
 
 from ..errors import MediaError, OptionError
 from .media import ffmpeg_reason, import_av, is_wav, open_container, video_stream
-from .spec import DEFAULT_MAX_PIXELS, named_parameters
+from .spec import DEFAULT_MAX_PIXELS, named_parameters, plan_rng
 
 LAYOUTS = ("THWC", "TCHW")
 MAX_FRAMES = 10_000
@@ -90,7 +89,7 @@ class VideoSpec:
         """The clip's start: seconds with ``fps``, else a frame index (as a float)."""
         if not self.random_clip:
             return 0.0
-        rng = random.Random(f"{self.seed}/{key}") if self.seed is not None else random.Random()
+        rng = plan_rng(self.seed, key)
         if self.fps is not None:
             room = (duration or 0.0) - self.frames / self.fps
             return rng.uniform(0.0, room) if room > 0 else 0.0
