@@ -1514,29 +1514,60 @@ static void vrow_portable(const unsigned char *first, size_t stride, int taps, c
 }
 
 #ifdef TARPROC_X86
-/* two source lines at once (they share the taps): eight lanes, the R, G, B, X of one output pixel
-   in each line, per 256-bit register; the shift, then saturating packs (to int16, then to 0..255),
-   are clip8 */
+/* Two source lines at once (they share the taps), two taps at a time: eight bytes of each line
+   (two RGBX pixels) are spread into 16-bit lanes, R of the first tap beside R of the second, and
+   so on, and _mm256_madd_epi16 multiplies them by the pair of coefficients and adds the products:
+   the R, G, B, X sums of one output pixel in each line, per 256-bit register. A coefficient has up
+   to 23 bits, a 16-bit lane holds 15: each is split into hi * 2^11 + lo (lo in 0..2047), the two
+   halves summed apart, and sum = hi_sum * 2^11 + lo_sum is the portable pass's sum exactly. The
+   shift, then saturating packs (to int16, then to 0..255), are clip8. */
 __attribute__((target("avx2"))) static void hrows_avx2(const unsigned char *in, size_t in_stride, int rows,
                                                        unsigned char *to, int out_w, const int *bounds,
                                                        const int *kk, int ksize)
 {
+    int pairs = (ksize + 1) / 2;
+    uint32_t *pk = malloc(sizeof(uint32_t) * 2 * (size_t)pairs * (size_t)out_w); /* (lo, hi) pair words */
+    if (!pk) {
+        hrows_portable(in, in_stride, rows, to, out_w, bounds, kk, ksize);
+        return;
+    }
+    for (int xx = 0; xx < out_w; xx++)
+        for (int j = 0; j < pairs; j++) {
+            const int *k = &kk[xx * ksize];
+            int a = k[2 * j], b = 2 * j + 1 < ksize ? k[2 * j + 1] : 0; /* 0 past xmax (coefficients) */
+            uint32_t *w = &pk[((size_t)xx * pairs + j) * 2];
+            w[0] = ((uint32_t)a & 0x7FF) | (((uint32_t)b & 0x7FF) << 16);
+            w[1] = ((uint32_t)(a >> 11) & 0xFFFF) | ((uint32_t)(b >> 11) << 16);
+        }
     const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+    const __m256i spread = _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1,
+                                            0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
     size_t to_stride = (size_t)out_w * 3;
     int y = 0;
     for (; y + 2 <= rows; y += 2, in += 2 * in_stride, to += 2 * to_stride)
         for (int xx = 0; xx < out_w; xx++) {
-            int xmax = bounds[xx * 2 + 1];
-            const int *k = &kk[xx * ksize];
+            int xmax = bounds[xx * 2 + 1], x = 0;
+            const uint32_t *w = &pk[(size_t)xx * pairs * 2];
             const unsigned char *p0 = in + (size_t)bounds[xx * 2] * 4, *p1 = p0 + in_stride;
-            __m256i s = half;
-            for (int x = 0; x < xmax; x++) {
+            __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+            for (; x + 2 <= xmax; x += 2, w += 2) {
+                __m128i a = _mm_loadl_epi64((const __m128i *)(p0 + x * 4));
+                __m128i b = _mm_loadl_epi64((const __m128i *)(p1 + x * 4));
+                __m256i v = _mm256_shuffle_epi8(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1), spread);
+                lo = _mm256_add_epi32(lo, _mm256_madd_epi16(v, _mm256_set1_epi32((int)w[0])));
+                hi = _mm256_add_epi32(hi, _mm256_madd_epi16(v, _mm256_set1_epi32((int)w[1])));
+            }
+            if (x < xmax) { /* an odd tap last: one pixel a line (its pair's coefficient is 0) */
                 int v0, v1;
                 memcpy(&v0, p0 + x * 4, 4);
                 memcpy(&v1, p1 + x * 4, 4);
-                __m256i pixels = _mm256_cvtepu8_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(v0), v1, 1));
-                s = _mm256_add_epi32(s, _mm256_mullo_epi32(pixels, _mm256_set1_epi32(k[x])));
+                __m256i v = _mm256_shuffle_epi8(
+                    _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_cvtsi32_si128(v0)), _mm_cvtsi32_si128(v1), 1),
+                    spread);
+                lo = _mm256_add_epi32(lo, _mm256_madd_epi16(v, _mm256_set1_epi32((int)w[0])));
+                hi = _mm256_add_epi32(hi, _mm256_madd_epi16(v, _mm256_set1_epi32((int)w[1])));
             }
+            __m256i s = _mm256_add_epi32(_mm256_add_epi32(half, lo), _mm256_slli_epi32(hi, 11));
             s = _mm256_srai_epi32(s, PRECISION_BITS);
             __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
             __m128i bytes = _mm_packus_epi16(words, words);
@@ -1547,6 +1578,7 @@ __attribute__((target("avx2"))) static void hrows_avx2(const unsigned char *in, 
             memcpy(to + xx * 3, &rgbx0, width);
             memcpy(to + to_stride + xx * 3, &rgbx1, width);
         }
+    free(pk);
     if (y < rows)
         hrows_portable(in, in_stride, rows - y, to, out_w, bounds, kk, ksize);
 }
