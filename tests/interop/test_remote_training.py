@@ -5,11 +5,15 @@ requests (Python's http.server) is read from the start, said once."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from tarhelpers import write_tar
 
@@ -43,6 +47,18 @@ def every_rank(urls: list[str], world: int = 3) -> tuple[Counter[str], list[int]
     return keys, steps, datasets
 
 
+def use_s3(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsspec's s3:// (and the DataLoader workers it forks) pointed at the moto server's bucket."""
+    import fsspec.config
+
+    conf: dict[str, Any] = {}
+    fsspec.config.set_conf_env(conf, envdict=s3.env)
+    monkeypatch.setitem(fsspec.config.conf, "s3", conf["s3"])
+    for name, value in s3.env.items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+
+
 def expected() -> Counter[str]:
     return Counter(f"k{i:04d}" for i in range(sum(SIZES)))
 
@@ -63,19 +79,89 @@ def test_over_http_counts_from_the_index_files_and_no_range_requests(tmp_path: P
 
 def test_over_s3_a_reader_starts_mid_shard_with_range_requests(tmp_path: Path, s3: Any,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    import fsspec.config
-
     for path in make(tmp_path):
         for name in (path.name, path.name + ".idx"):
             s3.client.upload_file(str(path.parent / name), s3.bucket, name)
-    conf: dict[str, Any] = {}
-    fsspec.config.set_conf_env(conf, envdict=s3.env)
-    monkeypatch.setitem(fsspec.config.conf, "s3", conf["s3"])
-    for name, value in s3.env.items():
-        if name.startswith("AWS_"):
-            monkeypatch.setenv(name, value)
+    use_s3(s3, monkeypatch)
     urls = [f"s3://{s3.bucket}/train-{s}.tar" for s in range(len(SIZES))]
     keys, steps, datasets = every_rank(urls)
     assert keys == expected() and len(set(steps)) == 1
     assert all(d.count_sources[u].startswith("index ") for d in datasets for u in urls)
     assert sum(d.seeks for d in datasets) >= 2  # parts begun mid-shard, read from there
+
+
+def test_relaid_shards_over_s3_through_the_cache_on_two_ranks_give_the_originals_batches_and_resume(
+        tmp_path: Path, s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crossing of issue 37's re-layout with remote training: shards re-laid by ``tarjpeg`` (a
+    real process), on S3 with index files, read through the shard cache by 2 ranks x 2 DataLoader
+    workers with random crops: every sample once, equal steps, and each image the pixels the local
+    originals give that sample; a rank resumed mid-epoch goes on exactly as it would have, and a
+    resume on another layout (1 rank, 1 worker) hands out every remaining sample once, each with
+    the originals' pixels."""
+    pytest.importorskip("torch")
+    from tarhelpers import encode_image, photo
+
+    from tarproc.decode import AugmentSpec
+    from tarproc.decode import cpu as cpu_backend
+
+    if cpu_backend._jpeg is None:
+        pytest.skip("tarproc._jpeg is not built: no crop decoder for restart markers")
+    originals, relaid = tmp_path / "originals", tmp_path / "relaid"
+    originals.mkdir()
+    relaid.mkdir()
+    n = 0
+    for s, size in enumerate((10, 7)):
+        samples = [{"__key__": f"k{n + i:03d}", "jpg": encode_image(photo(120, 90, n + i), quality=85), "cls": str(i % 3)}
+                   for i in range(size)]
+        n += size
+        write_tar(originals / f"train-{s}.tar", samples)
+        out = relaid / f"train-{s}.tar"
+        subprocess.run([str(Path(sys.executable).parent / "tarjpeg"), str(originals / f"train-{s}.tar"), "-o", str(out), "-q"], check=True)
+        assert out.read_bytes().count(b"\xff\xdd") == size  # every JPEG has a restart interval now
+        for name, path in ((f"train-{s}.tar", out), (f"train-{s}.tar.idx", None)):
+            data = tarproc.build_index(str(out)).jsonl_bytes() if path is None else path.read_bytes()
+            s3.client.put_object(Bucket=s3.bucket, Key=name, Body=data)
+    use_s3(s3, monkeypatch)
+    local = [str(originals / f"train-{s}.tar") for s in range(2)]
+    remote = [f"s3://{s3.bucket}/train-{s}.tar" for s in range(2)]
+    spec = AugmentSpec(size=48, random_crop=True, flip=0.5)
+    network = tarproc.Network(cache_dir=str(tmp_path / "cache"))
+
+    def loader(urls: list[str], rank: int = 0, world: int = 2, workers: int = 2, **kw: Any) -> Any:
+        ds = Dataset(urls, decode=spec, to_tuple=("__key__", "jpg", "cls"), batch_size=3, shuffle=5, seed=7,
+                     rank=rank, world_size=world, **kw)
+        return ds.loader(num_workers=workers)
+
+    def batches(it: Any) -> list[tuple[list[str], Any]]:
+        return [(list(keys), images.numpy().copy()) for keys, images, _ in it]
+
+    def by_key(runs: list[list[tuple[list[str], Any]]]) -> dict[str, Any]:
+        return {k: image for run in runs for keys, images in run for k, image in zip(keys, images, strict=True)}
+
+    pixels = by_key([batches(loader(local, rank)) for rank in range(2)])  # the originals, read locally
+    runs = {rank: batches(loader(remote, rank, network=network)) for rank in range(2)}
+    keys = [k for run in runs.values() for batch, _ in run for k in batch]
+    assert sorted(keys) == sorted(pixels) == [f"k{i:03d}" for i in range(n)]  # every sample once
+    assert len(runs[0]) == len(runs[1])  # equal steps
+    assert all(np.array_equal(image, pixels[k]) for k, image in by_key(list(runs.values())).items())
+    for s in range(2):  # the epochs read through the cache: a verified copy of each re-laid shard
+        copies = list((tmp_path / "cache" / "shards").glob(f"*-train-{s}.tar"))
+        assert [c.read_bytes() for c in copies] == [(relaid / f"train-{s}.tar").read_bytes()]
+
+    first = loader(remote, 0, network=network)
+    it = iter(first)
+    next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    resumed = loader(remote, 0, network=network)
+    resumed.load_state_dict(state)
+    rest = batches(resumed)
+    assert [k for k, _ in rest] == [k for k, _ in runs[0][1:]]
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(rest, runs[0][1:], strict=True))
+
+    other = loader(remote, 0, world=1, workers=1, network=network)
+    other.load_state_dict(state)
+    left = [(k, image) for keys, images in batches(other) for k, image in zip(keys, images, strict=True)]
+    handed = {k for r in runs.values() for k in r[0][0]}  # step 1 of both ranks
+    assert sorted(k for k, _ in left) == sorted(set(pixels) - handed)
+    assert all(np.array_equal(image, pixels[k]) for k, image in left)
