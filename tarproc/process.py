@@ -262,6 +262,9 @@ class ShellJob:
     max_file_size: int = DEFAULT_MAX_MEMBER_SIZE
 
 
+_SIGNAL_CHECK = 0.25  # seconds: how long the main thread waits on the job threads between looks at signals
+
+
 class _ShellPool(_Pool):
     """``workers`` threads, each preparing a directory and waiting for one bash at a time.
 
@@ -290,7 +293,14 @@ class _ShellPool(_Pool):
         self._tasks.put((index, sample))
 
     def get(self) -> _Outcome:
-        return self._results.get()
+        # in turns, not one untimed wait: Ctrl-C can reach a thread other than the main one (the
+        # kernel picks any thread that doesn't block it), which then only sets Python's flag; an
+        # untimed wait here would never look at it, and the commands would run on for ever
+        while True:
+            try:
+                return self._results.get(timeout=_SIGNAL_CHECK)
+            except queue.Empty:
+                continue
 
     def close(self, cancel: bool) -> None:
         if cancel:

@@ -223,8 +223,9 @@ def test_signal_kills_commands_and_removes_directories(data, tmp_path, sig, stat
                             env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
     wait_for(lambda: len([d for d in os.listdir(private) if d.startswith("tarproc-")]) >= 2,
              what="the commands' directories")
-    # the directories come first, then bash, then the command: wait for the command itself
-    wait_for(lambda: live_processes_with(marker), what="the commands starting")
+    # the directories come first, then bash, then the command: wait for both commands (tarproc's
+    # own command line holds the marker too)
+    wait_for(lambda: len(live_processes_with(marker)) >= 3, what="the commands starting")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=PATIENCE)
     assert proc.returncode == status, err

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tarhelpers import live_group_members, live_processes_with, settled, wait_for
+from tarhelpers import PATIENCE, live_group_members, live_processes_with, settled, wait_for
 
 from tarproc.errors import OptionError
 from tarproc.process import JobError, JobStats, field_filter, load_function, map_samples, shell_samples
@@ -420,6 +420,40 @@ def test_map_workers_end_when_their_parent_is_killed(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert settled(lambda: live_group_members(proc.pid)) == [], "--map workers outlived their parent"
+
+
+def test_ctrl_c_handed_to_a_job_thread_still_stops_the_run(tmp_path):
+    """The kernel hands a process's Ctrl-C to any thread that doesn't block it, and Python then
+    only sets a flag for the main thread to act on. Here it goes to a job thread (as it did, now and
+    then, on a loaded machine: tarproc -p 2 ran on): the main thread still raises
+    KeyboardInterrupt, the commands are killed and their directories removed."""
+    import subprocess
+
+    marker = f"631.{os.getpid()}"  # seconds: only a kill ends the commands
+    script = textwrap.dedent(f"""
+        import signal, sys, threading
+        import tarproc.process as process
+
+        def start_group(*args, **kw):
+            proc = real(*args, **kw)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # to this job thread, not the main one
+            return proc
+
+        real, process.start_group = process.start_group, start_group
+        try:
+            list(process.shell_samples([{{"__key__": f"k{{i}}", "txt": b"x"}} for i in range(4)],
+                                       "sleep {marker}", workers=2, tmpdir=sys.argv[1]))
+        except KeyboardInterrupt:
+            print("interrupted")
+    """)
+    try:
+        r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                           timeout=PATIENCE)
+        assert r.stdout.strip() == "interrupted", r.stderr
+        assert os.listdir(tmp_path) == []
+        assert processes_with(marker) == []
+    finally:  # a run that hung left its commands (in sessions of their own) behind
+        subprocess.run(["pkill", "-f", marker])
 
 
 # ---------------------------------------------------------------------------------------------
