@@ -28,10 +28,10 @@ from tarproc.sources.remote import Identity
 REPO = Path(__file__).resolve().parents[2]
 
 
-def dup_shard(path: Path) -> Path:
-    """A shard whose sample 'a' has its field 'cls' twice."""
+def dup_shard(path: Path, tag: str = "") -> Path:
+    """A shard whose sample 'a' (+ ``tag``) has its field 'cls' twice, then a sample 'b' (+ ``tag``)."""
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as t:
-        for name, data in (("a.txt", b"x"), ("a.cls", b"1"), ("a.cls", b"2"), ("b.txt", b"y")):
+        for name, data in ((f"a{tag}.txt", b"x"), (f"a{tag}.cls", b"1"), (f"a{tag}.cls", b"2"), (f"b{tag}.txt", b"y")):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             t.addfile(info, io.BytesIO(data))
@@ -144,8 +144,8 @@ def test_a_warning_in_a_worker_process_is_one_line_of_the_command(tmp_path: Path
 
 @pytest.mark.skipif(sys.platform != "linux", reason="uses ipc sockets")
 def test_a_warning_in_a_tarserve_sender_process_is_one_line(tmp_path: Path) -> None:
-    for n in range(2):
-        dup_shard(tmp_path / f"in-{n}.tar")
+    for n in range(2):  # keys of their own: the receiver refuses a key twice in a row, as the two shards' may arrive
+        dup_shard(tmp_path / f"in-{n}.tar", str(n))
     feed = f"ipc://{tmp_path}/feed"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
@@ -161,6 +161,6 @@ def test_a_warning_in_a_tarserve_sender_process_is_one_line(tmp_path: Path) -> N
     assert sender.returncode == 0, err
     assert receiver.communicate(timeout=120) and receiver.returncode == 0
     assert sorted(err.splitlines()) == [
-        f"tarserve: warning: in-{n}.tar: duplicate field 'cls' in sample 'a' (members at bytes 1024 and 2048); "
+        f"tarserve: warning: in-{n}.tar: duplicate field 'cls' in sample 'a{n}' (members at bytes 1024 and 2048); "
         "keeping the first" for n in range(2)
     ]
