@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import DataWarning, OptionError, TarprocError, warner
-from .procgroup import signal_group
+from .procgroup import SIGNAL_CHECK, signal_group
 from .samples import Sample, group_keyed
 from .sources import Source, expand_urls, local_path, open_source
 from .tar import ReadPolicy, ReadStats, iter_keyed_members
@@ -123,7 +123,7 @@ class _Buffer:
                             self.cond.notify()
                     return kind, value
                 self.consumer_waiting = True
-                self.cond.wait()
+                self.cond.wait(SIGNAL_CHECK)  # the consumer is the main thread: see SIGNAL_CHECK
 
     def wake(self) -> None:
         with self.cond:

@@ -44,7 +44,7 @@ from multiprocessing.connection import wait as wait_connections
 from typing import Any
 
 from .errors import DataWarning, JobError, OptionError, TarprocError, adopt_warnings_setup, warner, warnings_setup
-from .procgroup import leave_signals_to_parent, signal_group, start_group
+from .procgroup import SIGNAL_CHECK, leave_signals_to_parent, signal_group, start_group
 from .samples import Sample
 from .tar import DEFAULT_MAX_MEMBER_SIZE
 
@@ -262,9 +262,6 @@ class ShellJob:
     max_file_size: int = DEFAULT_MAX_MEMBER_SIZE
 
 
-_SIGNAL_CHECK = 0.25  # seconds: how long the main thread waits on the job threads between looks at signals
-
-
 class _ShellPool(_Pool):
     """``workers`` threads, each preparing a directory and waiting for one bash at a time.
 
@@ -293,12 +290,9 @@ class _ShellPool(_Pool):
         self._tasks.put((index, sample))
 
     def get(self) -> _Outcome:
-        # in turns, not one untimed wait: Ctrl-C can reach a thread other than the main one (the
-        # kernel picks any thread that doesn't block it), which then only sets Python's flag; an
-        # untimed wait here would never look at it, and the commands would run on for ever
-        while True:
+        while True:  # in turns, so that a signal a job thread was handed is seen (SIGNAL_CHECK)
             try:
-                return self._results.get(timeout=_SIGNAL_CHECK)
+                return self._results.get(timeout=SIGNAL_CHECK)
             except queue.Empty:
                 continue
 

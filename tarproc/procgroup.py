@@ -15,6 +15,14 @@ if TYPE_CHECKING:  # imported where used: the commands that start no child start
     import subprocess
 
 
+# Seconds a main thread waits on its helper threads (or on the processes they watch) between looks
+# at signals. The kernel hands a process's Ctrl-C or SIGTERM to any of its threads that doesn't
+# block it, and Python then only sets a flag, which the main thread acts on when it next runs
+# Python code: an untimed wait on threads that wait on something that never ends (a command, a
+# stalled pipe) would never see it, and Ctrl-C would not stop the run (seen on a loaded machine).
+SIGNAL_CHECK = 0.25
+
+
 def start_group(args: Any, **popen: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen(args, **popen)``, the child in a session (and process group) of its own."""
     import subprocess

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CacheWarning, SourceError, TarprocError, warner
+from ..procgroup import SIGNAL_CHECK
 from .remote import Identity, Network, RemoteReader
 
 CHUNK = 1 << 20  # bytes a filler asks the store for at once
@@ -175,7 +176,8 @@ class ShardCache:
                 return None
             fill = self._filling(url, identity, network, name)
             if fill is not None:
-                fill.done.wait()
+                while not fill.done.wait(SIGNAL_CHECK):  # in turns: see SIGNAL_CHECK
+                    pass
                 if isinstance(fill.error, _CacheFailed):
                     return None
                 if fill.error is not None:
@@ -242,7 +244,8 @@ class ShardCache:
             if not running:
                 return
             for fill in running:
-                fill.done.wait()
+                while not fill.done.wait(SIGNAL_CHECK):  # in turns: see SIGNAL_CHECK
+                    pass
 
     def publish(self, name: str, url: str, identity: Identity, sha256: str | None) -> bool:
         final = self._final(name)

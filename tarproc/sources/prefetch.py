@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import TarprocError
+from ..procgroup import SIGNAL_CHECK
 
 CHUNK = 1 << 19  # bytes a read-ahead thread asks for at once: what the tar reader asks for (tar/reader.py's _CHUNK), handed on whole
 DEPTH = 4  # following shards a Prefetcher opens at most
@@ -96,7 +97,7 @@ class Ahead:
         with self._cond:
             self._reading = True
             while not self._chunks and not self._done:
-                self._cond.wait()
+                self._cond.wait(SIGNAL_CHECK)  # the reader's thread, the main one: see SIGNAL_CHECK
             if not self._chunks:
                 if self._eof:
                     return b""

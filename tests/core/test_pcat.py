@@ -338,3 +338,45 @@ def test_a_reader_bug_is_not_skipped(many, monkeypatch):
     monkeypatch.setattr(pcat, "group_keyed", broken)
     with pytest.raises(ZeroDivisionError):
         list(parallel_samples(many, readers=3, on_error="skip-shard"))
+
+
+def test_ctrl_c_handed_to_a_reader_thread_still_stops_the_read(tmp_path: Path) -> None:
+    """The kernel may hand Ctrl-C to a reader thread rather than the main one (Python then only
+    sets a flag): the main thread, waiting for samples from stalled ``pipe:`` commands, still
+    raises KeyboardInterrupt, and the commands are ended (see ``procgroup.SIGNAL_CHECK``)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tarhelpers import PATIENCE, live_processes_with, settled
+
+    marker = f"632.{os.getpid()}"  # seconds: the commands never write a byte
+    script = textwrap.dedent(f"""
+        import signal, sys, threading, time
+        import tarproc.pcat as pcat
+
+        def frames(f):
+            while f is not None:
+                yield f
+                f = f.f_back
+
+        def kick():  # once the main thread waits for samples, Ctrl-C to a reader thread, not to it
+            main = threading.main_thread()
+            while not any(f.f_code.co_name == "get" and f.f_code.co_filename == pcat.__file__
+                          for f in frames(sys._current_frames().get(main.ident))):
+                time.sleep(0.01)
+            reader = next(t for t in threading.enumerate() if t.name.startswith("tarproc-pcat"))
+            signal.pthread_kill(reader.ident, signal.SIGINT)
+
+        threading.Thread(target=kick, daemon=True).start()
+        try:
+            list(pcat.parallel_samples(["pipe:sleep {marker}"] * 2, readers=2))
+        except KeyboardInterrupt:
+            print("interrupted")
+    """)
+    try:
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=PATIENCE)
+        assert r.stdout.strip() == "interrupted", r.stderr
+        assert settled(lambda: live_processes_with(marker)) == []
+    finally:  # a run that hung left its commands behind
+        subprocess.run(["pkill", "-f", marker])
