@@ -136,6 +136,9 @@ def handshake_events() -> int:
     return _SUCCEEDED | _NO_DETAIL | _PROTOCOL | _AUTH if zmq.zmq_version_info() >= (4, 3) else 0
 
 
+HANGUP_GRACE = 5.0  # seconds a connecting end waits for a peer that hung up during its first handshake
+
+
 @dataclass
 class Handshakes:
     """The handshakes of one socket: ``succeeded`` once a peer got through."""
@@ -146,6 +149,33 @@ class Handshakes:
     bound: bool  # this end listens (so peers are anyone who connects)
     succeeded: bool = False
     doubt: str | None = None  # a failure that was ignored (see ``failure``), for a timeout's message
+    hung_up: tuple[float, str] | None = None  # (when, reason) of a first hang-up not yet judged (``verdict``)
+
+    def verdict(self, event: int, value: int, now: float) -> str | None:
+        """``failure``, judged: the reason to stop for, on a socket no peer has got through on yet.
+
+        A peer that hangs up during the handshake may be one with other keys, or one that found out
+        first that the keys don't match -- or a receiver killed (stopped, restarted) in the middle
+        of it, which a stream must outlive. So a hang-up is judged later: one that ZMQ reconnects
+        to (every 0.1 s) and that hangs up again can't get through; one that can't be reached
+        again for ``HANGUP_GRACE`` seconds (``overdue``) is taken for what it said; a handshake that
+        gets through forgets it."""
+        reason = self.failure(event, value)
+        if self.succeeded:
+            self.hung_up = None
+            return None
+        if reason is None:
+            return None
+        if event == _NO_DETAIL and self.hung_up is None:
+            self.hung_up, self.doubt = (now, reason), reason
+            return None
+        return reason
+
+    def overdue(self, now: float) -> str | None:
+        """The reason of a hang-up (``verdict``) whose peer has not come back for ``HANGUP_GRACE`` s."""
+        if self.hung_up is not None and not self.succeeded and now - self.hung_up[0] >= HANGUP_GRACE:
+            return self.hung_up[1]
+        return None
 
     def failure(self, event: int, value: int) -> str | None:
         """The reason, in one line, when ``event`` is a handshake that failed over keys (None for

@@ -261,6 +261,9 @@ class Delivery:
         for index, monitor in enumerate(self._monitors):
             while monitor.poll(0):
                 self._connection_event(index, *monitor_event(monitor, zmq.NOBLOCK))
+            reason = self._handshakes[index].overdue(time.monotonic())
+            if reason is not None:
+                raise TransportError(reason)
         for index, sock in enumerate(self._sockets):
             while sock.poll(0):
                 frames = sock.recv_multipart(copy=False)
@@ -297,8 +300,8 @@ class Delivery:
             return
         if event & _CONNECTION_EVENTS:
             return
-        reason = handshakes.failure(event, value)
-        if reason is not None and not handshakes.succeeded:
+        reason = handshakes.verdict(event, value, time.monotonic())
+        if reason is not None:
             raise TransportError(reason)
 
     def _incoming(self, index: int, rid: bytes, frames: list[Any]) -> None:

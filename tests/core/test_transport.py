@@ -732,6 +732,30 @@ def test_mismatched_curve_keys_are_said_within_seconds(tmp_path, receiver_binds,
     assert re.search(f"{sender_says}|hung up during the (CURVE )?handshake", message), message
 
 
+def test_a_receiver_gone_during_the_first_handshake_is_judged_when_it_does_not_come_back() -> None:
+    """A receiver killed (or restarted) in the middle of a sender's first handshake hangs up as one
+    with other keys does: the sender stops for it only if it hangs up again when ZMQ reconnects, or
+    can't be reached again for HANGUP_GRACE seconds; a handshake that gets through forgets it."""
+    from tarproc.transport import curve
+
+    hang_up, ok = curve._NO_DETAIL, curve._SUCCEEDED
+    said = "the receiver at zpush://h:1 hung up during the handshake: it uses CURVE (give --curve-keys)"
+
+    def sender() -> curve.Handshakes:
+        return curve.Handshakes("sender", curve=False, url="zpush://h:1", bound=False)
+
+    gone = sender()
+    assert gone.verdict(hang_up, 0, now=100.0) is None and gone.doubt and said in gone.doubt
+    assert gone.overdue(100.0 + curve.HANGUP_GRACE - 0.1) is None
+    assert said in (gone.overdue(100.0 + curve.HANGUP_GRACE) or "")
+    again = sender()
+    assert again.verdict(hang_up, 0, now=100.0) is None
+    assert said in (again.verdict(hang_up, 0, now=100.2) or "")  # reached again, and refused again
+    back = sender()
+    assert back.verdict(hang_up, 0, now=100.0) is None and back.verdict(ok, 0, now=101.0) is None
+    assert back.overdue(200.0) is None and back.verdict(hang_up, 0, now=201.0) is None  # a stray later: no stop
+
+
 @needs_curve
 def test_a_failed_handshake_after_a_good_one_does_not_stop_the_stream(tmp_path):
     """A stray client with other keys can't stop a receiver that has a sender: it is warned about."""
