@@ -877,7 +877,8 @@ def _find_total(bar: Any, total: Callable[[], int | None]) -> None:
     except Exception:  # a total is a nicety: a shard it can't count is the reader's to report
         return
     if n is not None:
-        bar.total = n  # read by the bar at its next refresh
+        bar.total = n
+        bar.refresh()  # now: a writer blocked on a full pipe would not redraw it for seconds (tqdm locks it)
 
 
 def _stderr_is_terminal() -> bool:

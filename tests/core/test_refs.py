@@ -74,7 +74,8 @@ def test_ranges_give_the_members_and_errors_of_reading(kit, reader, tmp_path):
         variants = [("whole", raw)]
         if name.startswith("big"):
             variants += list(_damaged_variants(raw, seed=len(name), count=30))
-            variants += [(f"cut@{cut}", raw[:cut]) for cut in range(BIG, len(raw), 77_777)]
+            # views, not copies: some seventy cuts of a 5.7 MB archive took 9 s to copy here
+            variants += [(f"cut@{cut}", memoryview(raw)[:cut]) for cut in range(BIG, len(raw), 77_777)]
         for label, data in variants:
             path.write_bytes(data)
             got = _read(path, "refs")
