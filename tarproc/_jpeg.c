@@ -1521,6 +1521,18 @@ static void vrow_portable(const unsigned char *first, size_t stride, int taps, c
    to 23 bits, a 16-bit lane holds 15: each is split into hi * 2^11 + lo (lo in 0..2047), the two
    halves summed apart, and sum = hi_sum * 2^11 + lo_sum is the portable pass's sum exactly. The
    shift, then saturating packs (to int16, then to 0..255), are clip8. */
+/* two taps of one output pixel in two lines (a: the first line's two RGBX pixels, b: the
+   second's), into the lo and hi sums: see hrows_avx2 */
+__attribute__((target("avx2"))) static inline void madd_taps(__m128i a, __m128i b, const uint32_t *w, __m256i *lo,
+                                                             __m256i *hi)
+{
+    const __m256i spread = _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1,
+                                            0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
+    __m256i v = _mm256_shuffle_epi8(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1), spread);
+    *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(v, _mm256_set1_epi32((int)w[0])));
+    *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(v, _mm256_set1_epi32((int)w[1])));
+}
+
 __attribute__((target("avx2"))) static void hrows_avx2(const unsigned char *in, size_t in_stride, int rows,
                                                        unsigned char *to, int out_w, const int *bounds,
                                                        const int *kk, int ksize)
@@ -1540,8 +1552,6 @@ __attribute__((target("avx2"))) static void hrows_avx2(const unsigned char *in, 
             w[1] = ((uint32_t)(a >> 11) & 0xFFFF) | ((uint32_t)(b >> 11) << 16);
         }
     const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
-    const __m256i spread = _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1,
-                                            0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
     size_t to_stride = (size_t)out_w * 3;
     int y = 0;
     for (; y + 2 <= rows; y += 2, in += 2 * in_stride, to += 2 * to_stride)
@@ -1550,22 +1560,14 @@ __attribute__((target("avx2"))) static void hrows_avx2(const unsigned char *in, 
             const uint32_t *w = &pk[(size_t)xx * pairs * 2];
             const unsigned char *p0 = in + (size_t)bounds[xx * 2] * 4, *p1 = p0 + in_stride;
             __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-            for (; x + 2 <= xmax; x += 2, w += 2) {
-                __m128i a = _mm_loadl_epi64((const __m128i *)(p0 + x * 4));
-                __m128i b = _mm_loadl_epi64((const __m128i *)(p1 + x * 4));
-                __m256i v = _mm256_shuffle_epi8(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1), spread);
-                lo = _mm256_add_epi32(lo, _mm256_madd_epi16(v, _mm256_set1_epi32((int)w[0])));
-                hi = _mm256_add_epi32(hi, _mm256_madd_epi16(v, _mm256_set1_epi32((int)w[1])));
-            }
+            for (; x + 2 <= xmax; x += 2, w += 2)
+                madd_taps(_mm_loadl_epi64((const __m128i *)(p0 + x * 4)),
+                          _mm_loadl_epi64((const __m128i *)(p1 + x * 4)), w, &lo, &hi);
             if (x < xmax) { /* an odd tap last: one pixel a line (its pair's coefficient is 0) */
                 int v0, v1;
                 memcpy(&v0, p0 + x * 4, 4);
                 memcpy(&v1, p1 + x * 4, 4);
-                __m256i v = _mm256_shuffle_epi8(
-                    _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_cvtsi32_si128(v0)), _mm_cvtsi32_si128(v1), 1),
-                    spread);
-                lo = _mm256_add_epi32(lo, _mm256_madd_epi16(v, _mm256_set1_epi32((int)w[0])));
-                hi = _mm256_add_epi32(hi, _mm256_madd_epi16(v, _mm256_set1_epi32((int)w[1])));
+                madd_taps(_mm_cvtsi32_si128(v0), _mm_cvtsi32_si128(v1), w, &lo, &hi);
             }
             __m256i s = _mm256_add_epi32(_mm256_add_epi32(half, lo), _mm256_slli_epi32(hi, 11));
             s = _mm256_srai_epi32(s, PRECISION_BITS);

@@ -23,6 +23,12 @@ if TYPE_CHECKING:  # imported where used: the commands that start no child start
 SIGNAL_CHECK = 0.25
 
 
+def wait_set(event: Any) -> None:
+    """``event.wait()`` (a ``threading.Event``) in turns of ``SIGNAL_CHECK``."""
+    while not event.wait(SIGNAL_CHECK):
+        pass
+
+
 def start_group(args: Any, **popen: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen(args, **popen)``, the child in a session (and process group) of its own."""
     import subprocess

@@ -189,6 +189,7 @@ def plan_rng(seed: int | None, key: str) -> random.Random:
     the process's own (``_UNSEEDED``). AugmentSpec, AudioSpec and VideoSpec all draw from it."""
     return random.Random(f"{seed}/{key}") if seed is not None else _UNSEEDED
 
+
 DEFAULT_MAX_PIXELS = 8192 * 8192  # the largest image a decode may allocate: 64 Mi pixels (~200 MB as RGB)
 
 

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CacheWarning, SourceError, TarprocError, warner
-from ..procgroup import SIGNAL_CHECK
+from ..procgroup import wait_set
 from .remote import Identity, Network, RemoteReader
 
 CHUNK = 1 << 20  # bytes a filler asks the store for at once
@@ -176,8 +176,7 @@ class ShardCache:
                 return None
             fill = self._filling(url, identity, network, name)
             if fill is not None:
-                while not fill.done.wait(SIGNAL_CHECK):  # in turns: see SIGNAL_CHECK
-                    pass
+                wait_set(fill.done)
                 if isinstance(fill.error, _CacheFailed):
                     return None
                 if fill.error is not None:
@@ -244,8 +243,7 @@ class ShardCache:
             if not running:
                 return
             for fill in running:
-                while not fill.done.wait(SIGNAL_CHECK):  # in turns: see SIGNAL_CHECK
-                    pass
+                wait_set(fill.done)
 
     def publish(self, name: str, url: str, identity: Identity, sha256: str | None) -> bool:
         final = self._final(name)

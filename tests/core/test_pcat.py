@@ -352,22 +352,29 @@ def test_ctrl_c_handed_to_a_reader_thread_still_stops_the_read(tmp_path: Path) -
 
     marker = f"632.{os.getpid()}"  # seconds: the commands never write a byte
     script = textwrap.dedent(f"""
-        import signal, sys, threading, time
+        import signal, threading
         import tarproc.pcat as pcat
 
-        def frames(f):
-            while f is not None:
-                yield f
-                f = f.f_back
+        waiting = threading.Event()  # the main thread has begun waiting for samples
+        real_init = pcat._Buffer.__init__
 
-        def kick():  # once the main thread waits for samples, Ctrl-C to a reader thread, not to it
-            main = threading.main_thread()
-            while not any(f.f_code.co_name == "get" and f.f_code.co_filename == pcat.__file__
-                          for f in frames(sys._current_frames().get(main.ident))):
-                time.sleep(0.01)
+        def init(self, *args, **kw):
+            real_init(self, *args, **kw)
+            real_wait = self.cond.wait
+
+            def wait(timeout=None):
+                if threading.current_thread() is threading.main_thread():
+                    waiting.set()
+                return real_wait(timeout)
+
+            self.cond.wait = wait
+
+        def kick():  # then Ctrl-C to a reader thread, not to the main one
+            waiting.wait()
             reader = next(t for t in threading.enumerate() if t.name.startswith("tarproc-pcat"))
             signal.pthread_kill(reader.ident, signal.SIGINT)
 
+        pcat._Buffer.__init__ = init
         threading.Thread(target=kick, daemon=True).start()
         try:
             list(pcat.parallel_samples(["pipe:sleep {marker}"] * 2, readers=2))
