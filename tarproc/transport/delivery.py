@@ -83,6 +83,7 @@ class Peer:
     unacked: dict[int, Item] = field(default_factory=dict)
     final_acked: bool = False
     shm: bool = False  # it maps batches in shared memory (a receiver on this host, over ipc)
+    read_stop: bool = False  # it acknowledged our stop (an aborted eof): it has read it
 
 
 @dataclass
@@ -344,6 +345,8 @@ class Delivery:
         if ack.get("final") is True:
             peer.final_acked = True
             self._final_told = True
+        if ack.get("stop") is True:
+            peer.read_stop = True
 
     def _lost(self, index: int, rid: bytes) -> None:
         """A receiver went away: what it held and had not acknowledged is sent again, first."""
@@ -510,7 +513,10 @@ class Delivery:
                 f"acknowledged){doubts}")
 
     def say_aborted(self, reason: str, wait: float) -> None:
-        """Tell every receiver this sender stopped early, waiting up to ``wait`` s for room."""
+        """Tell every receiver this sender stopped early, and wait (up to ``wait`` s) until each has
+        acknowledged it: a receiver whose queue from us is full (a consumer that fell behind)
+        stops reading our connection, and when we close it libzmq drops what it had not read yet
+        (the pause would be lost, and that receiver take us for dead). One that goes is not waited for."""
         message = control("eof", **self.common, aborted=True, final=True, reason=reason)
         deadline = time.monotonic() + wait
         told: set[tuple[int, bytes]] = set()
@@ -522,9 +528,9 @@ class Delivery:
             for key, peer in list(self.peers.items()):
                 if key not in told and self._send(peer.index, peer.rid, message):
                     told.add(key)
-            if told and told >= set(self.peers):
+            if told and told >= set(self.peers) and all(p.read_stop for p in self.peers.values()):
                 return
-            time.sleep(0.02)
+            self._poller.poll(timeout=20)  # until an ack or an event comes in
 
     def shutdown(self, linger: int) -> None:
         held = [self._held] if self._held is not None else []

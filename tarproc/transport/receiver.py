@@ -577,6 +577,11 @@ class Receiver:
         if kind == "eof":
             if header.get("aborted"):
                 reason = header.get("reason") or "interrupted"
+                # acknowledged: the sender keeps its connection open until then, since libzmq drops
+                # what a connection closed by its peer still held unread (a consumer that fell behind)
+                to = self._connections.get((index, rid))
+                if to is not None:
+                    self._reply(index, rid, ack_message(self.id, to=to, stop=True))
                 if reason == "paused" and self.endpoints[index].kind == "pull":
                     self._pause(state, index)
                     return

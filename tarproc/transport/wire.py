@@ -537,7 +537,8 @@ def _check_position(pos: Any) -> None:
 
 
 def ack(receiver: str, *, to: tuple[str, str] | None = None, credit: int = 0, seqs: Sequence[int] = (),
-        eof: int | None = None, final: bool = False, max_frame: int | None = None, shm: bool = False) -> list[bytes]:
+        eof: int | None = None, final: bool = False, max_frame: int | None = None, shm: bool = False,
+        stop: bool = False) -> list[bytes]:
     """A receiver's one message to a sender (one frame): ``credit`` more batches it may send,
     the batch numbers (``seq``) the receiver's consumer took, the end of epoch ``eof`` it got
     (``final``: the end of the stream), and ``max_frame``, the largest frame it accepts. ``to``
@@ -552,6 +553,8 @@ def ack(receiver: str, *, to: tuple[str, str] | None = None, credit: int = 0, se
         fields["max_frame"] = max_frame
     if shm:
         fields["shm"] = True  # it maps batches in shared memory (a greeting on an ipc:// socket)
+    if stop:
+        fields["stop"] = True  # it read the sender's stop (an aborted eof): the sender may close its connection
     return [msgpack.packb({"v": VERSION, "kind": ACK, **fields}, use_bin_type=True)]
 
 
@@ -587,6 +590,8 @@ def decode_ack(frames: Sequence[Any], url: str | None = None) -> dict[str, Any]:
             _int(header["max_frame"], "frame size limit")
         if type(header.get("shm", False)) is not bool:
             raise WireError("ack: 'shm' must be true or false")
+        if type(header.get("stop", False)) is not bool:
+            raise WireError("ack: 'stop' must be true or false")
         return header  # type: ignore[no-any-return]
     except WireError as e:
         raise _message_error(e, frames, header, "receiver", url) from None

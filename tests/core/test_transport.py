@@ -1015,6 +1015,7 @@ def test_positions_and_progress_follow_the_acknowledgements(tmp_path):
         ({"seqs": [1, "2"]}, "bad batch number '2'"),
         ({"receiver": ""}, "bad receiver id"),
         ({"final": 1, "eof": 0}, "'final' must be true or false"),
+        ({"stop": 1}, "'stop' must be true or false"),
         ({"v": 1}, "wire format version 1, from an older tarproc"),
         ({"kind": "batch"}, "a 'batch' message where an ack was expected"),
     ],
