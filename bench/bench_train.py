@@ -19,6 +19,9 @@ DataLoader workers each get whole shards; every side gets the same brace URL):
 1c. Row 1 in the steady state of a long run: every side keeps its workers (threads) across epochs
    (``persistent_workers=True``; DALI's pipeline built once, its iterator reset), the Dataset on the
    re-laid shards: reported, against webdataset + tv2 and DALI's CPU pipeline.
+1d. Row 1 in the training loop's own process (``DataLoader(num_workers=0)``: one core, as a notebook or
+   a quick experiment runs it), the Dataset on the re-laid shards against webdataset + tv2 likewise:
+   reported. (Here the Dataset's batch arrays are used again once the loop lets go of them.)
 2. The same with rotation (±10°) and colour jitter (0.4, 0.4, 0.4, 0.1): ``AugmentSpec(rotate=10,
    brightness=.., contrast=.., saturation=.., hue=..)`` against ``T.RandomRotation(10)`` before the
    crop and ``T.ColorJitter(0.4, 0.4, 0.4, 0.1)`` after the flip (v1 on PIL images and v2 on
@@ -391,6 +394,17 @@ def kept_epoch(recipe: Callable[[str], Any], url: str) -> Callable[[], int]:
     return run
 
 
+def inprocess_epoch(recipe: Callable[[str], Any], url: str) -> Callable[[], int]:
+    """One epoch of a DataLoader recipe without workers: all in the loop's own process (one core)."""
+    import torch
+
+    def run() -> int:
+        loader = torch.utils.data.DataLoader(recipe(url).dataset, batch_size=None, num_workers=0)
+        return count_batches(loader, lambda b: b[0], lambda b: b[1])
+
+    return run
+
+
 def kept_dali_epoch(recipe: Callable[[list[str], list[str]], Any], url: str) -> Callable[[], int]:
     """Epochs of a DALI recipe whose pipeline (and threads) are kept: the iterator reset each epoch."""
     shards, indexes = dali_files(url)
@@ -596,10 +610,25 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
                      "epoch, as a DataLoader does by default): " + "; ".join(f"{name} {spread(t)}" for (name, _, _), t
                                                                           in zip(series, times, strict=True)))
 
+    def inprocess_versus(url: str, count: int) -> None:
+        """Row 1 without DataLoader workers (the loop's process, one core): the Dataset on re-laid
+        shards against webdataset + tv2 on the original ones. Reported."""
+        relaid, _ = make_relaid_shards(ctx, url)
+        log("train: row 1 in the loop's process (num_workers=0)")
+        series = [("Dataset re-laid", reps, inprocess_epoch(ours_basic, relaid)),
+                  ("webdataset+tv2", reps, inprocess_epoch(tv2_basic, url))]
+        times = alternate_many(series, count, "no workers")
+        got = {name: rate(count, t) for (name, _, _), t in zip(series, times, strict=True)}
+        rows.append(Row("row 1 on re-laid shards, in the loop's process (num_workers=0), img/s, 1 core",
+                        got["Dataset re-laid"], "img/s", f"{TV2}, num_workers=0", got["webdataset+tv2"], "report", "—"))
+        notes.append("no workers (the loop's process, one core): " + "; ".join(
+            f"{name} {spread(t)}" for (name, _, _), t in zip(series, times, strict=True)))
+
     versus("RandomResizedCrop 224 + flip + normalize", "crop + flip", url, n, ours_basic,
            baselines(torchvision_basic, tv2_basic, dali_basic, url, (2, 3, 2)))
     relaid_versus(url, n)
     kept_versus(url, n)
+    inprocess_versus(url, n)
     log("train: + rotation 10° + colour jitter 0.4/0.4/0.4/0.1")
     versus("same + rotate 10 + colour jitter", "rotate + jitter", url, n, ours_jitter,
            baselines(torchvision_jitter, tv2_jitter, dali_jitter, url, (2, 3, 3)))

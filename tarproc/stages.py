@@ -196,6 +196,10 @@ class ShuffleBuffer:
                 yield out
             rng.shuffle(buf)
             self.tail, self.buffer = buf[::-1], []
+            # the tail's samples are held by the tail alone: each goes once handed out (a decoded
+            # one holds its image, or its batch's array, which would live to the end of the input)
+            buf.clear()
+            out = sample = None
         while self.tail:
             yield self.tail.pop()
 

@@ -1345,10 +1345,11 @@ class Dataset:
         return out
 
     def batch_buffer(self, shape: tuple[int, ...], dtype: str) -> BatchBuffer:
-        """An array for one batch of images: overridden by the torch layer (shared memory)."""
-        import numpy as np
+        """An array for one batch of images (memory used again once the loop has let go of an
+        earlier batch: ``arrays.py``); overridden by the torch layer (shared memory, in workers)."""
+        from .arrays import ARRAYS
 
-        array = np.empty(shape, dtype)
+        array = ARRAYS.take(shape, dtype)
         return BatchBuffer(array, array)
 
     def _encoded(self, sample: Sample, epoch: int, stats: DecodeStats) -> Sample | None:

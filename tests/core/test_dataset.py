@@ -198,6 +198,36 @@ def test_batch_buffers_are_reused_only_once_the_loop_lets_go(image_shards: list[
     assert set(again) == set(reference) and all(torch.equal(again[k], reference[k]) for k in reference)
 
 
+@pytest.mark.parametrize("tensors", ["torch", "numpy"])
+def test_batch_arrays_in_the_loops_process_are_reused_only_once_let_go(image_shards: list[str], tensors: str) -> None:
+    """Without workers, batch arrays come from ``dataset.arrays.ARRAYS``: a batch (or a view, or
+    a tensor on it) kept is never written to; one let go of is written again, batch after batch --
+    through the shuffle buffer's tail too, which held every sample it handed out (and so its
+    batch's array) until the end of the epoch."""
+    from tarproc.dataset.arrays import ARRAYS
+
+    ds = Dataset(image_shards, decode=SPEC, shuffle=20, batch_size=2, to_tuple=("__key__", "jpg"), tensors=tensors)
+    ds.set_epoch(0)
+    kept, copies = [], []
+    for keys, images in ds:
+        kept.append((keys, images, images[1:], torch.as_tensor(images)[0]))
+        copies.append(images.copy() if tensors == "numpy" else images.clone())
+    for (_, images, tail, row), copy in zip(kept, copies, strict=True):
+        assert np.array_equal(images, copy) and np.array_equal(tail, copy[1:]) and np.array_equal(row, copy[0])
+    reference = {k: np.asarray(image) for (keys, *_), copy in zip(kept, copies, strict=True)
+                 for k, image in zip(keys, copy, strict=True)}
+    del kept, copies, images, tail, row
+    allocated, reused = ARRAYS.allocated, ARRAYS.reused
+    ds.set_epoch(0)
+    again = {}
+    for keys, images in ds:  # each batch let go of at the next step
+        again.update((k, np.array(image)) for k, image in zip(keys, images, strict=True))
+    del images
+    assert ARRAYS.allocated - allocated <= 3  # the loop's batch, the next one, and the short last one
+    assert ARRAYS.reused - reused >= len(all_keys(image_shards)) // 2 - 3
+    assert set(again) == set(reference) and all(np.array_equal(again[k], reference[k]) for k in reference)
+
+
 def test_two_loaders_over_one_dataset_never_write_into_a_held_batch(image_shards: list[str]) -> None:
     """Workers of two DataLoaders iterating one dataset at once have the same worker ids: their
     leases must not mix (one loader's dropped batches must not free the other's held ones)."""

@@ -121,6 +121,30 @@ def test_shuffle_whole_buffer_is_a_real_permutation():
     assert max(int(k[1:]) for k in firsts) > n // 2
 
 
+def test_shuffle_lets_go_of_what_it_handed_out():
+    """Nothing the buffer handed out stays referenced by it, in its tail (the last samples, once
+    the input ran out) too: a sample it held alive would keep its decoded image (or its batch's
+    array) to the end of the input."""
+    import weakref
+
+    class Sample:
+        pass
+
+    made: list[weakref.ref] = []
+
+    def source():  # type: ignore[no-untyped-def]
+        for _ in range(40):
+            sample = Sample()
+            made.append(weakref.ref(sample))
+            yield sample
+
+    out = shuffle(source(), 10, seed=3)
+    for handed in range(1, 41):
+        next(out)  # and dropped: the buffer's samples and at most the one it handed out last live on
+        assert sum(ref() is not None for ref in made) <= min(10, 40 - handed) + 1, handed
+    assert next(out, None) is None and all(ref() is None for ref in made)
+
+
 def test_shuffle_fills_buffer_before_first_output():
     consumed = []
 
