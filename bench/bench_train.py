@@ -19,8 +19,8 @@ DataLoader workers each get whole shards; every side gets the same brace URL):
 1c. Row 1 in the steady state of a long run: every side keeps its workers (threads) across epochs
    (``persistent_workers=True``; DALI's pipeline built once, its iterator reset), the Dataset on the
    re-laid shards: reported, against webdataset + tv2 and DALI's CPU pipeline.
-1d. Row 1 in the training loop's own process (``DataLoader(num_workers=0)``: one core, as a notebook or
-   a quick experiment runs it), the Dataset on the re-laid shards against webdataset + tv2 likewise:
+1d. Row 1 in the training loop's own process (``DataLoader(num_workers=0)``, as a notebook or a quick
+   experiment runs it), the Dataset on the re-laid shards against webdataset + tv2 likewise:
    reported. (Here the Dataset's batch arrays are used again once the loop lets go of them.)
 2. The same with rotation (±10°) and colour jitter (0.4, 0.4, 0.4, 0.1): ``AugmentSpec(rotate=10,
    brightness=.., contrast=.., saturation=.., hue=..)`` against ``T.RandomRotation(10)`` before the
@@ -619,9 +619,10 @@ def run(ctx: Context) -> tuple[list[Row], list[str]]:
                   ("webdataset+tv2", reps, inprocess_epoch(tv2_basic, url))]
         times = alternate_many(series, count, "no workers")
         got = {name: rate(count, t) for (name, _, _), t in zip(series, times, strict=True)}
-        rows.append(Row("row 1 on re-laid shards, in the loop's process (num_workers=0), img/s, 1 core",
+        rows.append(Row("row 1 on re-laid shards, in the loop's process (num_workers=0), img/s",
                         got["Dataset re-laid"], "img/s", f"{TV2}, num_workers=0", got["webdataset+tv2"], "report", "—"))
-        notes.append("no workers (the loop's process, one core): " + "; ".join(
+        notes.append("no workers (the loop's process; the Dataset decodes on one thread, torch's operations in tv2 may "
+                     "use its intra-op threads): " + "; ".join(
             f"{name} {spread(t)}" for (name, _, _), t in zip(series, times, strict=True)))
 
     versus("RandomResizedCrop 224 + flip + normalize", "crop + flip", url, n, ours_basic,

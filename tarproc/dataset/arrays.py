@@ -46,7 +46,8 @@ class ArrayPool:
 
     def __init__(self) -> None:
         self._free: dict[int, list[bytearray]] = {}
-        self._lock = threading.Lock()
+        # re-entrant: a finalizer may run inside ``_give_back`` (the collector, on an allocation there)
+        self._lock = threading.RLock()
         self.allocated = 0  # blocks made
         self.reused = 0  # arrays given a block again
 
@@ -78,7 +79,7 @@ class ArrayPool:
         """In a forked child: its copies of the free blocks would be copied again on their first
         write (let go of them), and the lock may have been held by a thread the child lacks."""
         self._free = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
 
 ARRAYS = ArrayPool()  # one per process: what a batch array of any Dataset here is taken from
