@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import weakref
 from typing import Any
@@ -42,10 +43,18 @@ class ArrayPool:
     >>> c = pool.take((2, 3), "float32")
     >>> pool.allocated, pool.reused
     (2, 1)
+    >>> other = ArrayPool()
+    >>> e = other.take((2,), "float32")
+    >>> memory = e.base.base  # the memoryview np.frombuffer took of the block
+    >>> del e
+    >>> f = other.take((2,), "float32")  # that block is still exported: not used again
+    >>> other.allocated, other.reused
+    (2, 0)
     """
 
     def __init__(self) -> None:
         self._free: dict[int, list[bytearray]] = {}
+        self._kept = 0  # bytes in _free
         # re-entrant: a finalizer may run inside ``_give_back`` (the collector, on an allocation there)
         self._lock = threading.RLock()
         self.allocated = 0  # blocks made
@@ -55,14 +64,20 @@ class ArrayPool:
         """An uninitialized writable array of ``shape`` and ``dtype``."""
         dtype = np.dtype(dtype)
         size = math.prod(shape) * dtype.itemsize
+        block = None
         with self._lock:
             free = self._free.get(size)
-            block = free.pop() if free else None
+            while free and block is None:
+                block = free.pop()
+                self._kept -= size
+                if sys.getrefcount(block) > 2:  # still exported (a memoryview of it kept): not used again
+                    block = None
+            if block is None:
+                self.allocated += 1
+            else:
+                self.reused += 1
         if block is None:
             block = bytearray(size)
-            self.allocated += 1
-        else:
-            self.reused += 1
         flat = np.frombuffer(block, dtype)  # every view of the array below refers to this one
         weakref.finalize(flat, self._give_back, block).atexit = False
         return flat.reshape(shape)
@@ -71,14 +86,14 @@ class ArrayPool:
         """A finalizer, in whichever thread dropped the last view."""
         with self._lock:
             free = self._free.setdefault(len(block), [])
-            kept = sum(len(b) for blocks in self._free.values() for b in blocks)
-            if len(free) < KEEP and kept + len(block) <= KEEP_BYTES:
+            if len(free) < KEEP and self._kept + len(block) <= KEEP_BYTES:
                 free.append(block)
+                self._kept += len(block)
 
     def forked(self) -> None:
         """In a forked child: its copies of the free blocks would be copied again on their first
         write (let go of them), and the lock may have been held by a thread the child lacks."""
-        self._free = {}
+        self._free, self._kept = {}, 0
         self._lock = threading.RLock()
 
 

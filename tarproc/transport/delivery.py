@@ -523,14 +523,18 @@ class Delivery:
         while time.monotonic() < deadline:
             try:
                 self._service()  # a receiver whose greeting is on its way is told too
-            except TransportError:
-                pass
+                serviced = True
+            except TransportError:  # (what was read is left unread: waiting on it would spin)
+                serviced = False
             for key, peer in list(self.peers.items()):
                 if key not in told and self._send(peer.index, peer.rid, message):
                     told.add(key)
             if told and told >= set(self.peers) and all(p.read_stop for p in self.peers.values()):
                 return
-            self._poller.poll(timeout=20)  # until an ack or an event comes in
+            if serviced:
+                self._poller.poll(timeout=20)  # until an ack or an event comes in
+            else:
+                time.sleep(0.02)
 
     def shutdown(self, linger: int) -> None:
         held = [self._held] if self._held is not None else []

@@ -284,7 +284,8 @@ class Sender:
                 self._thread.join()
             else:
                 self._abort.set()
-                self._thread.join(timeout=2 * self.heartbeat + 1 + self._say_wait())
+                # the socket thread's say_aborted, and after an error in it a second one (ABORT_WAIT / 2)
+                self._thread.join(timeout=2 * self.heartbeat + 1 + self._say_wait() + ABORT_WAIT / 2)
         finally:
             # closing waits (up to the send timeout) until the queued messages are delivered
             clean = not abort and self._error is None
