@@ -10,8 +10,11 @@ else: a list of batches, a tensor made with ``torch.from_numpy``, one row) still
 How it knows: each array is a view of one flat array made over a ``bytearray`` (``np.frombuffer``).
 numpy makes every view of a view refer to the flat array (its base, since the flat array does not
 own its memory and its own base is no array), and torch's ``from_numpy`` keeps the array alive, so
-the flat array dies with the last of them; a finalizer then gives its block back.
-(DataLoader workers use shared memory instead: ``pool.py``.)
+the flat array dies with the last of them; a finalizer then gives its block back. One thing it
+can't see: a batch tensor sent to another process (a ``torch.multiprocessing`` queue) is moved to
+shared memory and lets go of the array, while a ``t.numpy()`` taken before still points at the old
+memory -- clone a batch before sending it on, as for workers' batches (``pool.py``, which DataLoader
+workers use instead of this).
 """
 
 from __future__ import annotations
