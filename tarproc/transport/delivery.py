@@ -21,6 +21,7 @@ heard from); receivers that connect greet first with an ``ack`` carrying their c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket as socketlib
 import time
@@ -257,14 +258,13 @@ class Delivery:
                     self._room_poller.poll(timeout=self._room_wait)
 
     def _service(self) -> None:
-        """Read what came in (acks, monitor events), greet, probe, and send heartbeats."""
+        """Read what came in (acks, monitor events), greet, probe, and send heartbeats; then raise
+        for a first handshake's hang-up that is overdue (``Handshakes.overdue``), once what came
+        in is read (so that a caller that goes on, ``say_aborted``, waits on new input only)."""
         import zmq
         for index, monitor in enumerate(self._monitors):
             while monitor.poll(0):
                 self._connection_event(index, *monitor_event(monitor, zmq.NOBLOCK))
-            reason = self._handshakes[index].overdue(time.monotonic())
-            if reason is not None:
-                raise TransportError(reason)
         for index, sock in enumerate(self._sockets):
             while sock.poll(0):
                 frames = sock.recv_multipart(copy=False)
@@ -284,6 +284,10 @@ class Delivery:
             for index in range(len(self._sockets)):
                 self._beat(index)
         self._report()
+        for handshakes in self._handshakes:
+            reason = handshakes.overdue(now)
+            if reason is not None:
+                raise TransportError(reason)
 
     def _connection_event(self, index: int, event: int, value: int) -> None:
         handshakes = self._handshakes[index]
@@ -521,20 +525,14 @@ class Delivery:
         deadline = time.monotonic() + wait
         told: set[tuple[int, bytes]] = set()
         while time.monotonic() < deadline:
-            try:
+            with contextlib.suppress(TransportError):
                 self._service()  # a receiver whose greeting is on its way is told too
-                serviced = True
-            except TransportError:  # (what was read is left unread: waiting on it would spin)
-                serviced = False
             for key, peer in list(self.peers.items()):
                 if key not in told and self._send(peer.index, peer.rid, message):
                     told.add(key)
             if told and told >= set(self.peers) and all(p.read_stop for p in self.peers.values()):
                 return
-            if serviced:
-                self._poller.poll(timeout=20)  # until an ack or an event comes in
-            else:
-                time.sleep(0.02)
+            self._poller.poll(timeout=20)  # until an ack or an event comes in
 
     def shutdown(self, linger: int) -> None:
         held = [self._held] if self._held is not None else []

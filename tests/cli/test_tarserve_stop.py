@@ -25,16 +25,13 @@ TIMEOUT = 90
 CONSUMER = """
 import sys, time
 from tarproc.transport import Receiver
-url, log, stall = sys.argv[1], sys.argv[2], int(sys.argv[3])
+url, log = sys.argv[1], sys.argv[2]
 receiver = Receiver(url, timeout=4, wait=60)  # a pause lasts longer than the timeout: it is waited through
 with open(log, "a") as out:
-    for n, batch in enumerate(receiver, 1):
+    for batch in receiver:
         for key in batch["__key__"]:
             out.write(f"{key}\\n")
         out.flush()
-        if n == stall:  # the scenario: a consumer that falls behind (a busy machine) just as tarserve stops
-            open(log + ".stalled", "w").close()
-            time.sleep(3)
         time.sleep(0.01)
     out.write("END\\n")
 """
@@ -63,22 +60,16 @@ def shards(cli, tmp_path: Path, count: int, per_shard: int) -> tuple[list[Path],
     return paths, keys
 
 
-@pytest.mark.parametrize(("senders", "how", "stall"), [(1, "SIGTERM", 0), (1, "Ctrl-C", 0), (2, "SIGTERM", 0),
-                                                    (2, "Ctrl-C", 0), (2, "SIGTERM", 30)])
-def test_a_polite_stop_with_a_checkpoint_is_a_pause(cli, tmp_path, senders, how, stall) -> None:  # type: ignore[no-untyped-def]
-    """``stall``: the consumer stops reading after that many batches, and tarserve is stopped then.
-    Its receiver's queues are full, so ZMQ leaves the pause in the socket; a sender that closed its
-    connection there (before the receiver acknowledged the pause) had it dropped unread: the
-    receiver took it for dead."""
+@pytest.mark.parametrize(("senders", "how"), [(1, "SIGTERM"), (1, "Ctrl-C"), (2, "SIGTERM"), (2, "Ctrl-C")])
+def test_a_polite_stop_with_a_checkpoint_is_a_pause(cli, tmp_path, senders, how) -> None:  # type: ignore[no-untyped-def]
     paths, keys = shards(cli, tmp_path, 2, 1500)
     feed = f"ipc://{tmp_path}/feed"
     log = tmp_path / "taken"
-    consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, f"zpull+{feed}", str(log), str(stall)],
-                                stderr=subprocess.PIPE)
+    consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, f"zpull+{feed}", str(log)], stderr=subprocess.PIPE)
     args = ("--raw", *paths, "--to", f"zpush+{feed}", "-b", 10, "-q", "--stats", "--checkpoint",
             tmp_path / "feed.ckpt", "--shuffle", 50, "-p", senders)
     sender = tarserve(*args, group=True)
-    wait_for(lambda: (tmp_path / "taken.stalled").exists() if stall else len(lines(log)) >= 300)
+    wait_for(lambda: len(lines(log)) >= 300)
     if how == "SIGTERM":  # a kill, a pod stop: the parent process only
         sender.send_signal(signal.SIGTERM)
     else:  # Ctrl-C: the terminal signals the whole process group

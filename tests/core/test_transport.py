@@ -1205,3 +1205,67 @@ def test_a_bound_sender_trusts_no_peer_beyond_its_hwm(tmp_path):
         sock.close(0)
     context.term()
     assert len(got) >= 10 and len(set(got)) == len(got)
+
+
+def test_a_pausing_sender_waits_until_a_receiver_that_fell_behind_has_read_the_pause(tmp_path, monkeypatch):
+    """A receiver whose consumer stopped reading has a full queue (its high-water mark), so libzmq
+    stops reading that connection and drops what is still in it when the sender closes it: a
+    pause sent then, by a sender that did not wait for the receiver to acknowledge it, was lost,
+    and the receiver took the paused sender for dead."""
+    from tarproc.transport.delivery import Delivery
+
+    told, waiting = threading.Event(), threading.Event()
+    send, service = Delivery._send, Delivery._service
+
+    def spy_send(self, index, rid, frames, copy=True):
+        sent = send(self, index, rid, frames, copy)
+        if sent and b"paused" in bytes(frames[0]):
+            told.set()
+        return sent
+
+    def spy_service(self):
+        if told.is_set():
+            waiting.set()  # still here after telling the receiver: waiting for it to have read it
+        service(self)
+
+    beats = []
+    beat = Delivery._beat
+
+    def spy_beat(self, index):
+        beats.append(index)
+        beat(self, index)
+
+    monkeypatch.setattr(Delivery, "_send", spy_send)
+    monkeypatch.setattr(Delivery, "_service", spy_service)
+    monkeypatch.setattr(Delivery, "_beat", spy_beat)
+
+    class Paused(Exception):
+        pass
+
+    said = []
+
+    def warn(message):
+        said.append(message)
+        if "paused" in message:
+            raise Paused
+
+    def stop_politely():
+        with contextlib.suppress(KeyboardInterrupt), Sender(f"zpush+{ipc(tmp_path)}", heartbeat=0.05,
+                                                            resumable=True) as sender:
+            for i in range(6):
+                sender.send([f"k{i}"], {"x": np.full((1, 3), i)}, epoch=0)
+            wait_for(lambda: sender.stats.batches >= 4)  # all its credit: the receiver's queue holds 3 of them
+            after = len(beats)
+            wait_for(lambda: len(beats) >= after + 2)  # and heartbeats: its high-water mark (4) is reached
+            raise KeyboardInterrupt  # a polite stop of a resumable stream: a pause
+
+    with Receiver(f"zpull+{ipc(tmp_path)}", timeout=5, warn=warn) as receiver:
+        thread = in_thread(stop_politely)
+        events = receiver.events()
+        taken = [next(events)]  # and then the consumer falls behind
+        wait_for(lambda: waiting.is_set() or not thread.is_alive())  # the sender waits, or it is gone
+        with pytest.raises(Paused):
+            for event in events:
+                taken.append(event)
+    thread.join()
+    assert told.is_set() and len(taken) == 4 and not any("hung up" in s for s in said), said
