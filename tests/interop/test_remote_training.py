@@ -96,8 +96,8 @@ def test_relaid_shards_over_s3_through_the_cache_on_two_ranks_give_the_originals
     real process), on S3 with index files, read through the shard cache by 2 ranks x 2 DataLoader
     workers with random crops: every sample once, equal steps, and each image the pixels the local
     originals give that sample; a rank resumed mid-epoch goes on exactly as it would have, and a
-    resume on another layout (1 rank, 1 worker) hands out every remaining sample once, each with
-    the originals' pixels."""
+    resume on another layout (1 rank, 1 worker; 1 rank in the loop's process) hands out every
+    remaining sample once, each with the originals' pixels."""
     pytest.importorskip("torch")
     from tarhelpers import encode_image, photo
 
@@ -165,3 +165,10 @@ def test_relaid_shards_over_s3_through_the_cache_on_two_ranks_give_the_originals
     handed = {k for r in runs.values() for k in r[0][0]}  # step 1 of both ranks
     assert sorted(k for k, _ in left) == sorted(set(pixels) - handed)
     assert all(np.array_equal(image, pixels[k]) for k, image in left)
+    # and in the loop's own process (no workers: batch arrays used again once let go of), every
+    # batch kept as it came: the same samples and pixels, none written over by a later batch
+    here = loader(remote, 0, world=1, workers=0, network=network)
+    here.load_state_dict(state)
+    kept = [(list(keys), images) for keys, images, _ in here]
+    assert sorted(k for keys, _ in kept for k in keys) == sorted(set(pixels) - handed)
+    assert all(np.array_equal(image.numpy(), pixels[k]) for keys, images in kept for k, image in zip(keys, images, strict=True))
