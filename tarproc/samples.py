@@ -263,10 +263,10 @@ def read_samples(
         views: for samples written out at once (``tarcat``, ``tarsplit``): values of 64 KiB or
             more may be read-only memoryviews of what was read, not bytes (see
             ``iter_keyed_members``).
-        refs: with ``views`` (the same commands): from a plain local file, such values that were
-            not in what was read come as ``tar.FileRange``, data left in the file for
-            ``TarWriter`` to have the kernel copy. Write each sample before asking for the next:
-            a range is valid only while its shard is open.
+        refs: from a plain local file, values of 64 KiB or more that were not in what was read
+            come as ``tar.FileRange``: data left in the file, for ``TarWriter`` to have the kernel
+            copy (``tarcat``, ``tarsplit``, with ``views``) or a decoder to read when it needs it
+            (the ``Dataset``'s shuffle buffer). A range holds its shard open while it is held.
         network: how remote shards are read (retries, read-ahead, the shard cache; default
             ``sources.settings()``): with read-ahead, the next remote shards are opened and read
             ahead while one is read.
@@ -326,14 +326,15 @@ def _read_shards(
 
 def read_samples_from(
     url: str, offset: int, *, policy: ReadPolicy = ReadPolicy(), network: Network | None = None,
-    prefetcher: Prefetcher | None = None, end: int | None = None, **old: Any,
+    prefetcher: Prefetcher | None = None, end: int | None = None, refs: bool = False, **old: Any,
 ) -> Iterator[Sample]:
     """The samples of one shard from the member header at byte ``offset`` on (an index gives it):
     a local file or a URL whose store takes range requests, read from there, not from the start.
     Errors name the byte in the shard, as ``read_samples``'s do. ``policy`` as for
     ``read_samples`` (its ``on_error`` is the caller's to apply; ``dup=`` and
     ``max_member_size=`` given directly still work, deprecated). ``network``, ``prefetcher`` and
-    ``end`` (where the caller expects to stop) as for ``open_source``.
+    ``end`` (where the caller expects to stop) as for ``open_source``; ``refs`` as for
+    ``read_samples``.
     """
     from .errors import TarFormatError
     from .sources import open_source
@@ -342,7 +343,7 @@ def read_samples_from(
     stats = ReadStats()
     with open_source(url, offset=offset, network=network, prefetcher=prefetcher, end=end) as stream:
         # the reader counts from where it started: the members' offsets, and its errors', are moved by offset
-        members = iter_keyed_members(stream, url, policy=policy, stats=stats)
+        members = iter_keyed_members(stream, url, policy=policy, stats=stats, refs=refs)
         placed = ((key, field, data, at + offset) for key, field, data, at in members)
         try:
             yield from _group(placed, url, policy.dup, stats, warner(None, DataWarning))

@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import random
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -59,7 +60,8 @@ from ..sources import (
 from ..sources.prefetch import DEPTH, Budget
 from ..sources.remote import Identity, identify, mark_reached
 from ..stages import ShuffleBuffer, shuffle
-from ..tar import ReadPolicy
+from ..tar import FileRange, ReadPolicy
+from ..tar.ranges import HeldFile
 from .counts import manifest_digests, shard_counts, stale_index
 from .fields import (
     BatchBuffer,
@@ -107,6 +109,8 @@ DEFAULT_PART_SIZE = 256  # samples: shuffled shards are read in parts this long,
 DEFAULT_INTERLEAVE = 64  # parts each reader reads at once, a few samples of each in turn (split.interleave)
 _GAP = 64  # samples: a longer gap in what a reader wants of a shard is skipped by starting a new read past it
 _PASS_STRIDE = 1_000_000  # repeat=True: pass p of nominal epoch e draws its randomness as epoch e * stride + p
+HELD_FILES = 256  # shards a reader holds open for the images its shuffle buffer left in them; past it, it reads them
+_READ_BUFFER = threading.local()  # .data: a bytearray an image left in its shard is read into, used again
 
 
 class Position(NamedTuple):
@@ -1172,13 +1176,14 @@ class Dataset:
         self._reading = part.url
         offset = self._offset(part.url, part.first) if part.first else None
         end = self._end_byte(part)
+        refs = self._leaves_images and HeldFile.count < HELD_FILES
         samples: Iterator[Sample]
         if offset is not None or end is not None:  # an index is at hand: from the part's first sample to its last
             samples = read_samples_from(part.url, offset or 0, policy=self._reading_policy,
-                                        network=self.network, prefetcher=ahead, end=end)
+                                        network=self.network, prefetcher=ahead, end=end, refs=refs)
         else:
             samples = read_samples(part.url, policy=self._reading_policy,
-                                   network=self.network, prefetcher=ahead)
+                                   network=self.network, prefetcher=ahead, refs=refs)
         start = part.first if offset is not None else 0
         for next_part in following:
             if is_fsspec_url(next_part.url):  # opened while this part is read
@@ -1285,9 +1290,20 @@ class Dataset:
                    self._on_bad_sample, stats, self._warn_skipped)
             return None
 
+    @property
+    def _leaves_images(self) -> bool:
+        """Whether images in local shards are left there until their batch is made (``FileRange``
+        in the shuffle buffer, not bytes): where this process decodes them on the CPU into the
+        batch (``_decode_into_batch``) and no ``map`` needs to see them."""
+        return (self.spec is not None and self.spec.size is not None and self.device == "cpu" and self.map is None
+                and not self.decodes_in_main)
+
     def _rows(self, chunk: list[Sample], decoder: Any, epoch: int) -> list[Any]:
         """Map, decode, handle and select one batch's samples; bad ones fail or are skipped (counted)."""
         stats = DecodeStats()
+        if self._leaves_images:
+            for sample in chunk:
+                _read_ranges(sample, self.image_fields)
         if self.map is not None:
             chunk = [m for m in (self._mapped(s, stats) for s in chunk) if m is not None]
         skip_fields: frozenset[str] = frozenset()
@@ -1335,7 +1351,9 @@ class Dataset:
             try:
                 if name is None:
                     raise ImageError(f"no image field ({';'.join(self.image_fields)})")
-                decode_into(bytes(sample[name]), spec, plan_key(str(sample["__key__"]), epoch), buffer.array[len(out)])
+                data = sample[name]
+                data = _read_range(data) if type(data) is FileRange else bytes(data)
+                decode_into(data, spec, plan_key(str(sample["__key__"]), epoch), buffer.array[len(out)])
             except ImageError as e:
                 reject(DecodeError(str(e), sample.get("__url__"), sample.get("__key__"), name), self._on_bad_sample,
                        stats, self._warn_skipped)
@@ -1378,6 +1396,23 @@ class Dataset:
         finally:
             self._tally.add(decoded=stats.decoded, skipped=stats.skipped)
             self._backend = self._main_decoder.name
+
+
+def _read_ranges(sample: Sample, image_fields: Sequence[str]) -> None:
+    """Read the data a sample left in its shard (``FileRange``), all but the image its batch decodes
+    (``_read_range``, then): what comes out of the Dataset is bytes."""
+    image = next((name for name in image_fields if name in sample), None)
+    for name, value in list(sample.items()):
+        if type(value) is FileRange and name != image:
+            sample[name] = value.read()
+
+
+def _read_range(data: FileRange) -> memoryview:
+    """An image left in its shard, read into this thread's buffer (valid until the next read)."""
+    buffer = getattr(_READ_BUFFER, "data", None)
+    if buffer is None or len(buffer) < data.size:
+        buffer = _READ_BUFFER.data = bytearray(max(data.size, 1 << 20))
+    return data.read_into(buffer)
 
 
 class _Encoded(NamedTuple):

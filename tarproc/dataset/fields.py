@@ -407,16 +407,24 @@ def _is_cpu_tensor(value: Any) -> bool:
 
 
 def collate(rows: list[Any]) -> Any:
-    """A batch from rows: tuples column by column (a tuple), dicts field by field (a dict).
+    """A batch from rows: tuples column by column (a tuple), dicts field by field (a dict: every
+    field any row has, None for the rows without it).
 
     >>> collate([{"cls": 1, "__key__": "a"}, {"cls": 2, "__key__": "b"}])["cls"].tolist()
     [1, 2]
+    >>> collate([{"__key__": "a"}, {"__key__": "b", "txt": "x"}])["txt"]
+    [None, 'x']
     """
     first = rows[0]
     if isinstance(first, tuple):
         return tuple(collate_column([r[i] for r in rows]) for i in range(len(first)))
-    keys = [k for k in first if k != "__url__"]
-    return {k: collate_column([r.get(k) for r in rows]) if k != "__key__" else [r[k] for r in rows] for k in keys}
+    return {k: collate_column([r.get(k) for r in rows]) if k != "__key__" else [r[k] for r in rows]
+            for k in _fields(rows)}
+
+
+def _fields(rows: list[dict[str, Any]]) -> list[str]:
+    """The fields of dict rows, each once, as they first come (``__url__`` left out)."""
+    return [k for k in dict.fromkeys(k for r in rows for k in r) if k != "__url__"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -471,7 +479,7 @@ def pad_collate(rows: list[Any]) -> Any:
     if isinstance(first, tuple):
         return tuple(_pad_column([r[i] for r in rows], str(i))[0] for i in range(len(first)))
     out: dict[str, Any] = {}
-    for k in (k for k in first if k != "__url__"):
+    for k in _fields(rows):
         if k == "__key__":
             out[k] = [r[k] for r in rows]
             continue

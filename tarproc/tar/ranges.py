@@ -21,13 +21,14 @@ SKIP_CHUNK = 4 << 10  # read size when data is skipped: a header, and the small 
 
 class FileRange:
     """Member data left where it is in a plain local file, not read (the reader's ``refs``): ``size``
-    bytes at ``offset`` of ``file``, an open ``io.FileIO``. ``len`` is the size. A writer copies it
-    file to file in the kernel (``Sink.write_range``: ``os.sendfile``) or, where it must see the
-    bytes (compression, sha256), reads it (``read``).
+    bytes at ``offset`` of ``file`` (an open ``io.FileIO``, or the reader's ``HeldFile``). ``len`` is
+    the size. A writer copies it file to file in the kernel (``Sink.write_range``: ``os.sendfile``);
+    what must see the bytes (compression, sha256, a decoder) reads them (``read``, ``read_into``).
 
-    It is valid while the file is open: the samples of ``read_samples(refs=True)`` must be written
-    out as they come, each before the next is asked for (``tarcat``, ``tarsplit``). Once the file is
-    closed, ``fileno`` and ``read`` raise ``ValueError`` -- never another file's bytes."""
+    The reader's ranges hold their file open (``HeldFile``): a range is valid for as long as it is
+    held, after its stream is closed too (in a shuffle buffer), and reads the file it came from even
+    if another file has taken its name since. A range on a file that gets closed raises
+    ``ValueError`` -- never another file's bytes."""
 
     __slots__ = ("file", "offset", "size", "url")
 
@@ -56,6 +57,18 @@ class FileRange:
             raise self.shrank(self.offset + len(data))
         return data
 
+    def read_into(self, buffer: bytearray) -> memoryview:
+        """The bytes read into ``buffer`` (at least ``size`` long; used again by the caller): a view
+        of its first ``size`` bytes. A file that no longer holds them all is a ``SourceError``."""
+        view = memoryview(buffer)[: self.size]
+        fd, got = self.fileno(), 0
+        while got < self.size:
+            n = os.preadv(fd, [view[got : got + PIECE]], self.offset + got)
+            if not n:
+                raise self.shrank(self.offset + got)
+            got += n
+        return view
+
     def read_available(self) -> bytes:
         """The bytes, fewer where the file now ends before their end."""
         fd, parts, at, end = self.fileno(), [], self.offset, self.offset + self.size
@@ -68,10 +81,37 @@ class FileRange:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def shrank(self, at: int) -> SourceError:
-        """The error for a file that ends at ``at``, before the end of this data: it was cut while read."""
-        return SourceError(f"the file ends at byte {at}, inside member data that was there when it was read "
-                           f"(expected {self.size} bytes at byte {self.offset}); was it changed while being read?",
-                           self.url)
+        """The error for a file whose reads stopped at ``at``, before the end of this data: it was cut
+        since (the error says where it ends now, which may be before the data's start)."""
+        try:
+            at = min(at, os.fstat(self.fileno()).st_size)
+        except (OSError, ValueError):
+            pass
+        return SourceError(f"the file ends at byte {at}, short of member data that was there when it was read "
+                           f"({self.size} bytes at byte {self.offset}); was it changed while being read?", self.url)
+
+
+class HeldFile:
+    """The reader's own handle on a local file, shared by the ``FileRange``\ s of one stream: a
+    duplicate of the stream's descriptor, closed when the last range on it is gone (not with the
+    stream). ``HeldFile.count``: how many are open in this process (a reader that keeps many
+    ranges, as a shuffle buffer does, reads the data instead past a limit: each is a descriptor)."""
+
+    __slots__ = ("fd",)
+    count = 0
+
+    def __init__(self, fd: int) -> None:
+        self.fd = os.dup(fd)
+        HeldFile.count += 1
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def __del__(self) -> None:
+        fd = getattr(self, "fd", None)  # None: os.dup failed
+        if fd is not None:
+            HeldFile.count -= 1
+            os.close(fd)
 
 
 MemberData = bytes | bytearray | memoryview | FileRange  # what the writer writes as a member's data
@@ -84,14 +124,29 @@ def file_origin(stream: Any) -> tuple[Any, int] | None:
     return where() if where is not None else None  # type: ignore[no-any-return]
 
 
-def range_maker(stream: Any, url: str | None) -> Callable[[int, int], FileRange] | None:
+def range_maker(stream: Any, url: str | None) -> Callable[[int, int], FileRange | bytes] | None:
     """For ``refs``: a function making the ``FileRange`` of (stream offset, size) where the stream
-    is a plain local file that can be skipped in (``file_origin``), else None."""
+    is a plain local file that can be skipped in (``file_origin``), else None. The ranges share a
+    ``HeldFile``, made on the first of them: they stay valid as long as they are held. Where no
+    descriptor is to be had for it, the data is read instead (``fetcher``)."""
     found = file_origin(stream)
     if found is None:
         return None
     file, origin = found
-    return lambda offset, size: FileRange(file, origin + offset, size, url)
+    held: list[Any] = []
+
+    def make(offset: int, size: int) -> FileRange | bytes:
+        if not held:
+            try:
+                held.append(HeldFile(file.fileno()))
+            except OSError:  # no descriptor to spare (EMFILE): the data is read, as without refs
+                held.append(fetcher(stream, url))
+        if type(held[0]) is HeldFile:
+            return FileRange(held[0], origin + offset, size, url)
+        data = held[0](offset, size)
+        return data.read() if type(data) is FileRange else data  # type: ignore[no-any-return]
+
+    return make
 
 
 def fetcher(stream: Any, url: str | None) -> Callable[[int, int], bytes | FileRange] | None:

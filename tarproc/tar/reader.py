@@ -156,12 +156,12 @@ def iter_keyed_members(
             (the bytes it shows are never reused or changed), but it keeps the whole read (about
             512 KiB) in memory with it: copy (``bytes(data)``) what you keep for long, such as
             samples in a shuffle buffer.
-        refs: with ``views``, for data written out at once, each member before the next is asked
-            for: where the stream is a plain local file, the data of a member of 64 KiB or more
+        refs: where the stream is a plain local file, the data of a member of 64 KiB or more
             that isn't in what was read is not read at all but comes as a ``FileRange`` (file,
             offset, size), which ``TarWriter`` has the kernel copy to its destination
-            (``os.sendfile``). A range is valid only while the stream is open. Every check on the
-            tar's structure is made as when the data is read.
+            (``os.sendfile``) and a decoder reads when it needs the bytes (``FileRange.read_into``).
+            A range holds the file open for as long as it is held. Every check on the tar's
+            structure is made as when the data is read.
     """
     policy = policy_with_keywords(policy, old, TAR_FIELDS, "iter_keyed_members")
     return _read_members(stream, url, max_member_size=policy.max_member_size, stats=stats, keyed=True,
@@ -377,6 +377,8 @@ class _Reader:
                         else fetcher(self.stream, self.url))
         self.fetch = self.ref is not None and not self.skip_data and not self.refs
         self.ref_size = 0 if self.ref is None else _VIEW
+        if self.refs and self.ref is not None:
+            self.chunk = SKIP_CHUNK  # the first read small too: the first big members are left in the file as well
         stats = self.stats
         while True:
             if len(self.buf) - self.pos < BLOCK:
@@ -423,7 +425,8 @@ class _Reader:
         """Read more, as less than a header is buffered; False where the stream ends properly there
         (after skipped end-of-archive blocks), else a ``TarFormatError`` for where it ends."""
         more = self.read(self.chunk)
-        self.chunk = _CHUNK
+        if len(more) >= self.chunk:  # a small read that came short (a stream's sniffed first bytes) stays small
+            self.chunk = _CHUNK
         buf, pos, base, url = self.buf, self.pos, self.base, self.url
         if not more:
             if len(buf) == pos:

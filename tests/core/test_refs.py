@@ -152,16 +152,50 @@ def test_ranges_only_from_plain_local_files(kit, tmp_path):
         assert FileRange not in kinds
 
 
-def test_a_range_outside_its_open_file_is_refused(kit, tmp_path):
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_range_holds_its_file_until_it_is_let_go_of(kit, tmp_path):
+    """A range stays valid after its stream is closed (a shuffle buffer keeps it) and reads the
+    file it came from, even once another file has its name; the file closes with the last range."""
+    path = tmp_path / "a.tar"
+    original = _archives(kit)["big-members"]
+    path.write_bytes(original)
+    before = _open_fds()
+    with open_source(str(path)) as stream:
+        ranges = [d for _, _, d, _ in iter_keyed_members(stream, str(path), refs=True) if type(d) is FileRange]
+    assert len(ranges) > 1 and len({id(r.file) for r in ranges}) == 1  # one descriptor for the stream's ranges
+    assert _open_fds() == before + 1
+    replaced = tmp_path / "new.tar"
+    replaced.write_bytes(b"\0" * len(original))
+    os.replace(replaced, path)  # what a rewrite of the shard does
+    for r in ranges:
+        assert r.read() == original[r.offset : r.offset + r.size]
+        assert bytes(r.read_into(bytearray(r.size + 7))) == original[r.offset : r.offset + r.size]
+    del r, ranges
+    assert _open_fds() == before
+
+
+def test_a_range_on_a_closed_file_is_refused(tmp_path):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"x" * 100)
+    with open(path, "rb", buffering=0) as f:
+        r = FileRange(f, 10, 20, str(path))
+    with pytest.raises(ValueError):
+        r.read()
+    with pytest.raises(ValueError):
+        r.fileno()
+
+
+def test_reading_a_range_into_a_buffer_of_a_file_cut_since_is_an_error_naming_it(kit, tmp_path):
     path = tmp_path / "a.tar"
     path.write_bytes(_archives(kit)["big-members"])
     with open_source(str(path)) as stream:
-        ranges = [d for _, _, d, _ in iter_keyed_members(stream, str(path), views=True, refs=True)
-                  if type(d) is FileRange]
-    with pytest.raises(ValueError):
-        ranges[0].read()
-    with pytest.raises(ValueError):
-        ranges[0].fileno()
+        ranges = [d for _, _, d, _ in iter_keyed_members(stream, str(path), refs=True) if type(d) is FileRange]
+    os.truncate(path, ranges[-1].offset + 10)
+    with pytest.raises(SourceError, match=rf"a\.tar: the file ends at byte {ranges[-1].offset + 10}, short of member data"):
+        ranges[-1].read_into(bytearray(ranges[-1].size))
 
 
 def _write_all(sink_or_stream, path):
@@ -232,7 +266,7 @@ def test_a_file_cut_after_it_was_read_is_an_error_naming_it(kit, tmp_path):
     path = tmp_path / "a.tar"
     path.write_bytes(_archives(kit)["big-members"])
     out = tmp_path / "out.tar"
-    with pytest.raises(SourceError, match=r"a\.tar: the file ends at byte \d+, inside member data"):
+    with pytest.raises(SourceError, match=r"a\.tar: the file ends at byte \d+, short of member data"):
         with open_sink(str(out)) as sink, open_source(str(path)) as stream:
             for _, _, data, _ in iter_keyed_members(stream, str(path), views=True, refs=True):
                 if type(data) is FileRange:

@@ -1,0 +1,171 @@
+"""Images that wait in the shuffle buffer as ranges of their local shard (``FileRange``), read when
+their batch is made: the same pixels as images read at once, a fraction of the memory, and every
+promise kept when the shard changes under the reader, across workers and a resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tarhelpers import encode_image, write_tar
+
+import tarproc.dataset.core as core
+from tarproc.dataset import Dataset
+from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec
+from tarproc.errors import SourceError
+from tarproc.tar.ranges import HeldFile
+
+torch = pytest.importorskip("torch")
+
+SPEC = AugmentSpec(size=24, random_crop=True, flip=0.5, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout="CHW")
+BIG = 1 << 16  # the reader leaves data this big in a local file (tar.reader._VIEW)
+
+
+def noisy_jpeg(i: int) -> bytes:
+    """A 320x240 JPEG of noise, ~90 KB: over BIG, as a photo of a training set is."""
+    rng = np.random.default_rng(i)
+    data = encode_image(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8), quality=95)
+    assert len(data) > BIG
+    return data
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """Every shard's bytes by name: 5 shards of 8 samples, each a big JPEG, a label, and on every
+    third sample a big field that is not an image."""
+    out, n = {}, 0
+    directory = tmp_path_factory.mktemp("made")
+    for s in range(5):
+        samples = []
+        for _ in range(8):
+            sample: dict[str, object] = {"__key__": f"s{s}/k{n:03d}", "jpg": noisy_jpeg(n), "cls": n % 7}
+            if n % 3 == 0:
+                sample["bin"] = bytes([n]) * (BIG + 100)
+            samples.append(sample)
+            n += 1
+        path = write_tar(directory / f"shard-{s}.tar", samples)
+        out[path.name] = path.read_bytes()
+    return out
+
+
+def shards(directory: Path, originals: dict[str, bytes]) -> list[str]:
+    directory.mkdir(exist_ok=True)
+    for name, data in originals.items():
+        (directory / name).write_bytes(data)
+    return [str(directory / name) for name in sorted(originals)]
+
+
+def dataset(paths: list[str], **kw: object) -> Dataset:
+    kw.setdefault("to_tuple", ("__key__", "jpg", "cls"))
+    return Dataset(paths, decode=SPEC, shuffle=100, seed=3, batch_size=4, tensors="numpy", **kw)  # type: ignore[arg-type]
+
+
+def by_key(batches: object) -> dict[str, np.ndarray]:
+    return {k: np.array(image) for keys, images, _ in batches for k, image in zip(keys, images, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, originals: dict[str, bytes]) -> dict[str, np.ndarray]:
+    """Epoch 0's images with every image read at once (no shard held: the limit at 0)."""
+    paths = shards(tmp_path_factory.mktemp("reference"), originals)
+    held = core.HELD_FILES
+    core.HELD_FILES = 0
+    try:
+        return by_key(dataset(paths))
+    finally:
+        core.HELD_FILES = held
+
+
+def test_images_wait_as_ranges_the_same_pixels_in_a_fraction_of_the_memory(
+        tmp_path: Path, originals: dict[str, bytes], reference: dict[str, np.ndarray]) -> None:
+    paths = shards(tmp_path, originals)
+    images = sum(len(data) for data in originals.values())  # the image bytes, about: the shards
+    held = HeldFile.count
+    ds = dataset(paths, to_tuple=None)
+    got, bins = {}, 0
+    tracemalloc.start()
+    try:
+        for batch in ds:
+            got.update(zip(batch["__key__"], batch["jpg"], strict=True))
+            for k, b in zip(batch["__key__"], batch.get("bin", [None] * len(batch["__key__"])), strict=True):
+                if b is None:  # the sample has no bin
+                    continue
+                assert type(b) is bytes and b == bytes([int(k[-3:])]) * (BIG + 100)  # read for the loop
+                bins += 1
+            del batch
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # read at once, the shuffle buffer (100 > the 40 samples) would hold every image at its peak
+    assert peak < images / 3, (peak, images)
+    assert _same(got, reference) and bins == 14
+    assert HeldFile.count == held  # every shard let go of with the epoch's last image
+
+
+def test_a_shard_rewritten_under_the_reader_still_gives_the_images_it_had(
+        tmp_path: Path, originals: dict[str, bytes], reference: dict[str, np.ndarray]) -> None:
+    """A rewrite (a new file renamed over the shard, as every tool here writes) after the shuffle
+    buffer has taken the shard's samples: the images still come from the file they were in."""
+    paths = shards(tmp_path, originals)
+    it = iter(dataset(paths))
+    first = [next(it)]
+    for path in paths:
+        new = Path(path + ".new")
+        new.write_bytes(b"\0" * os.path.getsize(path))
+        os.replace(new, path)
+    assert _same(by_key(first + list(it)), reference)
+
+
+def _same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> bool:
+    return set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_a_shard_cut_under_the_reader_is_an_error_naming_it(tmp_path: Path, originals: dict[str, bytes]) -> None:
+    """The same shard cut in place instead: not a short image nor another's bytes -- the error
+    names the shard and where it now ends."""
+    paths = shards(tmp_path, originals)
+    it = iter(dataset(paths))
+    next(it)
+    for path in paths:
+        os.truncate(path, 1000)
+    with pytest.raises(SourceError, match=r"shard-\d\.tar: the file ends at byte 1000, short of member data"):
+        list(it)
+
+
+def test_past_the_limit_of_shards_held_the_images_are_read(
+        tmp_path: Path, originals: dict[str, bytes], reference: dict[str, np.ndarray],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each shard held is a descriptor: past ``HELD_FILES`` a reader reads the images at once."""
+    monkeypatch.setattr(core, "HELD_FILES", HeldFile.count + 2)
+    paths = shards(tmp_path, originals)
+    most, got = 0, {}
+    for keys, images, _ in dataset(paths):
+        most = max(most, HeldFile.count)
+        got.update(zip(keys, images, strict=True))
+    assert most == core.HELD_FILES and _same(got, reference)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resumed_with_workers_every_image_once_with_its_pixels(
+        tmp_path: Path, originals: dict[str, bytes], reference: dict[str, np.ndarray], workers: int) -> None:
+    """Ranges in the workers' shuffle buffers, a state taken mid-epoch, a new loader: the rest of
+    the epoch once, each image as an uninterrupted epoch gives it."""
+    paths = shards(tmp_path, originals)
+    loader = dataset(paths).loader(num_workers=workers)
+    loader.dataset.set_epoch(0)
+    first = []
+    for i, batch in enumerate(loader):
+        first.append(batch)
+        if i == 3:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = dataset(paths).loader(num_workers=workers)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    keys = [k for keys, _, _ in first + rest for k in keys]
+    assert sorted(keys) == sorted(reference)
+    assert _same(by_key(first + rest), reference)
