@@ -97,12 +97,18 @@ def test_relaid_shards_over_s3_through_the_cache_on_two_ranks_give_the_originals
     workers with random crops: every sample once, equal steps, and each image the pixels the local
     originals give that sample; a rank resumed mid-epoch goes on exactly as it would have, and a
     resume on another layout (1 rank, 1 worker; 1 rank in the loop's process) hands out every
-    remaining sample once, each with the originals' pixels."""
+    remaining sample once, each with the originals' pixels. The cached copies are local files:
+    their images wait in the shuffle buffers as ranges (``FileRange``), here for every image (the
+    reader's threshold lowered from 64 KiB to 1 KiB, in the workers too, forked after)."""
     pytest.importorskip("torch")
     from tarhelpers import encode_image, photo
 
+    import tarproc.tar.reader
     from tarproc.decode import AugmentSpec
     from tarproc.decode import cpu as cpu_backend
+    from tarproc.tar.ranges import HeldFile
+
+    monkeypatch.setattr(tarproc.tar.reader, "_VIEW", 1024)
 
     if cpu_backend._jpeg is None:
         pytest.skip("tarproc._jpeg is not built: no crop decoder for restart markers")
@@ -169,6 +175,11 @@ def test_relaid_shards_over_s3_through_the_cache_on_two_ranks_give_the_originals
     # batch kept as it came: the same samples and pixels, none written over by a later batch
     here = loader(remote, 0, world=1, workers=0, network=network)
     here.load_state_dict(state)
-    kept = [(list(keys), images) for keys, images, _ in here]
+    held, kept = HeldFile.count, []
+    most = held
+    for keys, images, _ in here:
+        kept.append((list(keys), images))
+        most = max(most, HeldFile.count)
+    assert most > held == HeldFile.count  # the cached copies held for their images' ranges, let go of at the end
     assert sorted(k for keys, _ in kept for k in keys) == sorted(set(pixels) - handed)
     assert all(np.array_equal(image.numpy(), pixels[k]) for keys, images in kept for k, image in zip(keys, images, strict=True))
