@@ -182,8 +182,23 @@ static int read_floats(PyObject *obj, Py_ssize_t n, float *to, const char *func,
 
 /* The checks that resample and warp share: the output's size, mode, buffer and alignment, and the
    lookup tables of the float32 modes (copied into `table`: any buffer will do, aligned or not). */
+/* Whether a float32 mode's tables are each channel's (level - sub) * mul in float arithmetic, for
+   the (sub, mul) pairs that follow them in the tables buffer (768 + 6 floats, as
+   tarproc.decode.cpu.c_tables gives them): then a row can be computed, not looked up, with the very
+   same floats. Checked entry by entry: anything else is looked up. */
+static int tables_affine(const float *table, const float *pairs)
+{
+    for (int c = 0; c < 3; c++)
+        for (int v = 0; v < 256; v++) {
+            float d = (float)v - pairs[2 * c], r = d * pairs[2 * c + 1];
+            if (memcmp(&r, &table[256 * c + v], sizeof r) != 0)
+                return 0;
+        }
+    return 1;
+}
+
 static int output_ok(const char *func, int out_w, int out_h, int mode, const Py_buffer *out, const Py_buffer *tables,
-                     float *table)
+                     float *table, const float **affine)
 {
     if (!side_ok(out_w, out_h, func, "out_w and out_h"))
         return 0;
@@ -209,6 +224,10 @@ static int output_ok(const char *func, int out_w, int out_h, int mode, const Py_
             return 0;
         }
         memcpy(table, tables->buf, 3 * 256 * sizeof(float));
+        if (tables->len >= (Py_ssize_t)((3 * 256 + 6) * sizeof(float))) {
+            memcpy(table + 3 * 256, (const float *)tables->buf + 3 * 256, 6 * sizeof(float));
+            *affine = tables_affine(table, table + 3 * 256) ? table + 3 * 256 : NULL;
+        }
     }
     return 1;
 }
@@ -1442,17 +1461,29 @@ static void color_row(unsigned char *line, int out_w, const float *color)
     }
 }
 
+/* a row of RGB bytes, flipped or not, through the channels' tables into three float planes
+   (`affine`: the tables' (sub, mul) pairs where tables_affine holds, for planes_avx2; else NULL) */
+static void planes_portable(const unsigned char *line, int out_w, int flip, const float *table, const float *affine,
+                            float *o0, float *o1, float *o2)
+{
+    (void)affine;
+    for (int xx = 0; xx < out_w; xx++) {
+        const unsigned char *q = line + (flip ? out_w - 1 - xx : xx) * 3;
+        o0[xx] = table[q[0]]; o1[xx] = table[256 + q[1]]; o2[xx] = table[512 + q[2]];
+    }
+}
+
+typedef void (*planes_fn)(const unsigned char *, int, int, const float *, const float *, float *, float *, float *);
+static planes_fn planes = planes_portable;
+
 /* one finished output row (RGB bytes) into `out`: flipped or not, in the layout and dtype of mode */
 static void write_row(const unsigned char *line, int out_w, int yy, int flip, int mode, const float *table,
-                      void *out, size_t plane)
+                      const float *affine, void *out, size_t plane)
 {
     size_t row0 = (size_t)yy * out_w;
     if (mode == 3) { /* the common training layout: float32 planes */
-        float *o0 = (float *)out + row0, *o1 = o0 + plane, *o2 = o1 + plane;
-        for (int xx = 0; xx < out_w; xx++) {
-            const unsigned char *q = line + (flip ? out_w - 1 - xx : xx) * 3;
-            o0[xx] = table[q[0]]; o1[xx] = table[256 + q[1]]; o2[xx] = table[512 + q[2]];
-        }
+        float *o0 = (float *)out + row0;
+        planes(line, out_w, flip, table, affine, o0, o0 + plane, o0 + 2 * plane);
         return;
     }
     for (int xx = 0; xx < out_w; xx++) {
@@ -1609,6 +1640,51 @@ __attribute__((target("avx2"))) static void vrow_avx2(const unsigned char *first
     if (i < n)
         vrow_portable(first + i, stride, taps, k, n - i, line + i, acc);
 }
+
+/* planes_portable eight pixels at a time where the tables are affine (tables_affine): their 24
+   bytes split into R, G and B lanes (in reverse order when flipped), each made float, less sub,
+   times mul -- the arithmetic that made the tables, so the same floats */
+__attribute__((target("avx2"))) static void planes_avx2(const unsigned char *line, int out_w, int flip,
+                                                        const float *table, const float *affine, float *o0, float *o1,
+                                                        float *o2)
+{
+    if (!affine) {
+        planes_portable(line, out_w, flip, table, NULL, o0, o1, o2);
+        return;
+    }
+    /* where lane i of a channel comes from: a byte of the first 16 (lo) or of the last 8 (hi) */
+    static const signed char forward[3][2][8] = {{{0, 3, 6, 9, 12, 15, -1, -1}, {-1, -1, -1, -1, -1, -1, 2, 5}},
+                                                 {{1, 4, 7, 10, 13, -1, -1, -1}, {-1, -1, -1, -1, -1, 0, 3, 6}},
+                                                 {{2, 5, 8, 11, 14, -1, -1, -1}, {-1, -1, -1, -1, -1, 1, 4, 7}}};
+    __m128i masks[3][2];
+    __m256 sub[3], mul[3];
+    for (int c = 0; c < 3; c++) {
+        for (int h = 0; h < 2; h++) {
+            signed char m[16];
+            for (int i = 0; i < 16; i++)
+                m[i] = i < 8 ? forward[c][h][flip ? 7 - i : i] : -1;
+            masks[c][h] = _mm_loadu_si128((const __m128i *)m);
+        }
+        sub[c] = _mm256_set1_ps(affine[2 * c]);
+        mul[c] = _mm256_set1_ps(affine[2 * c + 1]);
+    }
+    float *o[3] = {o0, o1, o2};
+    int xx = 0;
+    for (; xx + 8 <= out_w; xx += 8) {
+        const unsigned char *q = line + (size_t)(flip ? out_w - 8 - xx : xx) * 3;
+        __m128i lo = _mm_loadu_si128((const __m128i *)q), hi = _mm_loadl_epi64((const __m128i *)(q + 16));
+        for (int c = 0; c < 3; c++) {
+            __m128i bytes = _mm_or_si128(_mm_shuffle_epi8(lo, masks[c][0]), _mm_shuffle_epi8(hi, masks[c][1]));
+            __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+            _mm256_storeu_ps(o[c] + xx, _mm256_mul_ps(_mm256_sub_ps(v, sub[c]), mul[c]));
+        }
+    }
+    if (xx < out_w) { /* the last out_w % 8 pixels: their sources are the first ones when flipped */
+        int rest = out_w - xx;
+        const unsigned char *q = flip ? line : line + (size_t)xx * 3;
+        planes_portable(q, rest, flip, table, NULL, o0 + xx, o1 + xx, o2 + xx);
+    }
+}
 #endif
 
 typedef void (*hrows_fn)(const unsigned char *, size_t, int, unsigned char *, int, const int *, const int *, int);
@@ -1621,10 +1697,12 @@ static void choose_passes(int simd)
 {
     hrows = hrows_portable;
     vrow = vrow_portable;
+    planes = planes_portable;
 #ifdef TARPROC_X86
     if (simd && simd_available) {
         hrows = hrows_avx2;
         vrow = vrow_avx2;
+        planes = planes_avx2;
     }
 #else
     (void)simd;
@@ -1660,7 +1738,8 @@ static PyObject *resample(PyObject *Py_UNUSED(self), PyObject *args)
                           &out_w, &out_h, &flip, &color_obj, &tables, &mode, &out))
         return NULL;
     PyObject *error = NULL;
-    float color[12], table[3 * 256];
+    float color[12], table[3 * 256 + 6];
+    const float *affine = NULL;
     int have_color = color_obj != Py_None;
     /* the box as Pillow's resize takes it: within the source, x0 <= x1 and y0 <= y1 */
     int box_ok = 1;
@@ -1669,7 +1748,7 @@ static PyObject *resample(PyObject *Py_UNUSED(self), PyObject *args)
     box_ok = box_ok && box[0] >= 0 && box[1] >= 0 && box[0] <= box[2] && box[1] <= box[3] && box[2] <= width &&
              box[3] <= height;
     if (!side_ok(width, height, "resample", "width and height") ||
-        !output_ok("resample", out_w, out_h, mode, &out, &tables, table) ||
+        !output_ok("resample", out_w, out_h, mode, &out, &tables, table, &affine) ||
         (have_color && read_floats(color_obj, 12, color, "resample", "color") < 0)) {
         error = PyExc_ValueError; /* set already */
     } else if ((size_t)src.len < (size_t)width * (size_t)height * 4) {
@@ -1741,7 +1820,7 @@ static PyObject *resample(PyObject *Py_UNUSED(self), PyObject *args)
                 }
                 if (have_color)
                     color_row(line, out_w, color);
-                write_row(line, out_w, yy, flip, mode, table, out.buf, plane);
+                write_row(line, out_w, yy, flip, mode, table, affine, out.buf, plane);
             }
         }
         failed = !acc || !line;
@@ -1892,12 +1971,13 @@ static PyObject *warp(PyObject *Py_UNUSED(self), PyObject *args)
     if (!PyArg_ParseTuple(args, "y*ii(dddddd)iipOy*iw*", &src, &width, &height, &m[0], &m[1], &m[2], &m[3], &m[4],
                           &m[5], &out_w, &out_h, &flip, &color_obj, &tables, &mode, &out))
         return NULL;
-    float color[12], table[3 * 256], mf[6];
+    float color[12], table[3 * 256 + 6], mf[6];
+    const float *affine = NULL;
     int have_color = color_obj != Py_None, matrix_ok = 1;
     for (int i = 0; i < 6; i++)
         matrix_ok = matrix_ok && finite_float(m[i]);
     int ok = side_ok(width, height, "warp", "width and height") &&
-             output_ok("warp", out_w, out_h, mode, &out, &tables, table) &&
+             output_ok("warp", out_w, out_h, mode, &out, &tables, table, &affine) &&
              !(have_color && read_floats(color_obj, 12, color, "warp", "color") < 0);
     if (ok && (size_t)src.len < (size_t)width * (size_t)height * 3) {
         PyErr_Format(PyExc_ValueError, "warp: src holds %zd bytes, a %d x %d RGB image needs %zu", src.len, width,
@@ -1931,7 +2011,7 @@ static PyObject *warp(PyObject *Py_UNUSED(self), PyObject *args)
     unsigned char *line = malloc((size_t)out_w * 3 + 1);
     for (int y = 0; line && y < out_h; y++) {
         pixels(in, width, height, mf, y, 0, out_w, line, have_color ? color : NULL);
-        write_row(line, out_w, y, flip, mode, table, out.buf, plane);
+        write_row(line, out_w, y, flip, mode, table, affine, out.buf, plane);
     }
     failed = line == NULL;
     free(line);

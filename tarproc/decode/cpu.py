@@ -260,6 +260,23 @@ def normalization_tables(spec: AugmentSpec) -> np.ndarray:
 _TABLES: dict[Any, np.ndarray] = {}
 
 
+def c_tables(spec: AugmentSpec) -> np.ndarray:
+    """``normalization_tables`` as ``tarproc._jpeg`` takes them: the 768 floats, then each channel's
+    ``(sub, mul)`` -- the tables are ``(level - sub) * mul`` in float32, which lets its AVX2 pass
+    compute a row rather than look it up (it checks that they are, entry by entry)."""
+    key = ("c", spec.mean, spec.std)
+    tables = _TABLES.get(key)
+    if tables is None:
+        if spec.normalized:
+            mean, std = spec.mean_std_255
+            pairs = [v for m, s in zip(mean, std, strict=True) for v in (np.float32(m), np.float32(1 / s))]
+        else:
+            pairs = [0.0, 1.0] * 3
+        tables = np.concatenate([normalization_tables(spec).ravel(), np.array(pairs, np.float32)])
+        tables = _TABLES.setdefault(key, tables)
+    return tables
+
+
 def _fused_applies(spec: AugmentSpec, plan: Plan) -> bool:
     """Whether ``tarproc._jpeg`` does the whole job: a layout and dtype it writes, and some pass over
     the pixels to do (plain stored pixels are quicker to decode whole)."""
@@ -282,7 +299,7 @@ def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, jpeg: JpegPlan, out: np.n
     if plan.color is not None:
         matrix, offset = color_matrix(plan.color)
         color = [v for row in matrix for v in (*row, offset)]
-    tables = normalization_tables(spec)
+    tables = c_tables(spec)
     if not plan.angle:
         _jpeg.resample(array, array.shape[1], array.shape[0], (x0 - ox, y0 - oy, x1 - ox, y1 - oy), ow, oh,
                        plan.flip, color, tables, mode, out)

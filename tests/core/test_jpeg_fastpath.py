@@ -165,6 +165,42 @@ def test_simd_passes_give_the_portable_passes_bytes() -> None:
 
 
 @needs_ext
+@pytest.mark.parametrize("kind", ["affine", "not affine"])
+def test_computed_float_planes_are_the_tables_floats(kind: str) -> None:
+    """Float32 CHW rows from tables given with their (sub, mul) pairs (``cpu.c_tables``): the AVX2
+    pass computes (level - sub) * mul where every entry is that, and looks up otherwise (pairs that
+    don't fit one entry): the bytes of the portable lookup either way, flipped or not, any width."""
+    ext = cpu_backend._jpeg
+    if not ext.use_simd(True):
+        pytest.skip("this CPU has no AVX2: resample runs its portable passes only")
+    rng = np.random.default_rng(1)
+    levels = np.arange(256, dtype=np.float32)
+    try:
+        for _ in range(100):
+            pairs = np.array([v for _ in range(3) for v in (rng.uniform(-50, 300), rng.uniform(-2, 2))], np.float32)
+            tables = np.stack([(levels - pairs[2 * c]) * pairs[2 * c + 1] for c in range(3)])
+            if kind == "not affine":
+                tables[int(rng.integers(0, 3)), int(rng.integers(0, 256))] += 1e-3
+            given = np.concatenate([tables.ravel(), pairs])
+            w, h = (int(v) for v in rng.integers(1, 120, 2))
+            src = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
+            ow, oh, flip = int(rng.integers(1, 70)), int(rng.integers(1, 20)), bool(rng.integers(0, 2))
+            outs = []
+            for simd, t in ((True, given), (False, tables)):
+                ext.use_simd(simd)
+                out = np.empty((3, oh, ow), np.float32)
+                ext.resample(src, w, h, (0.0, 0.0, float(w), float(h)), ow, oh, flip, None, t, 3, out)
+                outs.append(out)
+            assert outs[0].tobytes() == outs[1].tobytes(), (w, h, ow, oh, flip)
+    finally:
+        ext.use_simd(True)
+    spec = AugmentSpec(size=8, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    c = cpu_backend.c_tables(spec)  # the Dataset's tables come with pairs that fit them
+    assert np.array_equal(c[:768].reshape(3, 256), cpu_backend.normalization_tables(spec))
+    assert all(np.array_equal((levels - c[768 + 2 * i]) * c[769 + 2 * i], c[256 * i : 256 * (i + 1)]) for i in range(3))
+
+
+@needs_ext
 def test_warp_is_pillows_affine_transform_and_its_simd_pass_the_portable_bytes() -> None:
     """warp (the rotation's second step) samples as Pillow's transform(AFFINE, BILINEAR) does, in
     single precision: within a level; its AVX2 pass (8 pixels a time, taps gathered) gives the
