@@ -61,7 +61,7 @@ from ..sources.prefetch import DEPTH, Budget
 from ..sources.remote import Identity, identify, mark_reached
 from ..stages import ShuffleBuffer, shuffle
 from ..tar import FileRange, ReadPolicy
-from ..tar.ranges import HeldFile
+from ..tar.ranges import held_files
 from .counts import manifest_digests, shard_counts, stale_index
 from .fields import (
     BatchBuffer,
@@ -1176,7 +1176,7 @@ class Dataset:
         self._reading = part.url
         offset = self._offset(part.url, part.first) if part.first else None
         end = self._end_byte(part)
-        refs = self._leaves_images and HeldFile.count < HELD_FILES
+        refs = self._leaves_images and held_files() < HELD_FILES
         samples: Iterator[Sample]
         if offset is not None or end is not None:  # an index is at hand: from the part's first sample to its last
             samples = read_samples_from(part.url, offset or 0, policy=self._reading_policy,
@@ -1411,7 +1411,7 @@ def _read_range(data: FileRange) -> memoryview:
     """An image left in its shard, read into this thread's buffer (valid until the next read)."""
     buffer = getattr(_READ_BUFFER, "data", None)
     if buffer is None or len(buffer) < data.size:
-        buffer = _READ_BUFFER.data = bytearray(max(data.size, 1 << 20))
+        buffer = _READ_BUFFER.data = bytearray(max(data.size, 1 << 18))
     return data.read_into(buffer)
 
 

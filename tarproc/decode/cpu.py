@@ -41,6 +41,7 @@ except ImportError:  # pragma: no cover - depends on the build
     _jpeg = None
 
 Job = tuple[bytes, str]  # (encoded image, sample key: the seed of its random parameters)
+ImageData = bytes | memoryview  # an encoded image: its bytes, or a view of a buffer read into (Dataset)
 Result = Any  # np.ndarray, or ImageError for an image that could not be decoded
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _PIL_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, TypeError, Image.DecompressionBombError)
@@ -50,13 +51,13 @@ class ImageError(Exception):
     """Why one image could not be decoded (the stage adds URL, key and field)."""
 
 
-def _not_an_image(data: bytes) -> ImageError:
+def _not_an_image(data: ImageData) -> ImageError:
     kind = sniff_type(bytes(data[:512]))
     return ImageError(f"not an image (the data looks like {kind})" if kind not in ("jpeg", "png", "webp")
                       else f"damaged {kind} data")
 
 
-def image_size(data: bytes) -> tuple[int, int]:
+def image_size(data: ImageData) -> tuple[int, int]:
     """``(height, width)`` of an encoded image, from its header only."""
     if data[:3] == _JPEG_MAGIC:
         try:
@@ -124,7 +125,7 @@ class JpegPlan(NamedTuple):
 _UNSET: Any = object()
 
 
-def jpeg_plan(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = True) -> JpegPlan | None:
+def jpeg_plan(data: ImageData, spec: AugmentSpec, key: str, dct_scaling: bool = True) -> JpegPlan | None:
     """The plan of a JPEG that libjpeg decodes here, from its header; None when the data is not a
     JPEG, or is a CMYK/YCCK one (Pillow converts those: Adobe's inverted CMYK included)."""
     if data[:3] != _JPEG_MAGIC:
@@ -140,7 +141,7 @@ def jpeg_plan(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = True
     return JpegPlan(h, w, plan, dct_scale(plan, scales) if dct_scaling and not plan.identity else 8)
 
 
-def _header_error(data: bytes, e: Exception) -> ImageError:
+def _header_error(data: ImageData, e: Exception) -> ImageError:
     """A damaged header in words: libjpeg's reason where tarproc._jpeg can ask it (simplejpeg says
     only ``-1`` when it cannot read the frame header), and what the number means."""
     said = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
@@ -155,7 +156,7 @@ def _header_error(data: bytes, e: Exception) -> ImageError:
 
 
 def decode_rgb(
-    data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = True, jpeg: JpegPlan | None = _UNSET
+    data: ImageData, spec: AugmentSpec, key: str, dct_scaling: bool = True, jpeg: JpegPlan | None = _UNSET
 ) -> tuple[np.ndarray, Plan]:
     """Decode, crop and resize one image into an ``(h, w, 3)`` uint8 RGB array (or an ``(h, w, 4)``
     RGBX one: ``finish`` reads the first three channels), and its plan. ``jpeg`` is ``jpeg_plan``'s
@@ -207,7 +208,7 @@ def _region(plan: Plan, h: int, w: int, scale: int) -> tuple[int, int, int, int]
     return math.floor(x0) - mx, math.floor(y0) - my, math.ceil(x1) + mx, math.ceil(y1) + my
 
 
-def _decode_region(data: bytes, plan: Plan, h: int, w: int, scale: int, channels: int = 4) -> tuple[np.ndarray, int, int]:
+def _decode_region(data: ImageData, plan: Plan, h: int, w: int, scale: int, channels: int = 4) -> tuple[np.ndarray, int, int]:
     """The RGBX pixels ``plan`` needs, and their origin in the image decoded at scale/8; with
     ``channels=3``, the RGB pixels of an identity plan's window (stored pixels, copied as they are)."""
     if channels == 3:
@@ -229,7 +230,7 @@ def _shifted(plan: Plan, ox: int, oy: int, f: float) -> Plan:
     return plan._replace(window=(x0 - ox * f, y0 - oy * f, x1 - ox * f, y1 - oy * f))
 
 
-def _decode_region_rgb(data: bytes, plan: Plan, h: int, w: int, scale: int) -> np.ndarray:
+def _decode_region_rgb(data: ImageData, plan: Plan, h: int, w: int, scale: int) -> np.ndarray:
     array, ox, oy = _decode_region(data, plan, h, w, scale)
     f = 8 / scale
     if plan.identity and plan.color is None:
@@ -285,7 +286,7 @@ def _fused_applies(spec: AugmentSpec, plan: Plan) -> bool:
     return not (plan.identity and plan.color is None and not spec.normalized and spec.layout == "HWC")
 
 
-def _decode_jpeg_fused(data: bytes, spec: AugmentSpec, jpeg: JpegPlan, out: np.ndarray | None) -> np.ndarray:
+def _decode_jpeg_fused(data: ImageData, spec: AugmentSpec, jpeg: JpegPlan, out: np.ndarray | None) -> np.ndarray:
     """A JPEG decoded, resampled (rotated), colour-mapped, flipped and normalized by ``tarproc._jpeg``."""
     h, w, plan, scale = jpeg
     f = jpeg.factor
@@ -322,7 +323,7 @@ def _plan(spec: AugmentSpec, key: str, h: int, w: int) -> Plan:
         raise ImageError(str(e)) from None
 
 
-def _decode_pillow(data: bytes, spec: AugmentSpec, key: str) -> tuple[np.ndarray, Plan]:
+def _decode_pillow(data: ImageData, spec: AugmentSpec, key: str) -> tuple[np.ndarray, Plan]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -397,7 +398,7 @@ def finish(array: np.ndarray, plan: Plan, spec: AugmentSpec, out: np.ndarray | N
     return np.ascontiguousarray(rgb, dtype=dtype)
 
 
-def decode_image(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = True) -> np.ndarray:
+def decode_image(data: ImageData, spec: AugmentSpec, key: str, dct_scaling: bool = True) -> np.ndarray:
     """Decode and augment one image as ``spec`` says; raises ``ImageError``.
 
     >>> import io; from PIL import Image
@@ -408,12 +409,13 @@ def decode_image(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool = T
     return _decode(data, spec, key, dct_scaling, None)
 
 
-def decode_into(data: bytes, spec: AugmentSpec, key: str, out: np.ndarray, dct_scaling: bool = True) -> None:
-    """``decode_image`` into ``out`` (a slot of a batch array of the output's shape and dtype)."""
+def decode_into(data: ImageData, spec: AugmentSpec, key: str, out: np.ndarray, dct_scaling: bool = True) -> None:
+    """``decode_image`` into ``out`` (a slot of a batch array of the output's shape and dtype); the
+    data may be a view of a buffer the caller uses again (nothing keeps it)."""
     _decode(data, spec, key, dct_scaling, out)
 
 
-def _decode(data: bytes, spec: AugmentSpec, key: str, dct_scaling: bool, out: np.ndarray | None) -> np.ndarray:
+def _decode(data: ImageData, spec: AugmentSpec, key: str, dct_scaling: bool, out: np.ndarray | None) -> np.ndarray:
     jpeg = jpeg_plan(data, spec, key, dct_scaling)  # the header is read, and the plan drawn, once
     if jpeg is not None and _fused_applies(spec, jpeg.plan):
         return _decode_jpeg_fused(data, spec, jpeg, out)

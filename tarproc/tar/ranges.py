@@ -8,6 +8,7 @@ byte) and ``skipper()`` (a function moving it on without reading); ``sources.Sou
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -92,17 +93,16 @@ class FileRange:
 
 
 class HeldFile:
-    """The reader's own handle on a local file, shared by the ``FileRange``\ s of one stream: a
+    """The reader's own handle on a local file, shared by the ranges (``FileRange``) of one stream: a
     duplicate of the stream's descriptor, closed when the last range on it is gone (not with the
-    stream). ``HeldFile.count``: how many are open in this process (a reader that keeps many
-    ranges, as a shuffle buffer does, reads the data instead past a limit: each is a descriptor)."""
+    stream). ``held_files()`` says how many are open in this process: each is a descriptor, so a
+    reader that keeps many ranges (a shuffle buffer) reads the data instead past a limit."""
 
-    __slots__ = ("fd",)
-    count = 0
+    __slots__ = ("fd", "__weakref__")
 
     def __init__(self, fd: int) -> None:
         self.fd = os.dup(fd)
-        HeldFile.count += 1
+        _HELD.add(self)
 
     def fileno(self) -> int:
         return self.fd
@@ -110,8 +110,15 @@ class HeldFile:
     def __del__(self) -> None:
         fd = getattr(self, "fd", None)  # None: os.dup failed
         if fd is not None:
-            HeldFile.count -= 1
             os.close(fd)
+
+
+_HELD: weakref.WeakSet[HeldFile] = weakref.WeakSet()  # the open ones: a set, not a count, so threads can't skew it
+
+
+def held_files() -> int:
+    """How many ``HeldFile`` handles are open in this process."""
+    return len(_HELD)
 
 
 MemberData = bytes | bytearray | memoryview | FileRange  # what the writer writes as a member's data

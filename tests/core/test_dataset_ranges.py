@@ -4,6 +4,7 @@ promise kept when the shard changes under the reader, across workers and a resum
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tracemalloc
@@ -17,7 +18,7 @@ import tarproc.dataset.core as core
 from tarproc.dataset import Dataset
 from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec
 from tarproc.errors import SourceError
-from tarproc.tar.ranges import HeldFile
+from tarproc.tar.ranges import held_files
 
 torch = pytest.importorskip("torch")
 
@@ -80,30 +81,38 @@ def reference(tmp_path_factory: pytest.TempPathFactory, originals: dict[str, byt
         core.HELD_FILES = held
 
 
-def test_images_wait_as_ranges_the_same_pixels_in_a_fraction_of_the_memory(
-        tmp_path: Path, originals: dict[str, bytes], reference: dict[str, np.ndarray]) -> None:
-    paths = shards(tmp_path, originals)
-    images = sum(len(data) for data in originals.values())  # the image bytes, about: the shards
-    held = HeldFile.count
-    ds = dataset(paths, to_tuple=None)
+def _epoch_and_peak(paths: list[str]) -> tuple[dict[str, np.ndarray], int, int]:
+    """Epoch 0 of dict batches: the images by key, the big non-image fields seen (each checked:
+    bytes, its content), and the peak of Python's allocations (tracemalloc) while it ran."""
     got, bins = {}, 0
     tracemalloc.start()
     try:
-        for batch in ds:
+        for batch in dataset(paths, to_tuple=None):
             got.update(zip(batch["__key__"], batch["jpg"], strict=True))
             for k, b in zip(batch["__key__"], batch.get("bin", [None] * len(batch["__key__"])), strict=True):
-                if b is None:  # the sample has no bin
-                    continue
-                assert type(b) is bytes and b == bytes([int(k[-3:])]) * (BIG + 100)  # read for the loop
-                bins += 1
+                if b is not None:  # the samples without one have None
+                    assert type(b) is bytes and b == bytes([int(k[-3:])]) * (BIG + 100)  # read for the loop
+                    bins += 1
             del batch
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    # read at once, the shuffle buffer (100 > the 40 samples) would hold every image at its peak
-    assert peak < images / 3, (peak, images)
+    return got, bins, peak
+
+
+def test_images_wait_as_ranges_the_same_pixels_in_a_fraction_of_the_memory(
+        tmp_path: Path, originals: dict[str, bytes], reference: dict[str, np.ndarray],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = shards(tmp_path, originals)
+    images = sum(len(data) for data in originals.values()) * 0.75  # about: the JPEGs are 3/4 of the shards
+    held = held_files()
+    got, bins, peak = _epoch_and_peak(paths)
     assert _same(got, reference) and bins == 14
-    assert HeldFile.count == held  # every shard let go of with the epoch's last image
+    assert held_files() == held  # every shard let go of with the epoch's last image
+    monkeypatch.setattr(core, "HELD_FILES", 0)  # every image read at once: the buffer (100 > 40) holds them all
+    got, bins, eager = _epoch_and_peak(paths)
+    assert _same(got, reference) and bins == 14
+    assert eager > images and peak < eager / 3, (peak, eager, images)
 
 
 def test_a_shard_rewritten_under_the_reader_still_gives_the_images_it_had(
@@ -140,11 +149,11 @@ def test_past_the_limit_of_shards_held_the_images_are_read(
         tmp_path: Path, originals: dict[str, bytes], reference: dict[str, np.ndarray],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each shard held is a descriptor: past ``HELD_FILES`` a reader reads the images at once."""
-    monkeypatch.setattr(core, "HELD_FILES", HeldFile.count + 2)
+    monkeypatch.setattr(core, "HELD_FILES", held_files() + 2)
     paths = shards(tmp_path, originals)
     most, got = 0, {}
     for keys, images, _ in dataset(paths):
-        most = max(most, HeldFile.count)
+        most = max(most, held_files())
         got.update(zip(keys, images, strict=True))
     assert most == core.HELD_FILES and _same(got, reference)
 
@@ -169,3 +178,25 @@ def test_resumed_with_workers_every_image_once_with_its_pixels(
     keys = [k for keys, _, _ in first + rest for k in keys]
     assert sorted(keys) == sorted(reference)
     assert _same(by_key(first + rest), reference)
+
+
+def test_pngs_and_cmyk_jpegs_left_in_the_shard_decode_as_when_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The images Pillow decodes (PNG, CMYK JPEG) take the view of the read buffer as well."""
+    from PIL import Image
+
+    samples = []
+    for i in range(6):
+        array = np.random.default_rng(i).integers(0, 256, (240, 320, 3), dtype=np.uint8)
+        fmt, mode = [("PNG", None), ("JPEG", "CMYK")][i % 2]
+        data = encode_image(array, fmt, mode=mode, **({"quality": 95} if fmt == "JPEG" else {}))
+        assert len(data) > BIG and (mode is None or Image.open(io.BytesIO(data)).mode == "CMYK")
+        samples.append({"__key__": f"k{i}", "png" if fmt == "PNG" else "jpg": data, "cls": i})
+    paths = [str(write_tar(tmp_path / "mixed.tar", samples))]
+
+    def images() -> dict[str, np.ndarray]:
+        ds = Dataset(paths, decode=SPEC, shuffle=10, seed=1, batch_size=3, to_tuple=("__key__", "jpg;png"), tensors="numpy")
+        return {k: np.array(image) for keys, images in ds for k, image in zip(keys, images, strict=True)}
+
+    left = images()
+    monkeypatch.setattr(core, "HELD_FILES", 0)
+    assert len(left) == 6 and _same(left, images())

@@ -106,7 +106,7 @@ def test_relaid_shards_over_s3_through_the_cache_on_two_ranks_give_the_originals
     import tarproc.tar.reader
     from tarproc.decode import AugmentSpec
     from tarproc.decode import cpu as cpu_backend
-    from tarproc.tar.ranges import HeldFile
+    from tarproc.tar.ranges import held_files
 
     monkeypatch.setattr(tarproc.tar.reader, "_VIEW", 1024)
 
@@ -175,11 +175,11 @@ def test_relaid_shards_over_s3_through_the_cache_on_two_ranks_give_the_originals
     # batch kept as it came: the same samples and pixels, none written over by a later batch
     here = loader(remote, 0, world=1, workers=0, network=network)
     here.load_state_dict(state)
-    held, kept = HeldFile.count, []
+    held, kept = held_files(), []
     most = held
     for keys, images, _ in here:
         kept.append((list(keys), images))
-        most = max(most, HeldFile.count)
-    assert most > held == HeldFile.count  # the cached copies held for their images' ranges, let go of at the end
+        most = max(most, held_files())
+    assert most > held == held_files()  # the cached copies held for their images' ranges, let go of at the end
     assert sorted(k for keys, _ in kept for k in keys) == sorted(set(pixels) - handed)
     assert all(np.array_equal(image.numpy(), pixels[k]) for keys, images in kept for k, image in zip(keys, images, strict=True))
