@@ -16,6 +16,7 @@ from ..errors import SourceError, TarFormatError
 from .headers import BLOCK
 
 PIECE = 16 << 20  # large member data is read in pieces of at most this many bytes
+_preadv = getattr(os, "preadv", None)  # reads into a buffer (not on macOS)
 
 SKIP_CHUNK = 4 << 10  # read size when data is skipped: a header, and the small members after it
 
@@ -64,7 +65,13 @@ class FileRange:
         view = memoryview(buffer)[: self.size]
         fd, got = self.fileno(), 0
         while got < self.size:
-            n = os.preadv(fd, [view[got : got + PIECE]], self.offset + got)
+            part = view[got : got + PIECE]
+            if _preadv is not None:
+                n = _preadv(fd, [part], self.offset + got)
+            else:  # no preadv (macOS): a read, then a copy
+                data = os.pread(fd, len(part), self.offset + got)
+                n = len(data)
+                part[:n] = data
             if not n:
                 raise self.shrank(self.offset + got)
             got += n

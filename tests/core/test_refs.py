@@ -177,6 +177,21 @@ def test_a_range_holds_its_file_until_it_is_let_go_of(kit, tmp_path):
     assert _open_fds() == before
 
 
+@pytest.mark.parametrize("preadv", [True, False])
+def test_read_into_gives_the_bytes_with_or_without_preadv(tmp_path, monkeypatch, preadv):
+    import tarproc.tar.ranges as ranges
+
+    if not preadv:
+        monkeypatch.setattr(ranges, "_preadv", None)  # as on macOS
+    monkeypatch.setattr(ranges, "PIECE", 64)  # several reads a range
+    path = tmp_path / "a.bin"
+    data = bytes(range(256)) * 4
+    path.write_bytes(data)
+    with open(path, "rb", buffering=0) as f:
+        buffer = bytearray(600)
+        assert bytes(FileRange(f, 7, 500, str(path)).read_into(buffer)) == data[7:507]
+
+
 def test_a_range_on_a_closed_file_is_refused(tmp_path):
     path = tmp_path / "a.bin"
     path.write_bytes(b"x" * 100)
