@@ -109,8 +109,9 @@ DEFAULT_PART_SIZE = 256  # samples: shuffled shards are read in parts this long,
 DEFAULT_INTERLEAVE = 64  # parts each reader reads at once, a few samples of each in turn (split.interleave)
 _GAP = 64  # samples: a longer gap in what a reader wants of a shard is skipped by starting a new read past it
 _PASS_STRIDE = 1_000_000  # repeat=True: pass p of nominal epoch e draws its randomness as epoch e * stride + p
-HELD_FILES = 256  # shards a reader holds open for the images its shuffle buffer left in them; past it, it reads them
+HELD_FILES = 256  # descriptors held (one a shard part read) for images left in their shard; past it, read at once
 _READ_BUFFER = threading.local()  # .data: a bytearray an image left in its shard is read into, used again
+_READ_BUFFER_MAX = 16 << 20
 
 
 class Position(NamedTuple):
@@ -1198,6 +1199,8 @@ class Dataset:
                         self._count_error(part, index + 1 + sum(1 for _ in samples))
                     break
                 if part.wants(index):
+                    if refs:
+                        _read_ranges(sample, self.image_fields)
                     yield sample
             else:
                 if part.holds is not None and index + 1 != part.holds:
@@ -1301,9 +1304,6 @@ class Dataset:
     def _rows(self, chunk: list[Sample], decoder: Any, epoch: int) -> list[Any]:
         """Map, decode, handle and select one batch's samples; bad ones fail or are skipped (counted)."""
         stats = DecodeStats()
-        if self._leaves_images:
-            for sample in chunk:
-                _read_ranges(sample, self.image_fields)
         if self.map is not None:
             chunk = [m for m in (self._mapped(s, stats) for s in chunk) if m is not None]
         skip_fields: frozenset[str] = frozenset()
@@ -1358,6 +1358,12 @@ class Dataset:
                 reject(DecodeError(str(e), sample.get("__url__"), sample.get("__key__"), name), self._on_bad_sample,
                        stats, self._warn_skipped)
                 continue
+            except SourceError as e:  # its shard changed since the image was put in the shuffle buffer
+                if self._on_bad_sample == "fail":
+                    raise
+                reject(SampleError(f"{e.message} (field {name!r} of sample {sample.get('__key__')!r})", e.url,
+                                   sample.get("__key__")), self._on_bad_sample, stats, self._warn_skipped)
+                continue
             sample[name] = Slot(buffer, len(out))
             out.append(sample)
         return out
@@ -1399,8 +1405,8 @@ class Dataset:
 
 
 def _read_ranges(sample: Sample, image_fields: Sequence[str]) -> None:
-    """Read the data a sample left in its shard (``FileRange``), all but the image its batch decodes
-    (``_read_range``, then): what comes out of the Dataset is bytes."""
+    """Read the data a sample left in its shard (``FileRange``) as it is read, all but the image its
+    batch decodes (``_read_range``, then): only that waits in the shuffle buffer as a range."""
     image = next((name for name in image_fields if name in sample), None)
     for name, value in list(sample.items()):
         if type(value) is FileRange and name != image:
@@ -1408,10 +1414,14 @@ def _read_ranges(sample: Sample, image_fields: Sequence[str]) -> None:
 
 
 def _read_range(data: FileRange) -> memoryview:
-    """An image left in its shard, read into this thread's buffer (valid until the next read)."""
+    """An image left in its shard, read into this thread's buffer (valid until the next read; it
+    grows by doubling, to 16 MiB: a bigger image gets a buffer of its own)."""
+    if data.size > _READ_BUFFER_MAX:
+        return data.read_into(bytearray(data.size))
     buffer = getattr(_READ_BUFFER, "data", None)
     if buffer is None or len(buffer) < data.size:
-        buffer = _READ_BUFFER.data = bytearray(max(data.size, 1 << 18))
+        size = max(data.size, 2 * len(buffer) if buffer is not None else 1 << 18)
+        buffer = _READ_BUFFER.data = bytearray(min(size, _READ_BUFFER_MAX))
     return data.read_into(buffer)
 
 

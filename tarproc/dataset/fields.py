@@ -379,8 +379,10 @@ def collate_column(values: list[Any]) -> Any:
     ([1, 2], ['a', 'b'], (2, 2))
     """
     first = values[0]
-    if isinstance(first, Slot):  # images decoded into one batch array: take it whole
-        buffer = first.buffer
+    if any(isinstance(v, Slot) for v in values):  # images decoded into one batch array
+        if not all(isinstance(v, Slot) for v in values):  # a field some rows lack (jpg here, png there): a list
+            return [v.buffer.handle[v.row] if isinstance(v, Slot) else v for v in values]
+        buffer = first.buffer  # take it whole
         indices = [v.row for v in values]
         rows = slice(0, len(values)) if indices == list(range(len(values))) else indices
         return BatchBuffer(buffer.handle[rows], buffer.array[rows])

@@ -61,7 +61,13 @@ class FileRange:
 
     def read_into(self, buffer: bytearray) -> memoryview:
         """The bytes read into ``buffer`` (at least ``size`` long; used again by the caller): a view
-        of its first ``size`` bytes. A file that no longer holds them all is a ``SourceError``."""
+        of its first ``size`` bytes -- for a range kept a while (a shuffle buffer): a file modified
+        since its reader made the range (its mtime), or that no longer holds the bytes, is a
+        ``SourceError``, not other bytes."""
+        if type(self.file) is HeldFile and self.file.changed():
+            raise SourceError(f"the file was modified after its member headers were read (member data of {self.size} "
+                              f"bytes at byte {self.offset} not read yet); shards must not change while read: write "
+                              "a new file and rename it over the old one", self.url)
         view = memoryview(buffer)[: self.size]
         fd, got = self.fileno(), 0
         while got < self.size:
@@ -105,14 +111,19 @@ class HeldFile:
     stream). ``held_files()`` says how many are open in this process: each is a descriptor, so a
     reader that keeps many ranges (a shuffle buffer) reads the data instead past a limit."""
 
-    __slots__ = ("fd", "__weakref__")
+    __slots__ = ("fd", "mtime", "__weakref__")
 
     def __init__(self, fd: int) -> None:
         self.fd = os.dup(fd)
+        self.mtime = os.fstat(self.fd).st_mtime_ns
         _HELD.add(self)
 
     def fileno(self) -> int:
         return self.fd
+
+    def changed(self) -> bool:
+        """Whether the file was modified since this handle was made (its mtime moved)."""
+        return os.fstat(self.fd).st_mtime_ns != self.mtime
 
     def __del__(self) -> None:
         fd = getattr(self, "fd", None)  # None: os.dup failed
@@ -157,8 +168,8 @@ def range_maker(stream: Any, url: str | None) -> Callable[[int, int], FileRange 
                 held.append(fetcher(stream, url))
         if type(held[0]) is HeldFile:
             return FileRange(held[0], origin + offset, size, url)
-        data = held[0](offset, size)
-        return data.read() if type(data) is FileRange else data  # type: ignore[no-any-return]
+        data = held[0](offset, size)  # read now; where the file is short of it, the reader's skip says so
+        return data.read_available() if type(data) is FileRange else data  # type: ignore[no-any-return]
 
     return make
 

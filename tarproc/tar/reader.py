@@ -425,8 +425,8 @@ class _Reader:
         """Read more, as less than a header is buffered; False where the stream ends properly there
         (after skipped end-of-archive blocks), else a ``TarFormatError`` for where it ends."""
         more = self.read(self.chunk)
-        if len(more) >= self.chunk:  # a small read that came short (a stream's sniffed first bytes) stays small
-            self.chunk = _CHUNK
+        if len(more) >= self.chunk:  # after a small read, one of _VIEW, then whole chunks: the data of a big member
+            self.chunk = _VIEW if self.chunk < _VIEW else _CHUNK  # after small ones is left in the file too
         buf, pos, base, url = self.buf, self.pos, self.base, self.url
         if not more:
             if len(buf) == pos:

@@ -133,16 +133,43 @@ def _same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> bool:
     return set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
 
 
-def test_a_shard_cut_under_the_reader_is_an_error_naming_it(tmp_path: Path, originals: dict[str, bytes]) -> None:
-    """The same shard cut in place instead: not a short image nor another's bytes -- the error
-    names the shard and where it now ends."""
+def _change(path: str, how: str) -> None:
+    if how == "cut":
+        os.truncate(path, 1000)
+    else:  # rewritten in place, as cp over it or rsync --inplace do: the same size, other bytes
+        data = Path(path).read_bytes()
+        with open(path, "r+b") as f:
+            f.write(data[::-1])
+
+
+@pytest.mark.parametrize("how", ["cut", "rewritten in place"])
+def test_a_shard_changed_in_place_under_the_reader_is_an_error_naming_it(
+        tmp_path: Path, originals: dict[str, bytes], how: str) -> None:
+    """The shards changed in place instead: never a short image nor other bytes -- the error names
+    the shard."""
     paths = shards(tmp_path, originals)
     it = iter(dataset(paths))
     next(it)
     for path in paths:
-        os.truncate(path, 1000)
-    with pytest.raises(SourceError, match=r"shard-\d\.tar: the file ends at byte 1000, short of member data"):
+        _change(path, how)
+    with pytest.raises(SourceError, match=r"shard-\d\.tar: the file was modified after its member headers were read"):
         list(it)
+
+
+def test_with_on_error_skip_the_images_of_a_changed_shard_are_skipped_and_said(
+        tmp_path: Path, originals: dict[str, bytes], reference: dict[str, np.ndarray]) -> None:
+    paths = shards(tmp_path, originals)
+    ds = dataset(paths, on_error="skip")
+    it = iter(ds)
+    first = [next(it)]
+    _change(paths[2], "rewritten in place")
+    with pytest.warns(Warning, match=r"skipped: .*shard-2\.tar: the file was modified after .*field 'jpg' of sample"):
+        rest = list(it)
+    got = by_key(first + rest)
+    waiting = {k for k in reference if k.startswith("s2/")} - set(by_key(first))
+    assert set(got) == set(reference) - waiting and waiting  # the rest: every other image, its pixels
+    assert all(np.array_equal(got[k], reference[k]) for k in got)
+    assert ds.decode_stats.skipped == len(waiting)
 
 
 def test_past_the_limit_of_shards_held_the_images_are_read(
@@ -200,3 +227,22 @@ def test_pngs_and_cmyk_jpegs_left_in_the_shard_decode_as_when_read(tmp_path: Pat
     left = images()
     monkeypatch.setattr(core, "HELD_FILES", 0)
     assert len(left) == 6 and _same(left, images())
+
+
+def test_dict_batches_of_jpgs_and_pngs_give_each_image_in_its_field(tmp_path: Path) -> None:
+    """A dict batch whose rows decoded images of several fields: each such column a list, the
+    image in the rows that have the field and None in the others -- no row's image lost."""
+    samples = []
+    for i in range(6):
+        array = np.random.default_rng(i).integers(0, 256, (240, 320, 3), dtype=np.uint8)
+        fmt = "PNG" if i % 3 == 1 else "JPEG"
+        samples.append({"__key__": f"k{i}", fmt.lower().replace("jpeg", "jpg"): encode_image(array, fmt)})
+    paths = [str(write_tar(tmp_path / "mixed.tar", samples))]
+    seen: dict[str, str] = {}
+    for batch in Dataset(paths, decode=SPEC, shuffle=10, seed=1, batch_size=3, tensors="numpy"):
+        for field in ("jpg", "png"):
+            for key, image in zip(batch["__key__"], batch.get(field, [None] * len(batch["__key__"])), strict=True):
+                if image is not None:
+                    assert np.asarray(image).shape == (3, 24, 24) and key not in seen
+                    seen[key] = field
+    assert seen == {s["__key__"]: "png" if "png" in s else "jpg" for s in samples}
