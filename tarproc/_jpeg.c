@@ -180,8 +180,6 @@ static int read_floats(PyObject *obj, Py_ssize_t n, float *to, const char *func,
     return r;
 }
 
-/* The checks that resample and warp share: the output's size, mode, buffer and alignment, and the
-   lookup tables of the float32 modes (copied into `table`: any buffer will do, aligned or not). */
 /* Whether a float32 mode's tables are each channel's (level - sub) * mul in float arithmetic, for
    the (sub, mul) pairs that follow them in the tables buffer (768 + 6 floats, as
    tarproc.decode.cpu.c_tables gives them): then a row can be computed, not looked up, with the very
@@ -197,6 +195,9 @@ static int tables_affine(const float *table, const float *pairs)
     return 1;
 }
 
+/* The checks that resample and warp share: the output's size, mode, buffer and alignment, and the
+   lookup tables of the float32 modes (copied into `table`: any buffer will do, aligned or not;
+   `affine` set where the (sub, mul) pairs after them fit them, tables_affine). */
 static int output_ok(const char *func, int out_w, int out_h, int mode, const Py_buffer *out, const Py_buffer *tables,
                      float *table, const float **affine)
 {
