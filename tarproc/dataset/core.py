@@ -1294,12 +1294,17 @@ class Dataset:
             return None
 
     @property
+    def _decodes_into_batch(self) -> bool:
+        """Whether the readers decode images on the CPU straight into the batch (``_decode_into_batch``)."""
+        return (self.spec is not None and self.spec.size is not None and self.device == "cpu"
+                and not self.decodes_in_main)
+
+    @property
     def _leaves_images(self) -> bool:
         """Whether images in local shards are left there until their batch is made (``FileRange``
-        in the shuffle buffer, not bytes): where this process decodes them on the CPU into the
-        batch (``_decode_into_batch``) and no ``map`` needs to see them."""
-        return (self.spec is not None and self.spec.size is not None and self.device == "cpu" and self.map is None
-                and not self.decodes_in_main)
+        in the shuffle buffer, not bytes): where they are decoded into the batch and no ``map``
+        needs to see them."""
+        return self._decodes_into_batch and self.map is None
 
     def _rows(self, chunk: list[Sample], decoder: Any, epoch: int) -> list[Any]:
         """Map, decode, handle and select one batch's samples; bad ones fail or are skipped (counted)."""
@@ -1307,7 +1312,7 @@ class Dataset:
         if self.map is not None:
             chunk = [m for m in (self._mapped(s, stats) for s in chunk) if m is not None]
         skip_fields: frozenset[str] = frozenset()
-        if self.spec is not None and decoder is not None and self.device == "cpu" and self.spec.size is not None:
+        if decoder is not None and self._decodes_into_batch:
             chunk = self._decode_into_batch(chunk, epoch, stats)
             skip_fields = frozenset(self.image_fields)
         elif self.spec is not None and decoder is not None:

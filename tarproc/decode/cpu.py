@@ -243,39 +243,30 @@ def _decode_region_rgb(data: ImageData, plan: Plan, h: int, w: int, scale: int) 
 _MODES = {("uint8", "HWC"): 0, ("uint8", "CHW"): 1, ("float32", "HWC"): 2, ("float32", "CHW"): 3}
 
 
-def normalization_tables(spec: AugmentSpec) -> np.ndarray:
-    """``(3, 256)`` float32: each channel's output value for each level (normalized, or the level
-    itself), computed once per (mean, std)."""
+def c_tables(spec: AugmentSpec) -> np.ndarray:
+    """Each channel's output value for each level (normalized, or the level itself) as
+    ``tarproc._jpeg`` takes them: 3 x 256 float32, then each channel's ``(sub, mul)`` -- every value
+    is ``(level - sub) * mul`` in float32, which lets its AVX2 pass compute a row rather than look it
+    up (it checks that they are, entry by entry). Computed once per (mean, std)."""
     tables = _TABLES.get((spec.mean, spec.std))
     if tables is None:
-        levels = np.arange(256, dtype=np.float32)
         if spec.normalized:
             mean, std = spec.mean_std_255
-            tables = np.stack([(levels - np.float32(m)) * np.float32(1 / s) for m, s in zip(mean, std, strict=True)])
+            pairs = [(np.float32(m), np.float32(1 / s)) for m, s in zip(mean, std, strict=True)]
         else:
-            tables = np.stack([levels] * 3)
-        tables = _TABLES.setdefault((spec.mean, spec.std), tables.astype(np.float32))
+            pairs = [(np.float32(0), np.float32(1))] * 3
+        levels = np.arange(256, dtype=np.float32)
+        rows = [(levels - sub) * mul for sub, mul in pairs]
+        tables = _TABLES.setdefault((spec.mean, spec.std), np.concatenate([*rows, np.array(pairs, np.float32).ravel()]))
     return tables
+
+
+def normalization_tables(spec: AugmentSpec) -> np.ndarray:
+    """``(3, 256)`` float32: each channel's output value for each level (``c_tables``' values)."""
+    return c_tables(spec)[: 3 * 256].reshape(3, 256)
 
 
 _TABLES: dict[Any, np.ndarray] = {}
-
-
-def c_tables(spec: AugmentSpec) -> np.ndarray:
-    """``normalization_tables`` as ``tarproc._jpeg`` takes them: the 768 floats, then each channel's
-    ``(sub, mul)`` -- the tables are ``(level - sub) * mul`` in float32, which lets its AVX2 pass
-    compute a row rather than look it up (it checks that they are, entry by entry)."""
-    key = ("c", spec.mean, spec.std)
-    tables = _TABLES.get(key)
-    if tables is None:
-        if spec.normalized:
-            mean, std = spec.mean_std_255
-            pairs = [v for m, s in zip(mean, std, strict=True) for v in (np.float32(m), np.float32(1 / s))]
-        else:
-            pairs = [0.0, 1.0] * 3
-        tables = np.concatenate([normalization_tables(spec).ravel(), np.array(pairs, np.float32)])
-        tables = _TABLES.setdefault(key, tables)
-    return tables
 
 
 def _fused_applies(spec: AugmentSpec, plan: Plan) -> bool:

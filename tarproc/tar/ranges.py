@@ -152,26 +152,24 @@ def file_origin(stream: Any) -> tuple[Any, int] | None:
 def range_maker(stream: Any, url: str | None) -> Callable[[int, int], FileRange | bytes] | None:
     """For ``refs``: a function making the ``FileRange`` of (stream offset, size) where the stream
     is a plain local file that can be skipped in (``file_origin``), else None. The ranges share a
-    ``HeldFile``, made on the first of them: they stay valid as long as they are held. Where no
-    descriptor is to be had for it, the data is read instead (``fetcher``)."""
+    ``HeldFile``, made now: they stay valid as long as they are held. Where no descriptor is to be
+    had for it, the data is read instead (``fetcher``)."""
     found = file_origin(stream)
     if found is None:
         return None
     file, origin = found
-    held: list[Any] = []
+    try:
+        held = HeldFile(file.fileno())
+    except OSError:  # no descriptor to spare (EMFILE): the data is read, as without refs
+        fetch = fetcher(stream, url)
+        assert fetch is not None  # the stream is a local file: file_origin said so
 
-    def make(offset: int, size: int) -> FileRange | bytes:
-        if not held:
-            try:
-                held.append(HeldFile(file.fileno()))
-            except OSError:  # no descriptor to spare (EMFILE): the data is read, as without refs
-                held.append(fetcher(stream, url))
-        if type(held[0]) is HeldFile:
-            return FileRange(held[0], origin + offset, size, url)
-        data = held[0](offset, size)  # read now; where the file is short of it, the reader's skip says so
-        return data.read_available() if type(data) is FileRange else data  # type: ignore[no-any-return]
+        def read(offset: int, size: int) -> bytes:
+            data = fetch(offset, size)  # where the file is short of it, the reader's skip says so
+            return data.read_available() if isinstance(data, FileRange) else data
 
-    return make
+        return read
+    return lambda offset, size: FileRange(held, origin + offset, size, url)
 
 
 def fetcher(stream: Any, url: str | None) -> Callable[[int, int], bytes | FileRange] | None:

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import tarproc.tar.writer as tar_writer
-from tarproc.errors import SourceError, TarprocError
+from tarproc.errors import SourceError, TarFormatError, TarprocError
 from tarproc.sinks import open_sink
 from tarproc.sources import open_source
 from tarproc.tar import FileRange, TarWriter, iter_keyed_members, iter_members
@@ -478,3 +478,27 @@ def test_big_members_after_small_ones_are_left_in_the_file_too(tmp_path):
     assert [type(s["jpg"]) for s in got] == [FileRange] * 40
     assert [s["jpg"].read() for s in got] == [s["jpg"] for s in samples]
     assert [s["json"] for s in got] == [s["json"] for s in samples]
+
+
+def test_without_a_descriptor_to_spare_the_data_is_read(kit, tmp_path, monkeypatch):
+    """refs where os.dup fails (EMFILE): the members' bytes, as reading gives them; a cut member
+    is the reader's own truncation error."""
+    import errno
+
+    import tarproc.tar.ranges as ranges
+
+    def no_dup(fd):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(ranges.os, "dup", no_dup)
+    path = tmp_path / "a.tar"
+    data = _archives(kit)["big-members"]
+    path.write_bytes(data)
+    with open_source(str(path)) as stream:
+        got = [(k, f, d) for k, f, d, _ in iter_keyed_members(stream, str(path), refs=True)]
+    with open_source(str(path)) as stream:
+        want = [(k, f, bytes(d)) for k, f, d, _ in iter_keyed_members(stream, str(path))]
+    assert got == want and all(type(d) is bytes for _, _, d in got)
+    path.write_bytes(data[: len(data) // 2])
+    with open_source(str(path)) as stream, pytest.raises(TarFormatError, match="truncated member data"):
+        list(iter_keyed_members(stream, str(path), refs=True))
