@@ -215,11 +215,12 @@ class _Hasher:
 
     def __init__(self) -> None:
         import hashlib  # hashlib, subprocess and tempfile are imported where used: commands start without them
-        import queue
         import threading
 
+        from .handoff import Handoff
+
         self._sha = hashlib.sha256()
-        self._queue: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=32)  # bounded: memory stays small
+        self._queue: Handoff[bytes | memoryview | None] = Handoff(32)  # bounded: memory stays small (see handoff)
         self._thread = threading.Thread(target=self._run, name="tarproc-sha256", daemon=True)
         self._thread.start()
         self._digest: str | None = None

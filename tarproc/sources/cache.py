@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CacheWarning, SourceError, TarprocError, warner
+from ..handoff import Condition
 from ..procgroup import wait_set
 from .remote import Identity, Network, RemoteReader
 
@@ -354,7 +355,7 @@ class Fill:
         self.written = 0
         self.error: BaseException | None = None
         self.done = threading.Event()
-        self.advanced = threading.Condition()  # notified at each write and at the end
+        self.advanced = Condition()  # notified at each write and at the end (waited on by readers: see handoff)
         self._thread = threading.Thread(target=self._run, name="tarproc-cache-fill", daemon=True)
 
     def start(self) -> None:

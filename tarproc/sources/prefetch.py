@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import TarprocError
+from ..handoff import Condition
 from ..procgroup import SIGNAL_CHECK
 
 CHUNK = 1 << 19  # bytes a read-ahead thread asks for at once: what the tar reader asks for (tar/reader.py's _CHUNK), handed on whole
@@ -27,7 +28,7 @@ class Budget:
     def __init__(self, limit: int) -> None:
         self.limit = max(limit, 1)
         self.held = 0
-        self.cond = threading.Condition()
+        self.cond = Condition()  # the reader's (main) thread: see handoff
 
 
 class Ahead:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OptionError, TransportError
+from ..handoff import Handoff
 from .curve import Handshakes, handshake_events
 from .delivery import EMPTY, Delivery, Item, Progress
 from .sockets import (
@@ -158,7 +159,7 @@ class Sender:
         self._seq: list[int] = []
         self._greeted: list[bool] = []
         self._next = 0
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._queue: Handoff[Any] = Handoff(queue_size)  # see handoff: a Ctrl-C leaves no lock held
         self._error: BaseException | None = None
         self._closed = False
         self._abort = threading.Event()
