@@ -10,7 +10,8 @@ socket thread reads.
 
 ``Handoff`` is a bounded queue of two ``queue.SimpleQueue`` (C: every operation is one call, no
 lock of ours); ``Condition`` is a ``threading.Condition`` whose ``with`` calls the lock's own C
-methods. Use them where the main thread hands work to a thread and cleans up after an interrupt.
+methods (a plain lock's ``with lock:`` is safe: its ``__enter__`` is C). Use them where the main
+thread hands work to a thread, or waits on one, and cleans up after an interrupt.
 """
 
 from __future__ import annotations
@@ -68,11 +69,12 @@ class _LockMethod:
 
 
 class Condition(threading.Condition):
-    """``threading.Condition`` (on an ``RLock``, whose ``wait`` bookkeeping is C too) whose
-    ``with`` can't leave its lock held after a Ctrl-C."""
+    """``threading.Condition`` whose ``with`` can't leave its lock held after a Ctrl-C; on an
+    ``RLock`` (``lock``, shared with plain ``with lock:`` blocks, or its own), whose ``wait``
+    bookkeeping is C too (a ``Lock``'s is Python code: an interrupt there releases it twice)."""
 
     __enter__ = _LockMethod("__enter__")  # type: ignore[assignment]
     __exit__ = _LockMethod("__exit__")  # type: ignore[assignment]
 
-    def __init__(self) -> None:
-        super().__init__(threading.RLock())
+    def __init__(self, lock: Any = None) -> None:
+        super().__init__(threading.RLock() if lock is None else lock)

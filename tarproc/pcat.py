@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import DataWarning, OptionError, TarprocError, warner
+from .handoff import Condition
 from .procgroup import SIGNAL_CHECK, signal_group
 from .samples import Sample, group_keyed
 from .sources import Source, expand_urls, local_path, open_source
@@ -77,7 +78,7 @@ class _Buffer:
 
     def __init__(self, pool: _Pool, max_items: int, max_bytes: int) -> None:
         self.pool = pool
-        self.cond = threading.Condition(threading.Lock())
+        self.cond = Condition()  # the consumer is the main thread: see handoff
         self.items: deque[tuple[int, Any, int]] = deque()  # (kind, value, bytes)
         self.samples = 0  # samples in ``items``
         self.nbytes = 0
@@ -186,8 +187,8 @@ class _Pool:
         self.on_error = on_error
         self.read_shard = read_shard
         self.stats = stats
-        self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)  # the window of started shards
+        self.lock = threading.RLock()
+        self.cond = Condition(self.lock)  # the window of started shards (see handoff)
         self.buffers: dict[int, _Buffer] = {}
         self.next_start = 0  # next shard a reader takes
         self.finished = 0  # shards fully emitted by the consumer

@@ -72,9 +72,10 @@ def test_the_plain_condition_leaks_its_lock_to_an_interrupt_the_reason_for_this_
     assert any(leaked)  # somewhere between the lock's acquire and the with block: held for ever
 
 
-def test_a_with_block_on_a_condition_leaves_no_lock_held_wherever_the_interrupt_comes() -> None:
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_with_block_on_a_condition_leaves_no_lock_held_wherever_the_interrupt_comes(shared: bool) -> None:
     for k in itertools.count():
-        condition = Condition()
+        condition = Condition(threading.RLock()) if shared else Condition()
         interrupted = interrupted_at(k, lambda c=condition: with_block(c))
         assert not held_by_someone(condition._lock), k  # type: ignore[attr-defined]
         if not interrupted:
