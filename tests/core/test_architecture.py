@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "tarproc"
 
 # lowest first; a module belongs to the first entry that is a prefix of its dotted name
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("errors", "compression", "sniff", "fieldspec", "procgroup", "_speedups", "_jpeg")),
+    ("base", ("errors", "compression", "sniff", "fieldspec", "procgroup", "handoff", "_speedups", "_jpeg")),
     ("tar", ("tar", "tario")),
     ("io", ("sources", "sinks")),
     ("records", ("samples", "stages", "foreign_index", "shard_index", "index", "shards", "sort", "process", "pcat", "first", "tables", "classnames")),
