@@ -258,7 +258,7 @@ def make_relaid_shards(ctx: Context, url: str) -> tuple[str, str]:
     directory = ctx.directory / f"{SECTION}-relaid"
     stamp = directory / "source.json"
     source = {"shards": [(Path(p).name, Path(p).stat().st_size) for p in expand_braces(url)],
-              "relayout": "tarjpeg defaults, 2"}  # made again when the re-layout's defaults change
+              "relayout": "tarjpeg defaults, 3"}  # made again when the re-layout's defaults change
     relaid = str(directory / f"train-{{000000..{SHARDS - 1:06d}}}.tar")
     try:
         made = json.loads(stamp.read_text())

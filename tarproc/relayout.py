@@ -62,8 +62,9 @@ def relayout_jpeg(data: BytesLike, interval: int = 0, optimize: bool = False) ->
     Args:
         data: the JPEG file's bytes.
         interval: MCUs per restart segment; 0 chooses, from each image's width, the divisor of its
-            MCU row that cuts it into about 8 segments (a crop then reads little more than its
-            own columns; fewer in a small file, where the markers would cost more than ~1.5%); an interval that neither divides the row nor is a multiple of it still
+            MCU row that cuts it into about 16 segments (a crop then reads little more than its
+            own columns; fewer in a small file, where the markers would cost more than ~2%); an
+            interval that neither divides the row nor is a multiple of it still
             decodes, but crops can't skip segments in it.
         optimize: Huffman tables optimized for the image, always (else the input's where they
             can code the new data).

@@ -40,7 +40,7 @@ and damaged JPEGs (a warning names each; --strict makes it an error).
 @input_options
 @output_option
 @click.option("--restart-interval", "interval", type=number(0, MAX_INTERVAL), default=0, show_default=True, metavar="MCUS",
-              help="A restart marker every MCUS MCUs (16x16 pixels in 4:2:0); 0 = per image, about 8 segments "
+              help="A restart marker every MCUS MCUs (16x16 pixels in 4:2:0); 0 = per image, about 16 segments "
                    "across its width.")
 @click.option("--optimize", is_flag=True,
               help="Optimize every image's Huffman tables: a few percent smaller, about half the speed "

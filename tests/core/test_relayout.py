@@ -125,12 +125,22 @@ def test_a_small_file_gets_few_markers() -> None:
     assert 0 < len(scan(out)[1]) <= 15
 
 
-def test_the_default_interval_cuts_a_row_into_about_eight_segments() -> None:
+def test_the_default_interval_cuts_a_row_into_about_sixteen_segments() -> None:
     data = encode_image(photo(512, 64, 1), quality=90)  # 4:2:0, 32 MCUs a row, 4 rows
     out, _ = relayout_jpeg(data)
-    assert len(scan(out)[1]) == 8 * 4 - 1  # an interval of 4 MCUs
-    prime = encode_image(photo(31 * 16, 32, 1), quality=90)  # 31 MCUs a row: no divisor near 8
+    assert len(scan(out)[1]) == 16 * 4 - 1  # an interval of 2 MCUs
+    prime = encode_image(photo(31 * 16, 32, 1), quality=90)  # 31 MCUs a row: no divisor near 16
     assert len(scan(relayout_jpeg(prime)[0])[1]) == 2 - 1  # a segment a row
+
+
+def test_the_default_interval_keeps_the_markers_within_two_percent() -> None:
+    """Where 16 segments a row would cost more than ~2% of the file, fewer: 8 here (a smooth,
+    small file), then one a row, then segments of several rows."""
+    smooth = encode_image(photo(512, 384, 1), quality=60)  # 32 MCUs a row, 24 rows
+    out, _ = relayout_jpeg(smooth)
+    across = (len(scan(out)[1]) + 1) // 24
+    assert across < 16 and len(out) <= len(smooth) * 1.025, (across, len(smooth), len(out))
+    assert len(scan(out)[1]) + 1 <= len(smooth) // 200
 
 
 @pytest.mark.parametrize("name", ["420", "422", "444", "grey"])
