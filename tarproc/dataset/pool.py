@@ -22,6 +22,11 @@ process holds no tensor or view of it, which only the main process can know:
   main process drops it, while the other still maps it: clone it first (``docs/training.md``).
 
 If every buffer of the ring is in use, the worker takes a fresh one, as without the pool.
+
+A ring buffer's file descriptor goes to the main process once, with the first batch in it; later
+batches name it (``_Handle``) and the main process maps it again from the descriptor it kept
+(torch passes a descriptor for every tensor of every batch, through the worker's resource-sharer
+thread, which waits for the worker's GIL). Small tensors (labels) travel in the pickle.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import os
 import sys
 import uuid
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -66,12 +72,13 @@ def _new_lease() -> int:
 
 
 class _Buffer:
-    """One buffer of a worker's ring, and the cell and lease of the batch it went out with."""
+    """One buffer of a worker's ring, and the cell and lease of the batch it went out with;
+    ``told``: its descriptor has gone to the main process (see ``_Handle``)."""
 
-    __slots__ = ("tensor", "cell", "lease")
+    __slots__ = ("tensor", "cell", "lease", "told")
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor, self.cell, self.lease = tensor, -1, 0
+        self.tensor, self.cell, self.lease, self.told = tensor, -1, 0, False
 
 
 class BufferPool:
@@ -96,6 +103,11 @@ class BufferPool:
         _POOLS[self.token] = self
         self._ring: list[_Buffer] = []  # this process's buffers
         self._leased: dict[int, tuple[int, int]] = {}  # a buffer's data_ptr -> (cell, lease) of its batch
+        self._buffers: dict[int, _Buffer] = {}  # a ring buffer's data_ptr -> it
+        # the main process's side: (worker pid, buffer data_ptr there) -> (descriptor, bytes) of
+        # each ring buffer a batch came in (closed with the pool, or once that worker has ended)
+        self._fds: dict[tuple[int, int], tuple[int, int]] = {}
+        weakref.finalize(self, _close_fds, self._fds)
         self._pending: list[tuple[int, int]] = []  # (cell, lease) taken for the batch being made
         self._pid = os.getpid()
 
@@ -136,6 +148,7 @@ class BufferPool:
                 old = free[0]
                 self._ring[self._ring.index(old)] = buffer
                 self._leased.pop(old.tensor.untyped_storage().data_ptr(), None)
+                self._buffers.pop(old.tensor.untyped_storage().data_ptr(), None)
             self._stats[0] += 1
         else:
             return _new_shared(shape, dtype)  # all out: a fresh one, as without the pool
@@ -143,9 +156,11 @@ class BufferPool:
         if cell < 0:  # no free cell: this batch goes out unleased, its buffer not reused
             self._ring.remove(buffer)
             self._leased.pop(buffer.tensor.untyped_storage().data_ptr(), None)
+            self._buffers.pop(buffer.tensor.untyped_storage().data_ptr(), None)
             return buffer.tensor
         buffer.cell, buffer.lease = cell, self._cells[cell]
         self._leased[buffer.tensor.untyped_storage().data_ptr()] = (cell, buffer.lease)
+        self._buffers[buffer.tensor.untyped_storage().data_ptr()] = buffer
         self._pending.append((cell, buffer.lease))
         return buffer.tensor
 
@@ -262,24 +277,113 @@ def _small(value: Any) -> bool:
             and type(value) is torch.Tensor)
 
 
-def _outgoing(items: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], list[tuple[Any, str, int, int]], list[Any]]:
-    """A batch's items as they are pickled (small tensors as numpy arrays, which pickle by value),
-    the marks of its pooled buffers, and the places of the tensors sent as arrays."""
+def _outgoing(items: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], list[tuple[Any, str, int, int]], list[Any],
+                                                   list[_Handle]]:
+    """A batch's items as they are pickled: small tensors as numpy arrays (which pickle by value),
+    ring buffers as ``_Handle`` s (None in their place); the marks of its pooled buffers, the places
+    of the tensors sent as arrays, and the handles."""
     marks = _marks(items)
-    pooled = {place for place, *_ in marks}
+    pooled = {place: _POOLS[token] for place, token, _, _ in marks if token in _POOLS}
     inline = [place for place, value in items if place not in pooled and _small(value)]
-    sent = [(place, value.resolve_conj().resolve_neg().numpy() if place in inline else value) for place, value in items]
-    return sent, marks, inline
+    handles = [h for place, pool in pooled.items() if (h := _handle(pool, place, dict(items)[place])) is not None]
+    handled = {h[0] for h in handles}
+    sent = [(place, None if place in handled else value.resolve_conj().resolve_neg().numpy() if place in inline else value)
+            for place, value in items]
+    return sent, marks, inline, handles
 
 
-def _received(batch: Any, marks: list[tuple[Any, str, int, int]], inline: list[Any] = ()) -> Any:  # type: ignore[assignment]
+# A ring buffer goes to the main process as a descriptor of its own the first time a batch in it
+# does (multiprocessing's DupFd, as torch's reducer does for every tensor, each time), and as a
+# number after that: the main process keeps the descriptor and maps the buffer again from it for
+# each batch (a storage of its own, so that the lease's finalizer still sees the batch die). Each
+# descriptor torch hands over costs a connection to the worker's resource-sharer thread, which must
+# take the worker's GIL from the decode: the loop waits (a bench epoch: docs/training.md)
+_Handle = tuple  # (place, pid, buffer data_ptr in the worker, bytes, dtype, offset, shape, stride, DupFd or None)
+
+
+def _handle(pool: BufferPool, place: Any, value: torch.Tensor) -> _Handle | None:
+    """The handle of a ring buffer's tensor; None where torch's own reducer must send it (not a
+    ring buffer, or shared otherwise than by a descriptor)."""
+    storage = value.untyped_storage()
+    buffer = pool._buffers.get(storage.data_ptr())
+    if buffer is None or not _by_descriptor():
+        return None
+    dupfd = None
+    if not buffer.told:
+        try:
+            fd, _ = storage._share_fd_cpu_()
+        except (RuntimeError, AttributeError):
+            return None
+        from multiprocessing.reduction import DupFd
+
+        dupfd, buffer.told = DupFd(fd), True
+    return (place, os.getpid(), storage.data_ptr(), storage.nbytes(), str(value.dtype).removeprefix("torch."),
+            value.storage_offset(), tuple(value.shape), tuple(value.stride()), dupfd)
+
+
+def _by_descriptor() -> bool:
+    import torch.multiprocessing
+
+    return (hasattr(torch.UntypedStorage, "_new_shared_fd_cpu")
+            and torch.multiprocessing.get_sharing_strategy() == "file_descriptor")
+
+
+def _mapped(pool: BufferPool | None, handle: _Handle) -> torch.Tensor:
+    """The main process's side of a handle: a tensor on the worker's buffer (a new mapping of it)."""
+    place, pid, key, nbytes, dtype, offset, shape, stride, dupfd = handle
+    fds = pool._fds if pool is not None else {}
+    if dupfd is not None:
+        fd = dupfd.detach()
+        if pool is None:  # nobody to keep it: this batch's mapping only
+            try:
+                storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # type: ignore[attr-defined]
+            finally:
+                os.close(fd)
+            return torch.empty(0, dtype=getattr(torch, dtype)).set_(storage, offset, shape, stride)
+        if not any(p == pid for p, _ in fds):
+            _forget_ended_workers(fds, pid)
+        old = fds.pop((pid, key), None)
+        if old is not None:
+            os.close(old[0])
+        fds[(pid, key)] = (fd, nbytes)
+    entry = fds.get((pid, key))
+    if entry is None:
+        raise RuntimeError(f"tarproc: a batch from DataLoader worker {pid} is in a buffer whose descriptor this "
+                           "process never received (its first batch was not unpickled here)")
+    storage = torch.UntypedStorage._new_shared_fd_cpu(entry[0], nbytes)  # type: ignore[attr-defined]
+    return torch.empty(0, dtype=getattr(torch, dtype)).set_(storage, offset, shape, stride)
+
+
+def _forget_ended_workers(fds: dict[tuple[int, int], tuple[int, int]], pid: int) -> None:
+    """A new worker's first buffer: close the descriptors of workers that have ended (their buffers'
+    memory goes with the last batch on it), so that new workers every epoch hold no more."""
+    alive = {p.pid for p in multiprocessing.active_children()} | {pid}
+    for key in [k for k in fds if k[0] not in alive]:
+        os.close(fds.pop(key)[0])
+
+
+def _close_fds(fds: dict[tuple[int, int], tuple[int, int]]) -> None:
+    for fd, _ in fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()
+
+
+def _received(batch: Any, marks: list[tuple[Any, str, int, int]], inline: Sequence[Any] = (),
+              handles: Sequence[_Handle] = ()) -> Any:
     """Unpickling a batch in the main process: the plain batch, the tensors sent inline made
-    tensors again, and each buffer handed back to its worker when the last tensor on it dies."""
-    if inline:
+    tensors again, each ring buffer mapped, and each buffer handed back to its worker when the last
+    tensor on it dies."""
+    if inline or handles:
         items = list(batch) if isinstance(batch, tuple) else batch
         for place in inline:
             array = items[place]
             items[place] = torch.from_numpy(array if array.flags.writeable else array.copy())
+        for handle in handles:
+            token = next((t for p, t, _, _ in marks if p == handle[0]), None)
+            items[handle[0]] = _mapped(_POOLS.get(token) if token is not None else None, handle)
         batch = tuple(items) if isinstance(batch, tuple) else items
     for place, token, cell, lease in marks:
         pool = _POOLS.get(token)
@@ -298,8 +402,8 @@ class _SharedTuple(BatchTuple):
         return super().__new__(cls, items)
 
     def __reduce__(self) -> tuple[object, ...]:
-        items, marks, inline = _outgoing(list(enumerate(self)))
-        return _received, (tuple(value for _, value in items), marks, inline)
+        items, marks, inline, handles = _outgoing(list(enumerate(self)))
+        return _received, (tuple(value for _, value in items), marks, inline, handles)
 
 
 class _SharedDict(BatchDict):
@@ -309,5 +413,5 @@ class _SharedDict(BatchDict):
         return _SharedDict(self)
 
     def __reduce__(self) -> tuple[object, ...]:
-        items, marks, inline = _outgoing(list(self.items()))
-        return _received, (dict(items), marks, inline)
+        items, marks, inline, handles = _outgoing(list(self.items()))
+        return _received, (dict(items), marks, inline, handles)

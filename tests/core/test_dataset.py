@@ -10,6 +10,7 @@ import sys
 import warnings
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from tarhelpers import encode_image, write_tar
 
 import tarproc
 from tarproc.dataset import Dataset, split_by_shard, split_work
+from tarproc.dataset.pool import INLINE_BYTES
 from tarproc.dataset.split import whole_shards
 from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, dali_available
 from tarproc.errors import DatasetError, DecodeError, OptionError
@@ -183,7 +185,9 @@ def test_batch_buffers_are_reused_only_once_the_loop_lets_go(image_shards: list[
 
     kept, copies = [], []
     for keys, images in batches():  # every batch kept, and a view of each
-        assert isinstance(images, torch.Tensor) and images.is_shared()
+        # in shared memory; or, where every buffer is held (all are, here) and the batch is small,
+        # sent in the pickle (pool.INLINE_BYTES)
+        assert isinstance(images, torch.Tensor) and (images.is_shared() or images.nbytes <= INLINE_BYTES)
         kept.append((keys, images, images[1:]))
         copies.append(images.clone())
     assert ds._pool.reused == 0
@@ -226,6 +230,53 @@ def test_batch_arrays_in_the_loops_process_are_reused_only_once_let_go(image_sha
     assert ARRAYS.allocated - allocated <= 3  # the loop's batch, the next one, and the short last one
     assert ARRAYS.reused - reused >= len(all_keys(image_shards)) // 2 - 3
     assert set(again) == set(reference) and all(np.array_equal(again[k], reference[k]) for k in reference)
+
+
+def test_ring_buffers_reach_the_loop_by_descriptor_once_and_workers_that_ended_let_theirs_go(
+        image_shards: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ring buffer's descriptor comes once (then a number: ``pool._Handle``); the main process
+    keeps it while its worker lives, and a held batch stays intact when its worker is gone and a
+    new one writes into buffers of its own. Epochs of new workers, a persistent loader broken off
+    mid-epoch, and torch's file_system strategy (no descriptors: torch's own reducer) alike."""
+    import torch.multiprocessing
+
+    from tarproc.dataset import pool
+
+    monkeypatch.setattr(pool, "INLINE_BYTES", -1)  # the images by buffer, however small
+    detached: list[bool] = []
+    reference = images_by_key(Dataset(image_shards, decode=SPEC, seed=3, batch_size=2, to_tuple=("__key__", "jpg")), 0)
+    ds = Dataset(image_shards, decode=SPEC, seed=3, batch_size=2, to_tuple=("__key__", "jpg"))
+    real_mapped = pool._mapped
+
+    def counting(p: Any, handle: Any) -> Any:
+        detached.append(handle[-1] is not None)
+        return real_mapped(p, handle)
+
+    monkeypatch.setattr(pool, "_mapped", counting)
+    held = None
+    for _ in range(3):  # new workers every epoch
+        ds.set_epoch(0)
+        for keys, images in DataLoader(ds, batch_size=None, num_workers=2):
+            assert all(torch.equal(image, torch.as_tensor(reference[k])) for k, image in zip(keys, images, strict=True))
+            if held is None:
+                held = (keys, images, images.clone())  # kept through every later epoch
+        assert len(ds._pool._fds) <= 2 * pool.RING  # the workers that ended: closed at the next's first batch
+    assert len(detached) > 20 and sum(detached) <= 3 * 2 * pool.RING  # a descriptor a buffer, not a batch
+    assert torch.equal(held[1], held[2])
+
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    for i, _batch in enumerate(loader):  # broken off: the batches queued are dropped
+        if i == 3:
+            break
+    ds.set_epoch(0)
+    got = {k: image.clone() for keys, images in loader for k, image in zip(keys, images, strict=True)}
+    assert got.keys() == reference.keys() and all(torch.equal(got[k], torch.as_tensor(reference[k])) for k in got)
+
+    monkeypatch.setattr(torch.multiprocessing, "get_sharing_strategy", lambda: "file_system")
+    detached.clear()
+    ds.set_epoch(0)
+    got = images_by_key(ds, 2)
+    assert not detached and all(np.array_equal(got[k], reference[k]) for k in reference)  # torch's reducer sent them
 
 
 def test_two_loaders_over_one_dataset_never_write_into_a_held_batch(image_shards: list[str]) -> None:
