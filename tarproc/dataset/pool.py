@@ -223,8 +223,8 @@ _MADVISE: list[Any] = []
 
 def _populate(address: int, size: int) -> None:
     """Give a fresh shared-memory buffer its pages in one call (``MADV_POPULATE_WRITE``) instead of
-    a page fault every 4 KiB as the batch is written: 23 ms instead of 29 for the 38.5 MB of 64
-    224x224 float images (each worker's ring costs that four times an epoch). Where the kernel or
+    a page fault every 4 KiB as the batch is written: ~25 ms instead of ~31 ms to fill the 38.5 MB
+    of 64 224x224 float images the first time (each new worker's ring pays it four times). Where the kernel or
     the platform has no such call, the pages come with the faults, as before."""
     if not _MADVISE:
         madvise = None
@@ -264,7 +264,7 @@ def _marks(items: list[tuple[Any, Any]]) -> list[tuple[Any, str, int, int]]:
 # numpy's bytes, not as a shared-memory file: torch hands such a file over by passing its
 # descriptor, over a connection of its own to the worker's resource-sharer thread, which must take
 # the worker's GIL from the decode to answer -- the loop waits. Labels inline: a bench epoch
-# 1.58 -> 1.46 s (the labels left out; docs/training.md)
+# 1.565 -> 1.462 s (docs/training.md, "Batch memory")
 INLINE_BYTES = 256 << 10
 _NUMPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
                  torch.float32, torch.float64, torch.complex64, torch.complex128}
