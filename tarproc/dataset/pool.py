@@ -26,7 +26,7 @@ If every buffer of the ring is in use, the worker takes a fresh one, as without 
 A ring buffer's file descriptor goes to the main process once, with the first batch in it; later
 batches name it (``_Handle``) and the main process maps it again from the descriptor it kept
 (torch passes a descriptor for every tensor of every batch, through the worker's resource-sharer
-thread, which waits for the worker's GIL). Small tensors (labels) travel in the pickle.
+thread, which waits for the worker's GIL). The batch's small tensors (labels) travel in the pickle.
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ class BufferPool:
             if cell not in carried and self._cells[cell] == lease:
                 self._cells[cell] = 0
         self._pending.clear()
-        if not carried and not any(_small(value) for _, value in items):
+        if not carried:  # nothing of the pool's: as torch sends it (the plain types it makes, tests/core/test_first_steps.py)
             return batch
         return _SharedTuple(*batch) if isinstance(batch, tuple) else _SharedDict(batch)
 

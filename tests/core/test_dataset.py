@@ -18,7 +18,6 @@ from tarhelpers import encode_image, write_tar
 
 import tarproc
 from tarproc.dataset import Dataset, split_by_shard, split_work
-from tarproc.dataset.pool import INLINE_BYTES
 from tarproc.dataset.split import whole_shards
 from tarproc.decode import IMAGENET_MEAN, IMAGENET_STD, AugmentSpec, dali_available
 from tarproc.errors import DatasetError, DecodeError, OptionError
@@ -185,9 +184,7 @@ def test_batch_buffers_are_reused_only_once_the_loop_lets_go(image_shards: list[
 
     kept, copies = [], []
     for keys, images in batches():  # every batch kept, and a view of each
-        # in shared memory; or, where every buffer is held (all are, here) and the batch is small,
-        # sent in the pickle (pool.INLINE_BYTES)
-        assert isinstance(images, torch.Tensor) and (images.is_shared() or images.nbytes <= INLINE_BYTES)
+        assert isinstance(images, torch.Tensor) and images.is_shared()
         kept.append((keys, images, images[1:]))
         copies.append(images.clone())
     assert ds._pool.reused == 0
