@@ -38,7 +38,7 @@ import sys
 import uuid
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -104,9 +104,9 @@ class BufferPool:
         self._ring: list[_Buffer] = []  # this process's buffers
         self._leased: dict[int, tuple[int, int]] = {}  # a buffer's data_ptr -> (cell, lease) of its batch
         self._buffers: dict[int, _Buffer] = {}  # a ring buffer's data_ptr -> it
-        # the main process's side: (worker pid, buffer data_ptr there) -> (descriptor, bytes) of
-        # each ring buffer a batch came in (closed with the pool, or once that worker has ended)
-        self._fds: dict[tuple[int, int], tuple[int, int]] = {}
+        # the main process's side: (worker pid, buffer data_ptr there) -> the descriptor of each
+        # ring buffer a batch came in (closed with the pool, or once that worker has ended)
+        self._fds: dict[tuple[int, int], int] = {}
         weakref.finalize(self, _close_fds, self._fds)
         self._pending: list[tuple[int, int]] = []  # (cell, lease) taken for the batch being made
         self._pid = os.getpid()
@@ -272,9 +272,28 @@ _NUMPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, 
 
 def _small(value: Any) -> bool:
     """Whether ``value`` is a tensor to send inline (see INLINE_BYTES)."""
-    return (isinstance(value, torch.Tensor) and value.dtype in _NUMPY_DTYPES and value.device.type == "cpu"
-            and value.numel() * value.element_size() <= INLINE_BYTES and not value.requires_grad
-            and type(value) is torch.Tensor)
+    return (type(value) is torch.Tensor and value.dtype in _NUMPY_DTYPES and value.device.type == "cpu"
+            and value.numel() * value.element_size() <= INLINE_BYTES and not value.requires_grad)
+
+
+class _Handle(NamedTuple):
+    """A ring buffer's tensor as it goes to the main process: the buffer named, its descriptor
+    (multiprocessing's DupFd, as torch's reducer sends for every tensor, each time) only the first
+    time a batch in it goes. The main process keeps the descriptor and maps the buffer again from
+    it for each batch (a storage of its own, so that the lease's finalizer still sees the batch
+    die). Each descriptor torch hands over costs a connection to the worker's resource-sharer
+    thread, which must take the worker's GIL from the decode: the loop waits (docs/training.md)."""
+
+    place: Any
+    token: str  # the pool's
+    pid: int  # the worker's
+    key: int  # the buffer's data_ptr in the worker
+    nbytes: int
+    dtype: str
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dupfd: Any  # None once the main process has the descriptor
 
 
 def _outgoing(items: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], list[tuple[Any, str, int, int]], list[Any],
@@ -283,29 +302,22 @@ def _outgoing(items: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], list
     ring buffers as ``_Handle`` s (None in their place); the marks of its pooled buffers, the places
     of the tensors sent as arrays, and the handles."""
     marks = _marks(items)
-    pooled = {place: _POOLS[token] for place, token, _, _ in marks if token in _POOLS}
+    values = dict(items)
+    handles = [h for place, token, _, _ in marks if (h := _handle(token, place, values[place])) is not None]
+    pooled = {place for place, *_ in marks}
     inline = [place for place, value in items if place not in pooled and _small(value)]
-    handles = [h for place, pool in pooled.items() if (h := _handle(pool, place, dict(items)[place])) is not None]
-    handled = {h[0] for h in handles}
+    handled = {h.place for h in handles}
     sent = [(place, None if place in handled else value.resolve_conj().resolve_neg().numpy() if place in inline else value)
             for place, value in items]
     return sent, marks, inline, handles
 
 
-# A ring buffer goes to the main process as a descriptor of its own the first time a batch in it
-# does (multiprocessing's DupFd, as torch's reducer does for every tensor, each time), and as a
-# number after that: the main process keeps the descriptor and maps the buffer again from it for
-# each batch (a storage of its own, so that the lease's finalizer still sees the batch die). Each
-# descriptor torch hands over costs a connection to the worker's resource-sharer thread, which must
-# take the worker's GIL from the decode: the loop waits (a bench epoch: docs/training.md)
-_Handle = tuple  # (place, pid, buffer data_ptr in the worker, bytes, dtype, offset, shape, stride, DupFd or None)
-
-
-def _handle(pool: BufferPool, place: Any, value: torch.Tensor) -> _Handle | None:
+def _handle(token: str, place: Any, value: torch.Tensor) -> _Handle | None:
     """The handle of a ring buffer's tensor; None where torch's own reducer must send it (not a
     ring buffer, or shared otherwise than by a descriptor)."""
     storage = value.untyped_storage()
-    buffer = pool._buffers.get(storage.data_ptr())
+    pool = _POOLS.get(token)
+    buffer = pool._buffers.get(storage.data_ptr()) if pool is not None else None
     if buffer is None or not _by_descriptor():
         return None
     dupfd = None
@@ -317,8 +329,8 @@ def _handle(pool: BufferPool, place: Any, value: torch.Tensor) -> _Handle | None
         from multiprocessing.reduction import DupFd
 
         dupfd, buffer.told = DupFd(fd), True
-    return (place, os.getpid(), storage.data_ptr(), storage.nbytes(), str(value.dtype).removeprefix("torch."),
-            value.storage_offset(), tuple(value.shape), tuple(value.stride()), dupfd)
+    return _Handle(place, token, os.getpid(), storage.data_ptr(), storage.nbytes(), str(value.dtype).removeprefix("torch."),
+                   int(value.storage_offset()), tuple(value.shape), tuple(value.stride()), dupfd)
 
 
 def _by_descriptor() -> bool:
@@ -329,41 +341,38 @@ def _by_descriptor() -> bool:
 
 
 def _mapped(pool: BufferPool | None, handle: _Handle) -> torch.Tensor:
-    """The main process's side of a handle: a tensor on the worker's buffer (a new mapping of it)."""
-    place, pid, key, nbytes, dtype, offset, shape, stride, dupfd = handle
+    """The main process's side of a handle: a tensor on the worker's buffer (a new mapping of it,
+    from the descriptor the pool keeps; with no pool, from this handle's, then closed)."""
     fds = pool._fds if pool is not None else {}
-    if dupfd is not None:
-        fd = dupfd.detach()
-        if pool is None:  # nobody to keep it: this batch's mapping only
-            try:
-                storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # type: ignore[attr-defined]
-            finally:
-                os.close(fd)
-            return torch.empty(0, dtype=getattr(torch, dtype)).set_(storage, offset, shape, stride)
-        if not any(p == pid for p, _ in fds):
-            _forget_ended_workers(fds, pid)
-        old = fds.pop((pid, key), None)
+    key = (handle.pid, handle.key)
+    if handle.dupfd is not None:
+        if not any(pid == handle.pid for pid, _ in fds):
+            _forget_ended_workers(fds, handle.pid)
+        old = fds.pop(key, None)  # a buffer at the same address of a worker with the same pid
         if old is not None:
-            os.close(old[0])
-        fds[(pid, key)] = (fd, nbytes)
-    entry = fds.get((pid, key))
-    if entry is None:
-        raise RuntimeError(f"tarproc: a batch from DataLoader worker {pid} is in a buffer whose descriptor this "
-                           "process never received (its first batch was not unpickled here)")
-    storage = torch.UntypedStorage._new_shared_fd_cpu(entry[0], nbytes)  # type: ignore[attr-defined]
-    return torch.empty(0, dtype=getattr(torch, dtype)).set_(storage, offset, shape, stride)
+            os.close(old)
+        fds[key] = handle.dupfd.detach()
+    fd = fds.get(key)
+    if fd is None:
+        raise RuntimeError(f"tarproc: a batch from DataLoader worker {handle.pid} is in a buffer whose descriptor "
+                           "this process never received (its first batch was not unpickled here)")
+    try:
+        storage = torch.UntypedStorage._new_shared_fd_cpu(fd, handle.nbytes)  # type: ignore[attr-defined]
+    finally:
+        if pool is None:
+            _close_fds(fds)
+    return torch.empty(0, dtype=getattr(torch, handle.dtype)).set_(storage, handle.offset, handle.shape, handle.stride)
 
 
-def _forget_ended_workers(fds: dict[tuple[int, int], tuple[int, int]], pid: int) -> None:
+def _forget_ended_workers(fds: dict[tuple[int, int], int], pid: int) -> None:
     """A new worker's first buffer: close the descriptors of workers that have ended (their buffers'
     memory goes with the last batch on it), so that new workers every epoch hold no more."""
     alive = {p.pid for p in multiprocessing.active_children()} | {pid}
-    for key in [k for k in fds if k[0] not in alive]:
-        os.close(fds.pop(key)[0])
+    _close_fds({key: fds.pop(key) for key in [k for k in fds if k[0] not in alive]})
 
 
-def _close_fds(fds: dict[tuple[int, int], tuple[int, int]]) -> None:
-    for fd, _ in fds.values():
+def _close_fds(fds: dict[tuple[int, int], int]) -> None:
+    for fd in fds.values():
         try:
             os.close(fd)
         except OSError:
@@ -382,8 +391,7 @@ def _received(batch: Any, marks: list[tuple[Any, str, int, int]], inline: Sequen
             array = items[place]
             items[place] = torch.from_numpy(array if array.flags.writeable else array.copy())
         for handle in handles:
-            token = next((t for p, t, _, _ in marks if p == handle[0]), None)
-            items[handle[0]] = _mapped(_POOLS.get(token) if token is not None else None, handle)
+            items[handle.place] = _mapped(_POOLS.get(handle.token), handle)
         batch = tuple(items) if isinstance(batch, tuple) else items
     for place, token, cell, lease in marks:
         pool = _POOLS.get(token)
